@@ -1,0 +1,31 @@
+"""Shared pytest configuration.
+
+Tests marked ``gpu`` (and every test under ``tests/gpu/``) need a CUDA device *and* the native extras (mamba-ssm, causal-conv1d);
+anywhere else they are skipped, with the reason printed by ``pytest -rs``.
+"""
+import importlib.util
+
+import pytest
+import torch
+
+
+def _gpu_skip_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    missing = [m for m in ("mamba_ssm", "causal_conv1d", "triton") if importlib.util.find_spec(m) is None]
+    if missing:
+        return "native extras missing: " + ", ".join(missing) + " (pip install ordered-ssd[cuda])"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:  # everything under tests/gpu/ is a GPU test
+        if "/tests/gpu/" in str(item.path).replace("\\", "/"):
+            item.add_marker(pytest.mark.gpu)
+    reason = _gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
