@@ -29,3 +29,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_torch_state():
+    """Tests seed torch's RNG; put the global generator (and thread count) back afterwards."""
+    rng = torch.random.get_rng_state()
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.random.set_rng_state(rng)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)

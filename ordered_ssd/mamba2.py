@@ -1,0 +1,261 @@
+"""``OrderedMamba2``: a drop-in for ``mamba_ssm.modules.mamba2.Mamba2`` with ordered gradients.
+
+Same constructor arguments and defaults as mamba-ssm 2.3.2.post1's ``Mamba2``, the same parameter
+names, shapes, dtypes and initialisation (the same random draws, in the same order), the same
+public attributes; ``state_dict`` loads both ways with ``strict=True``. This module does not
+import mamba-ssm.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from . import _checks
+from .ordered_reference import ordered_reference_mamba2
+from .reference import Mamba2Dims, Mamba2Params
+
+__all__ = ["OrderedMamba2", "GatedRMSNorm"]
+
+_REFERENCE_DTYPES = (torch.float32, torch.float64)
+
+
+class GatedRMSNorm(nn.Module):
+    """Parameter holder with the layout of mamba-ssm's ``layernorm_gated.RMSNorm``.
+
+    ``weight`` [hidden_size] initialised to ones; ``bias`` registered as None; ``eps``,
+    ``group_size``, ``norm_before_gate`` as attributes. ``OrderedMamba2`` applies it inside its
+    fused layer function; calling it directly computes the reference gated RMSNorm.
+    """
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size, device=device, dtype=dtype))
+        self.register_parameter("bias", None)
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+    def forward(self, x, z=None):
+        from .reference import reference_gated_rmsnorm
+
+        group = self.group_size if self.group_size is not None else x.shape[-1]
+        return reference_gated_rmsnorm(x, z, self.weight, self.eps, group, self.norm_before_gate)
+
+
+class OrderedMamba2(nn.Module):
+    """Mamba-2 mixer layer whose gradients are bitwise reproducible.
+
+    Constructor: exactly ``mamba_ssm.modules.mamba2.Mamba2`` (2.3.2.post1), same defaults.
+    ``process_group`` (tensor parallelism) is not supported and raises ``NotImplementedError``;
+    ``use_mem_eff_path`` is accepted and stored (both settings compute the same function).
+
+    Parameters (``state_dict`` keys): ``in_proj.weight`` [d_in_proj, d_model] (``in_proj.bias``
+    with ``bias=True``), ``conv1d.weight`` [conv_dim, 1, d_conv], ``conv1d.bias`` [conv_dim] (with
+    ``conv_bias=True``), ``dt_bias`` [H], ``A_log`` [H], ``D`` [H] or [d_ssm] (``D_has_hdim``),
+    ``norm.weight`` [d_ssm] (with ``rmsnorm=True``), ``out_proj.weight`` [d_model, d_inner]
+    (``out_proj.bias`` with ``bias=True``); ``d_in_proj = 2 d_inner + 2 G N + H``,
+    ``conv_dim = d_ssm + 2 G N``.
+
+    Raises (at construction, before any parameter is allocated): ``TypeError`` / ``ValueError``
+    naming the argument for non-int or non-positive sizes, ``d_ssm`` not a multiple of
+    ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
+    ``dt_limit`` or ``A_init_range`` with min > max.
+
+    Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
+    folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
+    same inputs give the same bits, and the partial of an example does not depend on the rest of
+    the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
+    Compute path: the pure-PyTorch reference (:mod:`ordered_ssd.reference`) on every device in
+    this release; the native-kernel GPU path is tracked separately (see ``docs/``).
+    """
+
+    def __init__(
+        self,
+        d_model,
+        d_state=128,
+        d_conv=4,
+        conv_init=None,
+        expand=2,
+        headdim=64,
+        d_ssm=None,
+        ngroups=1,
+        A_init_range=(1, 16),
+        D_has_hdim=False,
+        rmsnorm=True,
+        norm_before_gate=False,
+        dt_min=0.001,
+        dt_max=0.1,
+        dt_init_floor=1e-4,
+        dt_limit=(0.0, float("inf")),
+        bias=False,
+        conv_bias=True,
+        chunk_size=256,
+        use_mem_eff_path=True,
+        layer_idx=None,
+        process_group=None,
+        sequence_parallel=True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if process_group is not None:
+            raise NotImplementedError("OrderedMamba2: process_group (tensor parallelism) is not supported; pass None")
+        for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv), ("expand", expand),
+                            ("headdim", headdim), ("ngroups", ngroups), ("chunk_size", chunk_size)):
+            _checks.check_int(name, value)
+        d_inner = expand * d_model
+        if d_ssm is None:
+            d_ssm = d_inner
+        _checks.check_int("d_ssm", d_ssm)
+        if d_ssm > d_inner:
+            raise ValueError(f"d_ssm: expected at most d_inner = expand * d_model = {d_inner}, got {d_ssm}")
+        if d_ssm % headdim != 0:
+            raise ValueError(f"d_ssm: expected a multiple of headdim={headdim}, got {d_ssm}")
+        nheads = d_ssm // headdim
+        if nheads % ngroups != 0:
+            raise ValueError(f"ngroups: expected a divisor of nheads = d_ssm / headdim = {nheads}, got {ngroups}")
+        a_lo, a_hi = _checks.check_range("A_init_range", A_init_range, positive=True)
+        dt_min_f = _checks.check_real("dt_min", dt_min, positive=True)
+        dt_max_f = _checks.check_real("dt_max", dt_max, positive=True)
+        if dt_min_f > dt_max_f:
+            raise ValueError(f"dt_min: expected dt_min <= dt_max={dt_max}, got {dt_min}")
+        _checks.check_real("dt_init_floor", dt_init_floor)
+        _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
+        if conv_init is not None:
+            _checks.check_real("conv_init", conv_init, positive=True)
+
+        factory_kwargs = {"device": device, "dtype": dtype}
+        self.d_model = d_model
+        self.d_state = d_state
+        self.d_conv = d_conv
+        self.conv_init = conv_init
+        self.expand = expand
+        self.process_group = process_group
+        self.sequence_parallel = sequence_parallel
+        self.world_size = 1
+        self.local_rank = 0
+        self.d_inner = d_inner
+        self.headdim = headdim
+        self.d_ssm = d_ssm
+        self.ngroups = ngroups
+        self.nheads = nheads
+        self.D_has_hdim = D_has_hdim
+        self.rmsnorm = rmsnorm
+        self.norm_before_gate = norm_before_gate
+        self.dt_limit = dt_limit
+        self.activation = "silu"
+        self.chunk_size = chunk_size
+        self.use_mem_eff_path = use_mem_eff_path
+        self.layer_idx = layer_idx
+
+        # Parameters are created, and random numbers drawn, in the same order as in Mamba2.
+        d_in_proj = 2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads
+        self.in_proj = nn.Linear(self.d_model, d_in_proj, bias=bias, **factory_kwargs)
+
+        conv_dim = self.d_ssm + 2 * self.ngroups * self.d_state
+        self.conv1d = nn.Conv1d(in_channels=conv_dim, out_channels=conv_dim, bias=conv_bias, kernel_size=d_conv,
+                                groups=conv_dim, padding=d_conv - 1, **factory_kwargs)
+        if self.conv_init is not None:
+            nn.init.uniform_(self.conv1d.weight, -self.conv_init, self.conv_init)
+
+        self.act = nn.SiLU()
+
+        # dt_bias = softplus^-1(dt), dt log-uniform in [dt_min, dt_max], floored at dt_init_floor.
+        dt = torch.exp(torch.rand(self.nheads, **factory_kwargs) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min))
+        dt = torch.clamp(dt, min=dt_init_floor)
+        inv_dt = dt + torch.log(-torch.expm1(-dt))
+        self.dt_bias = nn.Parameter(inv_dt)
+        self.dt_bias._no_weight_decay = True
+
+        A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(a_lo, a_hi)
+        self.A_log = nn.Parameter(torch.log(A).to(dtype=dtype))
+        self.A_log._no_weight_decay = True
+
+        # As in Mamba2, D is created in fp32 whatever `dtype` is.
+        self.D = nn.Parameter(torch.ones(self.d_ssm if self.D_has_hdim else self.nheads, device=device))
+        self.D._no_weight_decay = True
+
+        if self.rmsnorm:
+            self.norm = GatedRMSNorm(self.d_ssm, eps=1e-5, norm_before_gate=self.norm_before_gate,
+                                     group_size=self.d_ssm // ngroups, **factory_kwargs)
+
+        self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def dims(self) -> Mamba2Dims:
+        """The static sizes and options as a :class:`ordered_ssd.reference.Mamba2Dims`."""
+        return Mamba2Dims(
+            d_model=self.d_model, d_inner=self.d_inner, d_ssm=self.d_ssm, headdim=self.headdim,
+            ngroups=self.ngroups, d_state=self.d_state, d_conv=self.d_conv, chunk_size=self.chunk_size,
+            dt_limit=tuple(float(v) for v in self.dt_limit), rmsnorm=self.rmsnorm,
+            norm_before_gate=self.norm_before_gate, norm_eps=self.norm.eps if self.rmsnorm else 1e-5,
+            D_has_hdim=self.D_has_hdim)
+
+    def layer_params(self) -> Mamba2Params:
+        """The parameters as a :class:`ordered_ssd.reference.Mamba2Params` (the tensors themselves)."""
+        return Mamba2Params(
+            in_proj_weight=self.in_proj.weight, in_proj_bias=self.in_proj.bias,
+            conv1d_weight=self.conv1d.weight, conv1d_bias=self.conv1d.bias,
+            dt_bias=self.dt_bias, A_log=self.A_log, D=self.D,
+            norm_weight=self.norm.weight if self.rmsnorm else None,
+            out_proj_weight=self.out_proj.weight, out_proj_bias=self.out_proj.bias)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, u, seqlen=None, seq_idx=None, cu_seqlens=None, inference_params=None):
+        """Apply the layer.
+
+        Args:
+            u: [B, L, d_model] (or [B * L, d_model] with ``seqlen=L``), fp32 or fp64, the dtype and
+                device of ``in_proj.weight``.
+            seqlen: None, or L when ``u`` is flattened to [B * L, d_model].
+            seq_idx: None or [B, L] integer ids of packed sequences, non-decreasing along L; the
+                conv and the SSM state do not cross a change of id.
+            cu_seqlens, inference_params: not supported (``NotImplementedError`` if given).
+
+        Returns:
+            Tensor of the shape of ``u``.
+
+        Raises:
+            TypeError / ValueError (naming the argument) for a wrong type, rank, shape, dtype or
+            device, before any computation. NaN or inf in ``u`` are not checked; they propagate.
+        """
+        if inference_params is not None:
+            raise NotImplementedError("OrderedMamba2.forward: inference_params (decoding with a state cache) "
+                                      "is not supported; pass None")
+        if cu_seqlens is not None:
+            raise NotImplementedError("OrderedMamba2.forward: cu_seqlens (variable-length batches) is not "
+                                      "supported; pack with seq_idx instead")
+        flat = seqlen is not None
+        if flat:
+            _checks.check_int("seqlen", seqlen)
+            _checks.check_tensor("u", u)
+            if u.dim() != 2 or u.shape[0] % seqlen != 0:
+                raise ValueError(f"u: with seqlen={seqlen}, expected a 2-d tensor [B * {seqlen}, d_model], "
+                                 f"got shape {tuple(u.shape)}")
+            u = u.reshape(u.shape[0] // seqlen, seqlen, u.shape[1])
+        w = self.in_proj.weight
+        _checks.check_layer_input(u, d_model=self.d_model, dtype=w.dtype, device=w.device,
+                                  allowed_dtypes=_REFERENCE_DTYPES)
+        Bsz, L, _ = u.shape
+        _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
+        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
+                                for p in self.layer_params()))
+        out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+        if flat:
+            out = out.reshape(Bsz * L, -1)
+        return out
+
+    def step(self, *args, **kwargs):
+        raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")
+
+    def allocate_inference_cache(self, *args, **kwargs):
+        raise NotImplementedError("OrderedMamba2.allocate_inference_cache: decoding is not supported")

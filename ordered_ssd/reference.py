@@ -1,0 +1,337 @@
+"""Pure-PyTorch reference of the Mamba-2 layer (any device; fp32 or fp64).
+
+This module is the oracle of the test-suite and the compute of ``OrderedMamba2``'s CPU path. It
+imports nothing from the native path. It is written from the state-space-duality (SSD) definition
+of Mamba-2 (Dao & Gu, "Transformers are SSMs", 2024, sections 3 and 6 — the chunked "block
+decomposition" of the semiseparable matrix) and checked in the tests against the plain per-time-step
+recurrence :func:`reference_sequential_scan`.
+
+The SSM, per example, head ``h`` (group ``g = h // (H / G)``), time ``t``::
+
+    dt_t   = clamp(softplus(dt_raw_t + dt_bias_h), dt_limit)        (softplus optional)
+    h_t    = exp(dt_t * A_h) * h_{t-1} + dt_t * x_t B_t^T            h_t: [P, N]
+    y_t    = h_t C_t + D_h * x_t            (then * silu(z_t) when a z gate is given)
+
+with the state reset to zero where ``seq_idx`` changes (packed sequences).
+
+Terms: ``B`` batch, ``L`` sequence length, ``H`` heads, ``P`` head dim, ``G`` groups, ``N`` state
+dim. All functions are differentiable with ordinary autograd; the *ordered* gradients are built
+on top of them in :mod:`ordered_ssd.ordered_reference`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "Mamba2Dims",
+    "Mamba2Params",
+    "discretize_dt",
+    "reference_causal_conv1d",
+    "reference_chunk_scan",
+    "reference_sequential_scan",
+    "reference_gated_rmsnorm",
+    "reference_mamba2_layer",
+]
+
+_NO_LIMIT = (0.0, float("inf"))
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    """Static sizes and options of one Mamba-2 layer (what the kernels need besides tensors).
+
+    ``d_inner = expand * d_model``; ``d_ssm <= d_inner`` channels go through the SSM, the
+    remaining ``d_mlp = d_inner - d_ssm`` through a SiLU-gated MLP branch. ``nheads = d_ssm /
+    headdim``. The in_proj output ``zxbcdt`` is split as ``[z0, x0, z, xBC, dt]`` with widths
+    ``[d_mlp, d_mlp, d_ssm, d_ssm + 2 G N, H]``.
+    """
+
+    d_model: int
+    d_inner: int
+    d_ssm: int
+    headdim: int
+    ngroups: int
+    d_state: int
+    d_conv: int
+    chunk_size: int
+    dt_limit: Tuple[float, float] = _NO_LIMIT
+    rmsnorm: bool = True
+    norm_before_gate: bool = False
+    norm_eps: float = 1e-5
+    D_has_hdim: bool = False
+
+    @property
+    def nheads(self) -> int:
+        return self.d_ssm // self.headdim
+
+    @property
+    def d_mlp(self) -> int:
+        return self.d_inner - self.d_ssm
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_ssm + 2 * self.ngroups * self.d_state
+
+    @property
+    def d_in_proj(self) -> int:
+        return 2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads
+
+
+class Mamba2Params(NamedTuple):
+    """The parameters of one layer, in the shapes of ``Mamba2``'s ``state_dict``.
+
+    ``in_proj_weight`` [d_in_proj, d_model], ``in_proj_bias`` [d_in_proj] or None,
+    ``conv1d_weight`` [conv_dim, 1, d_conv], ``conv1d_bias`` [conv_dim] or None,
+    ``dt_bias`` [H], ``A_log`` [H], ``D`` [H] (or [d_ssm] with ``D_has_hdim``),
+    ``norm_weight`` [d_ssm] or None (``rmsnorm=False``), ``out_proj_weight`` [d_model, d_inner],
+    ``out_proj_bias`` [d_model] or None.
+    """
+
+    in_proj_weight: torch.Tensor
+    in_proj_bias: Optional[torch.Tensor]
+    conv1d_weight: torch.Tensor
+    conv1d_bias: Optional[torch.Tensor]
+    dt_bias: torch.Tensor
+    A_log: torch.Tensor
+    D: torch.Tensor
+    norm_weight: Optional[torch.Tensor]
+    out_proj_weight: torch.Tensor
+    out_proj_bias: Optional[torch.Tensor]
+
+
+def discretize_dt(dt: torch.Tensor, dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
+                  dt_limit: Tuple[float, float] = _NO_LIMIT) -> torch.Tensor:
+    """``clamp(softplus(dt + dt_bias), *dt_limit)``; ``dt`` [B, L, H], ``dt_bias`` [H].
+
+    Mirrors the native ``_chunk_cumsum_fwd_kernel``: softplus(x) = x for x > 20, and the clamp to
+    ``dt_limit`` (default ``(0, inf)``) is always applied.
+    """
+    if dt_bias is not None:
+        dt = dt + dt_bias
+    if dt_softplus:
+        dt = F.softplus(dt, beta=1.0, threshold=20.0)
+    return dt.clamp(min=dt_limit[0], max=dt_limit[1])
+
+
+def reference_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                            seq_idx: Optional[torch.Tensor] = None, activation: Optional[str] = "silu") -> torch.Tensor:
+    """Causal depthwise conv1d over time, channel-last.
+
+    Args:
+        x: [B, L, C]. weight: [C, W] (or [C, 1, W]). bias: [C] or None.
+        seq_idx: [B, L] integer ids of packed sequences; taps that reach into another sequence
+            contribute zero (as causal-conv1d's ``seq_idx`` does).
+        activation: "silu" or None.
+
+    Returns:
+        [B, L, C]: ``out[b, t, c] = bias[c] + sum_k weight[c, k] * x[b, t - (W - 1) + k, c]``.
+    """
+    if weight.dim() == 3:
+        weight = weight.squeeze(1)
+    W = weight.shape[-1]
+    L = x.shape[1]
+    xp = F.pad(x, (0, 0, W - 1, 0))
+    if seq_idx is not None:
+        sp = F.pad(seq_idx, (W - 1, 0), value=0)
+    out = None
+    for k in range(W):
+        term = xp[:, k:k + L, :] * weight[:, k]
+        if seq_idx is not None:
+            same = (sp[:, k:k + L] == seq_idx).unsqueeze(-1)
+            term = torch.where(same, term, torch.zeros_like(term))
+        out = term if out is None else out + term
+    if bias is not None:
+        out = out + bias
+    if activation is not None:
+        if activation not in ("silu", "swish"):
+            raise ValueError(f"activation: expected 'silu', 'swish' or None, got {activation!r}")
+        out = F.silu(out)
+    return out
+
+
+def _heads_from_groups(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """[B, L, G, N] -> [B, L, H, N]: head h reads group h // (H / G)."""
+    G = t.shape[2]
+    return t.repeat_interleave(nheads // G, dim=2)
+
+
+def _apply_D_and_gate(y, x, D, z):
+    if D is not None:
+        y = y + x * (D.unsqueeze(-1) if D.dim() == 1 else D)
+    if z is not None:
+        y = y * F.silu(z)
+    return y
+
+
+def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                         chunk_size: int, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
+                         dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
+                         dt_limit: Tuple[float, float] = _NO_LIMIT,
+                         seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Chunked SSD scan, vectorised over chunks (mirror of ``mamba_chunk_scan_combined``).
+
+    Args:
+        x: [B, L, H, P]; dt: [B, L, H] (raw, before ``dt_bias``/softplus); A: [H] (negative);
+        B, C: [B, L, G, N] with ``H % G == 0``; chunk_size: positive int; D: [H] or [H, P];
+        z: [B, L, H, P] gate (``y * silu(z)``); dt_bias: [H]; seq_idx: [B, L] non-decreasing ids.
+
+    Returns:
+        y: [B, L, H, P] in the dtype of ``x``.
+
+    Any ``L`` >= 1 works: the last chunk is padded with ``dt = 0`` (no decay, no input), which
+    leaves the outputs of the real positions unchanged. Intra-chunk terms use the
+    ``exp(segsum)`` mask of the SSD block decomposition; inter-chunk states are combined with a
+    chunk-level segment sum, so there is no Python loop over chunks.
+    """
+    Bsz, L, H, P = x.shape
+    N = B.shape[-1]
+    cs = int(chunk_size)
+    nc = -(-L // cs)
+    pad = nc * cs - L
+    dt = discretize_dt(dt, dt_bias, dt_softplus, dt_limit)
+    Bh = _heads_from_groups(B, H)
+    Ch = _heads_from_groups(C, H)
+    if pad:
+        x_p = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        Bh = F.pad(Bh, (0, 0, 0, 0, 0, pad))
+        Ch = F.pad(Ch, (0, 0, 0, 0, 0, pad))
+    else:
+        x_p = x
+    xc = x_p.reshape(Bsz, nc, cs, H, P)
+    Bc = Bh.reshape(Bsz, nc, cs, H, N)
+    Cc = Ch.reshape(Bsz, nc, cs, H, N)
+    dtc = dt.reshape(Bsz, nc, cs, H)
+    dA_cumsum = torch.cumsum(dtc * A, dim=2)  # [B, nc, cs, H]
+
+    causal = torch.ones(cs, cs, dtype=torch.bool, device=x.device).tril()  # [t, s], t >= s
+    intra_mask = causal.view(1, 1, cs, cs, 1)
+    if seq_idx is not None:
+        seq_p = F.pad(seq_idx, (0, pad), mode="replicate") if pad else seq_idx
+        sc = seq_p.reshape(Bsz, nc, cs)
+        intra_mask = intra_mask & (sc.unsqueeze(-1) == sc.unsqueeze(-2)).unsqueeze(-1)
+    # Intra-chunk (diagonal blocks): y[t] = sum_{s<=t} (C_t . B_s) exp(cs_t - cs_s) dt_s x_s
+    seg = dA_cumsum.unsqueeze(3) - dA_cumsum.unsqueeze(2)  # [B, nc, t, s, H]
+    decay = torch.exp(seg.masked_fill(~intra_mask, float("-inf")))
+    CB = torch.einsum("bcthn,bcshn->bctsh", Cc, Bc)
+    y = torch.einsum("bctsh,bcsh,bcshp->bcthp", CB * decay, dtc, xc)
+
+    # Chunk states: S_c = sum_s exp(cs_last - cs_s) dt_s x_s B_s^T (only positions of the last sequence)
+    decay_states = torch.exp(dA_cumsum[:, :, -1:, :] - dA_cumsum)  # [B, nc, cs, H]
+    if seq_idx is not None:
+        last = sc[:, :, -1]  # [B, nc] sequence id at each chunk end
+        decay_states = decay_states * (sc == last.unsqueeze(-1)).unsqueeze(-1).to(decay_states.dtype)
+    states = torch.einsum("bcsh,bcsh,bcshn,bcshp->bchpn", decay_states, dtc, Bc, xc)
+
+    if nc > 1:
+        # State entering chunk c' = sum_{c < c'} exp(sum of chunk totals c+1 .. c'-1) S_c
+        chunk_cumsum = torch.cumsum(dA_cumsum[:, :, -1, :], dim=1)  # [B, nc, H]
+        prev = F.pad(chunk_cumsum[:, :-1, :], (0, 0, 1, 0))  # cumsum through chunk c'-1
+        seg_c = prev.unsqueeze(2) - chunk_cumsum.unsqueeze(1)  # [B, c', c, H]
+        cmask = torch.ones(nc, nc, dtype=torch.bool, device=x.device).tril(-1).view(1, nc, nc, 1)
+        if seq_idx is not None:
+            last_prev = F.pad(last[:, :-1], (1, 0), value=0)  # id at the end of chunk c'-1
+            cmask = cmask & (last_prev.unsqueeze(2) == last.unsqueeze(1)).unsqueeze(-1)
+        w = torch.exp(seg_c.masked_fill(~cmask, float("-inf")))
+        entering = torch.einsum("bxch,bchpn->bxhpn", w, states)  # [B, nc, H, P, N]
+        out_decay = torch.exp(dA_cumsum)  # [B, nc, cs, H]
+        if seq_idx is not None:
+            out_decay = out_decay * (sc == last_prev.unsqueeze(-1)).unsqueeze(-1).to(out_decay.dtype)
+        y = y + torch.einsum("bcthn,bchpn,bcth->bcthp", Cc, entering, out_decay)
+
+    y = y.reshape(Bsz, nc * cs, H, P)[:, :L]
+    return _apply_D_and_gate(y, x, D, z)
+
+
+def reference_sequential_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                              C: torch.Tensor, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
+                              dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
+                              dt_limit: Tuple[float, float] = _NO_LIMIT,
+                              seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The SSM as a plain per-time-step recurrence (tests only: a Python loop over ``L``).
+
+    Same arguments and result as :func:`reference_chunk_scan` (no ``chunk_size``).
+    """
+    Bsz, L, H, P = x.shape
+    N = B.shape[-1]
+    dt = discretize_dt(dt, dt_bias, dt_softplus, dt_limit)
+    Bh = _heads_from_groups(B, H)
+    Ch = _heads_from_groups(C, H)
+    h = x.new_zeros(Bsz, H, P, N)
+    ys = []
+    for t in range(L):
+        if seq_idx is not None and t > 0:
+            keep = (seq_idx[:, t] == seq_idx[:, t - 1]).to(x.dtype).view(Bsz, 1, 1, 1)
+            h = h * keep
+        dA = torch.exp(dt[:, t] * A)  # [B, H]
+        h = h * dA[:, :, None, None] + torch.einsum("bh,bhp,bhn->bhpn", dt[:, t], x[:, t], Bh[:, t])
+        ys.append(torch.einsum("bhpn,bhn->bhp", h, Ch[:, t]))
+    y = torch.stack(ys, dim=1)
+    return _apply_D_and_gate(y, x, D, z)
+
+
+def reference_gated_rmsnorm(y: torch.Tensor, z: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
+                            group_size: int, norm_before_gate: bool) -> torch.Tensor:
+    """Gated RMSNorm over groups of ``group_size`` channels (mirror of ``layernorm_gated.RMSNorm``).
+
+    ``norm_before_gate=True``: ``rmsnorm(y) * weight * silu(z)``; ``False``:
+    ``rmsnorm(y * silu(z)) * weight``. ``y``, ``z``: [..., D]; ``weight``: [D].
+    """
+    if z is not None and not norm_before_gate:
+        y = y * F.silu(z)
+    shape = y.shape
+    yg = y.reshape(*shape[:-1], shape[-1] // group_size, group_size)
+    rstd = torch.rsqrt(yg.square().mean(dim=-1, keepdim=True) + eps)
+    out = (yg * rstd).reshape(shape) * weight
+    if z is not None and norm_before_gate:
+        out = out * F.silu(z)
+    return out
+
+
+def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
+                           seq_idx: Optional[torch.Tensor] = None, scan: str = "chunked") -> torch.Tensor:
+    """The full Mamba-2 layer as ``Mamba2(use_mem_eff_path=True)`` computes it.
+
+    in_proj -> split ``[z0, x0, z, xBC, dt]`` -> causal depthwise conv1d (+bias) + SiLU on ``xBC``
+    -> SSD scan with ``dt = clamp(softplus(dt + dt_bias), dt_limit)``, ``A = -exp(A_log)``,
+    grouped B/C, D skip -> gated RMSNorm (or the plain ``y * silu(z)`` gate) -> concat with the
+    gated-MLP branch ``silu(z0) * x0`` -> out_proj.
+
+    Args:
+        u: [B, L, d_model] (fp32 or fp64; parameters of the same dtype and device).
+        params: :class:`Mamba2Params`. dims: :class:`Mamba2Dims`.
+        seq_idx: [B, L] integer, non-decreasing along L, or None.
+        scan: "chunked" (vectorised, default) or "sequential" (per-step recurrence, tests only).
+
+    Returns:
+        [B, L, d_model].
+    """
+    Bsz, L, _ = u.shape
+    H, P, G, N = dims.nheads, dims.headdim, dims.ngroups, dims.d_state
+    zxbcdt = F.linear(u, params.in_proj_weight, params.in_proj_bias)
+    z0, x0, z, xBC, dt = torch.split(zxbcdt, [dims.d_mlp, dims.d_mlp, dims.d_ssm, dims.conv_dim, H], dim=-1)
+    xBC = reference_causal_conv1d(xBC, params.conv1d_weight, params.conv1d_bias, seq_idx, activation="silu")
+    x, Bm, Cm = torch.split(xBC, [dims.d_ssm, G * N, G * N], dim=-1)
+    x = x.reshape(Bsz, L, H, P)
+    Bm = Bm.reshape(Bsz, L, G, N)
+    Cm = Cm.reshape(Bsz, L, G, N)
+    A = -torch.exp(params.A_log)
+    D = params.D.reshape(H, P) if dims.D_has_hdim else params.D
+    zh = None if dims.rmsnorm else z.reshape(Bsz, L, H, P)
+    kw = dict(D=D, z=zh, dt_bias=params.dt_bias, dt_softplus=True, dt_limit=dims.dt_limit, seq_idx=seq_idx)
+    if scan == "chunked":
+        y = reference_chunk_scan(x, dt, A, Bm, Cm, dims.chunk_size, **kw)
+    elif scan == "sequential":
+        y = reference_sequential_scan(x, dt, A, Bm, Cm, **kw)
+    else:
+        raise ValueError(f"scan: expected 'chunked' or 'sequential', got {scan!r}")
+    y = y.reshape(Bsz, L, dims.d_ssm)
+    if dims.rmsnorm:
+        y = reference_gated_rmsnorm(y, z, params.norm_weight, dims.norm_eps, dims.d_ssm // G, dims.norm_before_gate)
+    if dims.d_mlp > 0:
+        y = torch.cat([F.silu(z0) * x0, y], dim=-1)
+    return F.linear(y, params.out_proj_weight, params.out_proj_bias)

@@ -1,0 +1,50 @@
+"""Small helpers shared by the CPU tests (bit comparisons, digests, layer factories)."""
+from __future__ import annotations
+
+import torch
+
+from ordered_ssd import OrderedMamba2
+from ordered_ssd.digest import tensor_sha256
+from ordered_ssd.reference import Mamba2Params
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of a tensor's bytes, for bitwise comparison with torch.equal."""
+    t = t.detach().contiguous()
+    view = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()]
+    return t.view(view)
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def sha256(t: torch.Tensor) -> str:
+    return tensor_sha256(t)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (0 when both are zero)."""
+    den = b.abs().max().item()
+    num = (a - b).abs().max().item()
+    return num / den if den > 0 else num
+
+
+def make_layer(seed=0, dtype=torch.float64, **kw):
+    torch.manual_seed(seed)
+    base = dict(d_model=16, d_state=8, d_conv=4, headdim=8, chunk_size=8)
+    base.update(kw)
+    layer = OrderedMamba2(**base).to(dtype)
+    # Move every parameter away from its constant initialisation so each gradient path is exercised.
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return layer
+
+
+def grads_of(layer) -> dict:
+    return {name: p.grad.detach().clone() for name, p in layer.named_parameters()}
+
+
+def params_tuple(layer) -> Mamba2Params:
+    return layer.layer_params()

@@ -1,0 +1,71 @@
+"""The lexical fold: order, start value, accumulation dtype, errors."""
+import pytest
+import torch
+
+from helpers import bits_equal
+from ordered_ssd.fold import LexicalFold, accumulation_dtype, lexical_fold
+
+
+def test_fold_is_left_to_right_in_fp32():
+    # fp32 addition is not associative: (1e8 + 1) - 1e8 = 0 but 1e8 - 1e8 + 1 = 1.
+    a = torch.tensor([1e8], dtype=torch.float32)
+    one = torch.tensor([1.0], dtype=torch.float32)
+    assert lexical_fold([a, one, -a]).item() == 0.0
+    assert lexical_fold([a, -a, one]).item() == 1.0
+    stacked = torch.stack([a, one, -a])
+    assert lexical_fold(stacked).item() == 0.0
+
+
+def test_fold_equals_sequential_python_sum_bitwise():
+    torch.manual_seed(0)
+    parts = [torch.randn(5, 7) * 10 ** (i % 5) for i in range(33)]
+    expected = torch.zeros(5, 7)
+    for p in parts:
+        expected = expected + p
+    assert bits_equal(lexical_fold(parts), expected)
+
+
+def test_start_value_is_positive_zero():
+    out = lexical_fold([torch.tensor([-0.0])])
+    assert torch.signbit(out).item() is False
+
+
+def test_low_precision_partials_accumulate_in_fp32_and_cast_once():
+    parts = [torch.tensor([1.0], dtype=torch.bfloat16)] + [torch.tensor([2.0 ** -9], dtype=torch.bfloat16)] * 8
+    # bf16 has 8 bits of mantissa: a bf16 running sum would stay at 1.0; fp32 reaches 1 + 2^-6.
+    out = lexical_fold(parts)
+    assert out.dtype == torch.bfloat16
+    assert out.float().item() == 1.015625
+    folder = LexicalFold(torch.bfloat16)
+    assert folder.acc_dtype == torch.float32
+
+
+def test_accumulation_dtype():
+    assert accumulation_dtype(torch.float64) == torch.float64
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        assert accumulation_dtype(dt) == torch.float32
+    with pytest.raises(TypeError, match="dtype"):
+        accumulation_dtype(torch.int32)
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match="partials: expected at least one"):
+        lexical_fold([])
+    with pytest.raises(ValueError, match=r"partial: expected shape \(2,\)"):
+        lexical_fold([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(TypeError, match="partial: expected a torch.Tensor"):
+        LexicalFold(torch.float32).add([1.0])
+    with pytest.raises(ValueError, match="no partial"):
+        LexicalFold(torch.float32).result()
+    assert torch.equal(LexicalFold(torch.float32).result(like=torch.ones(3)), torch.zeros(3))
+
+
+def test_tensor_sha256_hashes_the_bytes():
+    import hashlib
+    import struct
+
+    from ordered_ssd.digest import tensor_sha256
+    t = torch.tensor([1.0, -0.0], dtype=torch.float32)
+    assert tensor_sha256(t) == hashlib.sha256(struct.pack("<ff", 1.0, -0.0)).hexdigest()
+    assert tensor_sha256(t) != tensor_sha256(torch.tensor([1.0, 0.0]))
+    assert tensor_sha256(torch.arange(6.0).reshape(2, 3).t()) == tensor_sha256(torch.tensor([0.0, 3, 1, 4, 2, 5]))
