@@ -1,0 +1,400 @@
+"""``ordered-ssd check``: train a byte-level Mamba-2 LM on real text and prove the run is reproducible.
+
+Runs (each a full training of the same spec):
+
+* ``a``  in this process;
+* ``b``  in a fresh process;
+* ``c``  in a fresh process stopped after step ``k`` (checkpoint written atomically), then resumed from the
+  checkpoint in another fresh process;
+* with ``--native``: ``native-1`` and ``native-2``, the same model with mamba-ssm's ``Mamba2`` in two fresh
+  processes (a control showing whether the native layer diverges).
+
+Compared, bit for bit: the loss of every step, the SHA-256 of every parameter's gradient at every step, and
+the SHA-256 of every final parameter. The verdict is ``REPRODUCIBLE`` only if ``a``, ``b`` and ``c`` agree on
+all of them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+import torch
+
+from .digest import tensor_sha256
+from .fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_string
+from .lm import ByteData, ByteLM, DataError, ModelConfig, load_corpus, lm_loss
+
+CKPT_FORMAT = 1
+
+
+class CheckError(RuntimeError):
+    """A user-facing failure of the check (one-line message, nonzero exit)."""
+
+
+# ----------------------------------------------------------------------------------------------- files
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def atomic_torch_save(path: str, obj) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".pt")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def prepare_out_dir(path: str) -> str:
+    """Create ``path`` if needed and check it is writable; raise CheckError otherwise."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckError(f"--out: output directory {path} is not writable: {e.strerror or e}") from None
+    return os.path.abspath(path)
+
+
+# ----------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A one-line progress display on stderr (redrawn in place on a terminal, every 10% otherwise)."""
+
+    def __init__(self, label: str, total: int, start: int = 0, enabled: bool = True):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.start = start
+        self.last_pct = -1
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        done = step + 1
+        pct = int(100 * done / max(self.total, 1))
+        rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+        width = 24
+        bar = "#" * int(width * done / max(self.total, 1))
+        line = f"[{self.label:>8}] |{bar:<{width}}| {done}/{self.total} loss {loss:.4f} {rate:.1f} step/s"
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if done == self.total else ""))
+            sys.stderr.flush()
+        elif pct // 10 != self.last_pct // 10 or done == self.total:
+            sys.stderr.write(line + "\n")
+        self.last_pct = pct
+
+
+# ----------------------------------------------------------------------------------------------- training
+def _mixer_class(kind: str):
+    if kind == "ordered":
+        from .mamba2 import OrderedMamba2
+
+        return OrderedMamba2
+    if kind == "native":
+        try:
+            from mamba_ssm.modules.mamba2 import Mamba2
+        except ImportError as e:
+            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: pip install ordered-ssd[cuda]") from None
+        return Mamba2
+    raise ValueError(f"mixer: expected 'ordered' or 'native', got {kind!r}")
+
+
+def _build(spec: dict, device: torch.device):
+    torch.manual_seed(spec["seed"])
+    model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    return model, opt
+
+
+def _rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.random.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.random.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
+              ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
+              progress: bool = True) -> dict:
+    """Train according to ``spec``; write (atomically) and return the run record.
+
+    The record has ``steps`` (per step: the loss as ``float.hex`` and the SHA-256 of every parameter's
+    gradient), ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
+    ``val_loss``, timings and the fingerprint.
+    """
+    device = torch.device(spec["device"])
+    corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"])
+    if data.sha256 != spec["data_sha256"]:
+        raise CheckError(f"the data read by run {label} differs from the data of the parent run")
+    native = spec["mixer"] == "native"
+    fp_info = determinism_fingerprint(device, native=False)
+    fp = fingerprint_string(fp_info)
+    model, opt = _build(spec, device)
+    start = 0
+    if resume is not None:
+        ckpt = torch.load(resume, map_location=device, weights_only=True)
+        if ckpt.get("format") != CKPT_FORMAT:
+            raise CheckError(f"checkpoint {resume}: unsupported format {ckpt.get('format')!r} (expected {CKPT_FORMAT})")
+        if ckpt["fingerprint"] != fp and not allow_fingerprint_mismatch:
+            diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
+            raise CheckError(f"checkpoint {resume} was written with determinism fingerprint {ckpt['fingerprint']}, "
+                             f"this machine has {fp} (differs in: {diff}); resuming would not replay the run bit "
+                             f"for bit. Pass --allow-fingerprint-mismatch to resume anyway.")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        _set_rng_state(ckpt["rng"], device)
+        start = int(ckpt["data_position"])
+    names = [n for n, _ in model.named_parameters()]
+    steps: List[dict] = []
+    bar = Progress(label, spec["steps"], start, enabled=progress)
+    end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
+    t0 = time.perf_counter()
+    for step in range(start, end):
+        x, y = data.batch(spec["seed"], step, spec["batch"])
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        grads = {n: tensor_sha256(p.grad) for n, p in model.named_parameters()}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
+        opt.step()
+        value = float(loss.item())
+        steps.append({"step": step, "loss": value.hex(), "grads": grads})
+        bar.update(step, value)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    train_s = time.perf_counter() - t0
+    record = {"label": label, "spec": spec, "fingerprint": fp, "fingerprint_info": fp_info, "start": start,
+              "steps": steps, "train_s": train_s, "s_per_step": train_s / max(len(steps), 1),
+              "param_names": names, "final": None, "val_loss": None, "mixer": spec["mixer"], "native": native}
+    if end < spec["steps"]:
+        if ckpt_path is None:
+            raise ValueError("ckpt_path is required with stop_at")
+        atomic_torch_save(ckpt_path, {
+            "format": CKPT_FORMAT, "step": end, "data_position": end, "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "rng": _rng_state(device), "fingerprint": fp,
+            "fingerprint_info": json.dumps(fp_info, sort_keys=True), "spec": json.dumps(spec, sort_keys=True)})
+    else:
+        record["final"] = {n: tensor_sha256(p) for n, p in model.named_parameters()}
+        with torch.no_grad():
+            total, count = 0.0, 0
+            for xv, yv in data.val_batches(spec["batch"]):
+                total += float(lm_loss(model(xv.to(device)), yv.to(device))) * xv.numel()
+                count += xv.numel()
+        record["val_loss"] = (total / max(count, 1)).hex()
+    atomic_write_json(record_path, record)
+    return record
+
+
+# ----------------------------------------------------------------------------------------------- check
+def _worker(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool) -> None:
+    cmd = [sys.executable, "-m", "ordered_ssd", "_train", "--spec", spec_path, "--record", record_path,
+           "--label", label] + extra + ([] if progress else ["--quiet"])
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
+    if res.returncode != 0:
+        raise CheckError(f"run {label} (a fresh process) failed with exit code {res.returncode}: "
+                         f"{res.stdout.strip()[-500:]}")
+
+
+def _load(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _merge(first: dict, second: dict) -> dict:
+    merged = dict(second)
+    merged["steps"] = first["steps"] + second["steps"]
+    merged["train_s"] = first["train_s"] + second["train_s"]
+    merged["s_per_step"] = merged["train_s"] / max(len(merged["steps"]), 1)
+    merged["label"] = "c"
+    return merged
+
+
+def compare_runs(ref: dict, other: dict) -> dict:
+    """Where ``other`` first differs from ``ref``: loss, gradient digests, final parameters."""
+    out = {"loss_equal_steps": 0, "first_loss_diff": None, "first_grad_diff": None, "final_equal": None,
+           "steps_compared": min(len(ref["steps"]), len(other["steps"])),
+           "same_length": len(ref["steps"]) == len(other["steps"])}
+    for r, o in zip(ref["steps"], other["steps"]):
+        if r["loss"] == o["loss"]:
+            out["loss_equal_steps"] += 1
+        elif out["first_loss_diff"] is None:
+            out["first_loss_diff"] = r["step"]
+        if out["first_grad_diff"] is None:
+            bad = sorted(n for n in r["grads"] if r["grads"][n] != o["grads"].get(n))
+            if bad:
+                out["first_grad_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
+    if ref["final"] is not None and other["final"] is not None:
+        out["final_equal"] = ref["final"] == other["final"]
+    out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
+                        and out["final_equal"] is True and ref.get("val_loss") == other.get("val_loss"))
+    return out
+
+
+def _plot(path: str, runs: dict) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install ordered-ssd[plot]); loss plot skipped"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"a": "-", "b": "--", "c": ":", "native-1": "-", "native-2": "--"}
+    for label, rec in runs.items():
+        steps = [s["step"] for s in rec["steps"]]
+        losses = [float.fromhex(s["loss"]) for s in rec["steps"]]
+        ax.plot(steps, losses, styles.get(label, "-"), label=f"{label} ({rec['mixer']})", linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (nats/byte)")
+    ax.set_title("ordered-ssd check: loss of every run")
+    ax.legend()
+    fig.tight_layout()
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return None
+
+
+def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress: bool = True,
+              print_fn=print) -> int:
+    """Run a, b, c (and the native control); print the table and the verdict; write report.json and loss.png.
+
+    Returns the exit code: 0 if a, b and c agree bit for bit, 1 otherwise.
+    """
+    out_dir = prepare_out_dir(out_dir)
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"])
+    spec = dict(spec, data_sha256=data.sha256)
+    if not 0 < stop_at < spec["steps"]:
+        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    runs_dir = os.path.join(out_dir, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    spec_path = os.path.join(runs_dir, "spec.json")
+    atomic_write_json(spec_path, spec)
+    n_params = sum(p.numel() for p in _build(spec, torch.device("cpu"))[0].parameters())
+    print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
+             f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {spec['device']}, "
+             f"{spec['steps']} steps of batch {spec['batch']} x {spec['seq_len']} bytes")
+    print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
+    rec = lambda name: os.path.join(runs_dir, f"{name}.json")  # noqa: E731
+    ckpt = os.path.join(runs_dir, f"checkpoint-step{stop_at}.pt")
+    t0 = time.perf_counter()
+    runs = {"a": train_run(spec, rec("a"), label="a", progress=progress)}
+    _worker(spec_path, rec("b"), "b", [], progress)
+    runs["b"] = _load(rec("b"))
+    _worker(spec_path, rec("c1"), "c:1", ["--stop-at", str(stop_at), "--ckpt", ckpt], progress)
+    _worker(spec_path, rec("c2"), "c:2", ["--resume", ckpt], progress)
+    runs["c"] = _merge(_load(rec("c1")), _load(rec("c2")))
+    if native:
+        nspec = dict(spec, mixer="native")
+        nspec_path = os.path.join(runs_dir, "spec-native.json")
+        atomic_write_json(nspec_path, nspec)
+        for name in ("native-1", "native-2"):
+            _worker(nspec_path, rec(name), name, [], progress)
+            runs[name] = _load(rec(name))
+    wall = time.perf_counter() - t0
+
+    cmp_b, cmp_c = compare_runs(runs["a"], runs["b"]), compare_runs(runs["a"], runs["c"])
+    cmp_native = compare_runs(runs["native-1"], runs["native-2"]) if native else None
+    ok = cmp_b["identical"] and cmp_c["identical"]
+
+    # table
+    labels = list(runs)
+    print_fn("")
+    print_fn(f"{'step':>5} {'loss (a)':>10}  " + "  ".join(f"{lab:>8}" for lab in labels[1:]))
+    n = len(runs["a"]["steps"])
+    show = sorted(set(list(range(min(n, 5))) + list(range(0, n, max(1, n // 10))) + [n - 1, stop_at - 1, stop_at]))
+    for i in show:
+        if not 0 <= i < n:
+            continue
+        ra = runs["a"]["steps"][i]
+        cells = []
+        for lab in labels[1:]:
+            ro = runs[lab]["steps"][i] if i < len(runs[lab]["steps"]) else None
+            if ro is None:
+                cells.append("missing")
+            elif lab.startswith("native"):
+                nref = runs["native-1"]["steps"][i]
+                same = ro["loss"] == nref["loss"] and ro["grads"] == nref["grads"]
+                cells.append(f"{float.fromhex(ro['loss']):.4f}" + ("" if same or lab == "native-1" else "*"))
+            else:
+                cells.append("= bits" if ro["loss"] == ra["loss"] and ro["grads"] == ra["grads"] else "DIFF")
+        print_fn(f"{i:>5} {float.fromhex(ra['loss']):>10.6f}  " + "  ".join(f"{c:>8}" for c in cells))
+    print_fn("")
+    desc = lambda c: ("identical" if c["identical"] else  # noqa: E731
+                      f"DIFFERENT (loss from step {c['first_loss_diff']}, grads {c['first_grad_diff']}, "
+                      f"final params equal: {c['final_equal']})")
+    print_fn(f"b (fresh process) vs a:               {desc(cmp_b)}")
+    print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {desc(cmp_c)}")
+    if native:
+        nd = cmp_native
+        print_fn("native Mamba2 run 1 vs run 2 (control): " + (
+            "identical" if nd["identical"] else
+            f"diverged: first gradient difference at step "
+            f"{nd['first_grad_diff']['step'] if nd['first_grad_diff'] else '-'}, first loss difference at step "
+            f"{nd['first_loss_diff']}"))
+    for lab, r in runs.items():
+        print_fn(f"  run {lab:>8}: {1000 * r['s_per_step']:.1f} ms/step, val loss {float.fromhex(r['val_loss']):.4f}")
+    verdict = "REPRODUCIBLE" if ok else "NOT REPRODUCIBLE"
+    print_fn(f"verdict: {verdict}: {n} steps, loss, per-parameter gradient and final parameter digests "
+             f"{'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step {stop_at})")
+
+    report = {"verdict": verdict, "ok": ok, "spec": spec, "data_source": source, "n_params": n_params,
+              "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
+              "fingerprint_info": runs["a"]["fingerprint_info"],
+              "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},
+              "runs": {lab: {"mixer": r["mixer"], "s_per_step": r["s_per_step"], "val_loss": r["val_loss"],
+                             "losses": [s["loss"] for s in r["steps"]], "final": r["final"]}
+                       for lab, r in runs.items()},
+              "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"]} for s in runs["a"]["steps"]]}
+    note = _plot(os.path.join(out_dir, "loss.png"), runs)
+    report["plot"] = None if note else "loss.png"
+    atomic_write_json(os.path.join(out_dir, "report.json"), report)
+    if note:
+        print_fn(f"note: {note}")
+    print_fn(f"report: {os.path.join(out_dir, 'report.json')}" + ("" if note else f", plot: {os.path.join(out_dir, 'loss.png')}"))
+    return 0 if ok else 1

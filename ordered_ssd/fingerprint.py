@@ -1,0 +1,75 @@
+"""The determinism fingerprint: everything that must match for two runs to be expected bit-identical."""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from importlib import metadata
+from typing import Optional
+
+import torch
+
+__all__ = ["package_versions", "determinism_fingerprint", "fingerprint_string", "fingerprint_diff"]
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions() -> dict:
+    """Installed versions (None if absent), read from package metadata without importing the packages."""
+    from . import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cuda": torch.version.cuda,
+        "mamba-ssm": _version("mamba-ssm") or _version("mamba_ssm"),
+        "causal-conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
+        "ordered-ssd": __version__,
+    }
+
+
+def determinism_fingerprint(device: torch.device | str, world_size: int = 1, native: bool = False) -> dict:
+    """What the bits of a training step depend on, besides the inputs.
+
+    Args:
+        device: the compute device.
+        world_size: number of data-parallel ranks.
+        native: include the native-kernel configuration (``csrc_bindings`` table fingerprint); this imports
+            mamba-ssm, so it is only done when the native path is in use.
+    """
+    device = torch.device(device)
+    v = package_versions()
+    info = {"ordered-ssd": v["ordered-ssd"], "torch": v["torch"], "python": v["python"],
+            "device_type": device.type, "world_size": int(world_size)}
+    if device.type == "cpu":
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["threads"] = torch.get_num_threads()
+    else:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        info["gpu"] = torch.cuda.get_device_name(idx)
+        info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(idx)
+        info["cuda"] = v["cuda"]
+        info["triton"] = v["triton"]
+        if native:
+            import csrc_bindings
+
+            info["mamba-ssm"] = v["mamba-ssm"]
+            info["causal-conv1d"] = v["causal-conv1d"]
+            info["pinned_configs"] = csrc_bindings.fingerprint()
+    return info
+
+
+def fingerprint_string(info: dict) -> str:
+    """Short stable hex digest of a fingerprint dict."""
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint_diff(a: dict, b: dict) -> dict:
+    """``{key: (a_value, b_value)}`` for every key whose value differs."""
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

@@ -1,0 +1,166 @@
+"""A small byte-level Mamba-2 language model and its data, for the ``ordered-ssd check`` main job.
+
+Model: token embedding (256 bytes) -> ``n_layers`` x [RMSNorm -> mixer, residual] -> RMSNorm -> tied head.
+The mixer is :class:`ordered_ssd.OrderedMamba2` or, as a control, mamba-ssm's ``Mamba2`` (same constructor).
+The embedding lookup and the tied head are matmuls with a one-hot matrix / the embedding matrix, and the
+loss is a plain log-softmax sum: no scatter/index-add kernels whose backward might use atomics.
+
+Data: bytes of real text. By default the ``.py`` files of the Python standard library found on this
+machine (sorted by path relative to the stdlib root, ``site-packages`` excluded, concatenated), up to a
+byte budget; or a user file / directory. The last ``val_fraction`` of the bytes is the validation split.
+The training batch of step ``s`` is a pure function of ``(seed, s)``: windows at offsets drawn from a
+``torch.Generator`` seeded with ``seed`` and ``s``, so the data position of a run is just its step.
+"""
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .digest import tensor_sha256
+
+VOCAB = 256
+
+
+class DataError(ValueError):
+    """The training data cannot be read or is unusable (message is one line for the CLI)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 64
+    n_layers: int = 2
+    d_state: int = 16
+    headdim: int = 16
+    ngroups: int = 1
+    chunk_size: int = 32
+    expand: int = 2
+
+    def mixer_kwargs(self) -> dict:
+        return dict(d_model=self.d_model, d_state=self.d_state, headdim=self.headdim, ngroups=self.ngroups,
+                    chunk_size=self.chunk_size, expand=self.expand)
+
+
+class ByteLM(nn.Module):
+    """Byte-level language model: ``forward(tokens [B, L] int64) -> logits [B, L, 256]``."""
+
+    def __init__(self, cfg: ModelConfig, mixer_cls, device=None, dtype=None):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.cfg = cfg
+        self.embedding = nn.Parameter(torch.randn(VOCAB, cfg.d_model, **kw) * 0.02)
+        self.norms = nn.ModuleList([nn.RMSNorm(cfg.d_model, eps=1e-5, **kw) for _ in range(cfg.n_layers)])
+        self.mixers = nn.ModuleList([mixer_cls(**cfg.mixer_kwargs(), layer_idx=i, **kw) for i in range(cfg.n_layers)])
+        self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-5, **kw)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = F.one_hot(tokens, VOCAB).to(self.embedding.dtype) @ self.embedding
+        for norm, mixer in zip(self.norms, self.mixers):
+            h = h + mixer(norm(h))
+        return self.norm_f(h) @ self.embedding.t()
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-byte cross-entropy in fp32 (log-softmax times a one-hot mask; no gather/scatter)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp * F.one_hot(targets, VOCAB).to(logp.dtype)).sum(-1).mean()
+
+
+# ----------------------------------------------------------------------------------------------- data
+def stdlib_root() -> str:
+    return sysconfig.get_paths()["stdlib"]
+
+
+def _python_files(root: str) -> List[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
+        found.extend(os.path.join(dirpath, f) for f in filenames if f.endswith(".py"))
+    return sorted(found, key=lambda p: os.path.relpath(p, root))
+
+
+def _text_files(root: str) -> List[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
+    return sorted(found, key=lambda p: os.path.relpath(p, root))
+
+
+def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
+    """Bytes of the corpus (at most ``max_bytes``) and a description of where they came from.
+
+    Raises:
+        DataError: the path does not exist, cannot be read, or holds no bytes.
+    """
+    if path is None:
+        root = stdlib_root()
+        files = _python_files(root)
+        source = f"Python standard library at {root} ({len(files)} .py files, sorted by path)"
+    elif os.path.isfile(path):
+        root, files = os.path.dirname(path), [path]
+        source = f"file {path}"
+    elif os.path.isdir(path):
+        root, files = path, _text_files(path)
+        source = f"directory {path} ({len(files)} files, sorted by path)"
+    else:
+        raise DataError(f"--data: no such file or directory: {path}")
+    chunks, total = [], 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read(max_bytes - total)
+        except OSError as e:
+            raise DataError(f"--data: cannot read {f}: {e.strerror}") from None
+        chunks.append(data)
+        total += len(data)
+    corpus = b"".join(chunks)
+    if not corpus:
+        raise DataError(f"--data: no bytes to train on in {source}")
+    return corpus, source
+
+
+class ByteData:
+    """Train/validation split of a byte corpus and the deterministic batch of every step."""
+
+    def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05):
+        data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.int64)
+        n_val = max(seq_len + 1, int(len(data) * val_fraction))
+        if len(data) < n_val + seq_len + 1:
+            raise DataError(f"--data: {len(data)} bytes is too little for --seq-len {seq_len} "
+                            f"(need at least {n_val + seq_len + 1})")
+        self.train, self.val = data[:-n_val], data[-n_val:]
+        self.seq_len = seq_len
+        self.sha256 = tensor_sha256(data.to(torch.uint8))
+        self.n_bytes = len(data)
+
+    def batch(self, seed: int, step: int, batch_size: int, offset: int = 0, count: Optional[int] = None):
+        """Inputs and targets ``[count, seq_len]`` of rows ``offset .. offset+count`` of step ``step``'s batch."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (batch_size,), generator=g)
+        count = batch_size if count is None else count
+        starts = starts[offset:offset + count]
+        idx = starts[:, None] + torch.arange(self.seq_len + 1)
+        win = self.train[idx]
+        return win[:, :-1], win[:, 1:]
+
+    def val_batches(self, batch_size: int):
+        """Consecutive non-overlapping validation windows, in order."""
+        L = self.seq_len
+        n = (len(self.val) - 1) // L
+        starts = torch.arange(n) * L
+        for i in range(0, n, batch_size):
+            idx = starts[i:i + batch_size, None] + torch.arange(L + 1)
+            win = self.val[idx]
+            yield win[:, :-1], win[:, 1:]
+
+
+def config_dict(cfg: ModelConfig) -> dict:
+    return asdict(cfg)
