@@ -1,0 +1,55 @@
+"""csrc_bindings: pinned-configuration launchers for the native kernels of the Mamba-2 layer.
+
+This is the only part of ordered-ssd that touches mamba-ssm 2.3.2.post1 and causal-conv1d 1.7.0 internals.
+
+* One plain Python launcher per native kernel (``launch_*``), each taking tensors, an explicit configuration (or
+  ``None`` for the pinned one) and optional output/workspace buffers; it launches the kernel's JIT function /
+  C++ op directly under the device guard, never the autotuner.
+* No atomics reach a result: ``DETERMINISTIC_REDUCTION=True`` with per-tile workspaces where a kernel has it,
+  per-example causal-conv1d backward for the conv weight/bias gradients. Partials come back raw (fp32) with
+  documented layouts; folding them is the caller's job (``ordered_ssd``).
+* No global state: importing or using this package never patches a module attribute, never reads or writes
+  ``MAMBA_DETERMINISTIC`` / ``CAUSAL_CONV1D_DETERMINISTIC`` / ``TRITON_*``, never toggles
+  ``torch.use_deterministic_algorithms`` and leaves the mamba-ssm kernel objects (``configs``, ``cache``, hooks)
+  untouched; a native ``Mamba2`` in the same process behaves as before.
+* ``import csrc_bindings`` imports neither triton nor mamba-ssm nor causal-conv1d; the first launcher call does,
+  and checks versions and kernel signatures (:func:`check_native`).
+
+See ``docs/bindings.md`` for the layouts, the pinned table and the fallback rule.
+"""
+from ._configs import (KernelConfig, describe_launch, fingerprint, layer_keys, pinned_config, rule_config,
+                       table_hash, table_key)
+from ._native import INSTALL_HINT, SUPPORTED_VERSIONS
+from .conv1d import launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, sequence_segments
+from .norm import launch_rmsnorm_gated_bwd, launch_rmsnorm_gated_fwd, launch_swiglu_bwd, launch_swiglu_fwd
+from .ssd import (launch_bmm_chunk_bwd, launch_bmm_chunk_fwd, launch_chunk_cumsum_bwd, launch_chunk_cumsum_fwd,
+                  launch_chunk_scan_bwd_dC, launch_chunk_scan_bwd_dcb, launch_chunk_scan_bwd_ddAcs_stable,
+                  launch_chunk_scan_bwd_dstates, launch_chunk_scan_bwd_dz, launch_chunk_scan_chunk_state_bwd_dx,
+                  launch_chunk_scan_fwd, launch_chunk_state_bwd_db, launch_chunk_state_fwd, launch_state_passing_bwd,
+                  launch_state_passing_fwd)
+
+
+def check_native(conv: bool = True) -> dict:
+    """Import the native extras now and run the version + signature check; return the installed versions.
+
+    Raises:
+        ImportError: an extra is missing (``pip install ordered-ssd[cuda]``).
+        RuntimeError: unsupported installed version or changed kernel signature (message names both versions).
+    """
+    from ._native import native, native_conv
+    versions = dict(native().versions)
+    if conv:
+        versions.update(native_conv().versions)
+    return versions
+
+
+__all__ = [
+    "KernelConfig", "describe_launch", "fingerprint", "layer_keys", "pinned_config", "rule_config", "table_hash",
+    "table_key", "check_native", "INSTALL_HINT", "SUPPORTED_VERSIONS", "sequence_segments",
+    "launch_chunk_cumsum_fwd", "launch_chunk_cumsum_bwd", "launch_bmm_chunk_fwd", "launch_bmm_chunk_bwd",
+    "launch_chunk_state_fwd", "launch_chunk_state_bwd_db", "launch_state_passing_fwd", "launch_state_passing_bwd",
+    "launch_chunk_scan_fwd", "launch_chunk_scan_bwd_dz", "launch_chunk_scan_bwd_dstates", "launch_chunk_scan_bwd_dC",
+    "launch_chunk_scan_bwd_dcb", "launch_chunk_scan_bwd_ddAcs_stable", "launch_chunk_scan_chunk_state_bwd_dx",
+    "launch_rmsnorm_gated_fwd", "launch_rmsnorm_gated_bwd", "launch_swiglu_fwd", "launch_swiglu_bwd",
+    "launch_causal_conv1d_fwd", "launch_causal_conv1d_bwd_per_example",
+]

@@ -1,0 +1,278 @@
+#!/usr/bin/env python
+"""Tune the pinned launch-configuration table of ``csrc_bindings`` on the current GPU.
+
+For every native kernel of the Mamba-2 layer and every (layer shape, dtype) asked for, time every candidate
+configuration of the kernel's own upstream autotuner (``kernel.configs``, read, never modified) through the
+``csrc_bindings`` launcher, and record the fastest *valid* one:
+
+* it compiles and fits the GPU's shared memory / registers (the launch does not raise),
+* it runs the deterministic path (the launchers always pass ``DETERMINISTIC_REDUCTION=True`` where it exists)
+  and two runs on the same inputs give bitwise-identical, finite outputs.
+
+Phase 1 compiles every candidate in parallel worker processes (filling Triton's on-disk cache), phase 2 times them
+one by one in this process (warm-up first, CUDA events, best of 3 trials of 10 launches). The result is written as
+a Python dict module (default ``csrc_bindings/_pinned_table.py``), merged with the entries already there for other
+keys; ``--report`` writes every timing as JSON.
+
+This script changes no environment variable and no mamba-ssm state. It refuses to run if the live autotuner lists
+differ from the copies in ``csrc_bindings/_kernel_specs.py`` (e.g. mamba-ssm's deterministic mode filtered them).
+
+Example (the GPU gate):
+    python benchmarks/tune_pinned_configs.py --dtypes bfloat16,float16,float32 --jobs 14 --budget-s 300
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pprint
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _log(*a):
+    print(*a, flush=True)
+
+
+def build_jobs(args):
+    """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order."""
+    from csrc_bindings._configs import layer_keys
+    jobs, seen = [], set()
+    for shape in args.shapes.split(","):
+        cs, p, n = (int(v) for v in shape.split("x"))
+        for nh in (int(v) for v in args.nheads.split(",")):
+            for kernel, key, role in layer_keys(chunk_size=cs, headdim=p, dstate=n, nheads=nh,
+                                                d_nonssm=args.swiglu_cols):
+                for dt in args.dtypes.split(","):
+                    if role == "fp32" and dt != "float32":
+                        continue
+                    tag = (kernel, tuple(sorted(key.items())), dt)
+                    if tag not in seen:
+                        seen.add(tag)
+                        jobs.append((kernel, dict(key), dt))
+    return jobs
+
+
+def live_candidates():
+    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy."""
+    from csrc_bindings._kernel_specs import KERNELS
+    from csrc_bindings._native import native
+    ns = native()
+    out = {}
+    for name, spec in KERNELS.items():
+        if spec["candidates"] is None:
+            continue
+        live = tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in ns.kernels[name].configs)
+        if live != spec["candidates"]:
+            raise SystemExit(f"{name}: the live autotuner lists {len(live)} configs that differ from the "
+                             f"{len(spec['candidates'])} upstream ones (is MAMBA_DETERMINISTIC or "
+                             f"torch.use_deterministic_algorithms on, or TRITON_AUTOTUNE_BLOCK_SIZE_* set?). "
+                             f"Run the tuner without them.")
+        out[name] = live
+    return out
+
+
+def _cfg_dict(cand):
+    block, warps, stages = cand
+    d = dict(block)
+    d["num_warps"], d["num_stages"] = warps, stages
+    return d
+
+
+def _problem(kernel, key, dt, cache):
+    from csrc_bindings._examples import problem_for_key
+    tag = (kernel, tuple(sorted(key.items())), dt)
+    if tag not in cache:
+        cache.clear()  # one problem alive at a time
+        cache[tag] = problem_for_key(kernel, key, DTYPES[dt], "cuda")
+    return cache[tag]
+
+
+# ------------------------------------------------------------------------------------------- phase 1 worker
+def worker_compile(tasks_file, out_file, deadline):
+    from csrc_bindings._examples import run_kernel
+    tasks = json.loads(Path(tasks_file).read_text())
+    cache, results = {}, []
+    for kernel, key, dt, idx, cand in tasks:
+        if time.time() > deadline:
+            results.append([kernel, key, dt, idx, "skipped: budget"])
+            continue
+        try:
+            p = _problem(kernel, key, dt, cache)
+            run_kernel(kernel, p, config=_cfg_dict(cand))
+            torch.cuda.synchronize()
+            results.append([kernel, key, dt, idx, "ok"])
+        except Exception as exc:  # noqa: BLE001 - any failure makes the candidate invalid
+            results.append([kernel, key, dt, idx, f"{type(exc).__name__}: {str(exc)[:200]}"])
+    Path(out_file).write_text(json.dumps(results))
+
+
+def phase1(jobs, cands, args, deadline):
+    tasks = []
+    for kernel, key, dt in jobs:
+        for i, c in enumerate(cands[kernel]):
+            tasks.append([kernel, key, dt, i, [c[0], c[1], c[2]]])
+    # one (kernel, key, dtype) group per worker at a time (its problem is built once); groups spread over the
+    # workers longest-first (matmul-like kernels weigh more than the elementwise chunk-cumsum ones)
+    nj = max(1, args.jobs)
+    groups = {}
+    for t in tasks:
+        groups.setdefault((t[0], json.dumps(t[1], sort_keys=True), t[2]), []).append(t)
+    weight = lambda g: len(g) * (1 if g[0][0].startswith("chunk_cumsum") else 4)  # noqa: E731
+    shards, load = [[] for _ in range(nj)], [0] * nj
+    for g in sorted(groups.values(), key=weight, reverse=True):
+        s = load.index(min(load))
+        shards[s].extend(g)
+        load[s] += weight(g)
+    tmp = Path(tempfile.mkdtemp(prefix="tune_"))
+    procs = []
+    for s, shard in enumerate(shards):
+        shard.sort(key=lambda t: (t[0], json.dumps(t[1], sort_keys=True), t[2], t[3]))
+        tf, of = tmp / f"tasks{s}.json", tmp / f"out{s}.json"
+        tf.write_text(json.dumps(shard))
+        procs.append((subprocess.Popen([sys.executable, __file__, "--worker-compile", str(tf), str(of),
+                                        str(deadline)], cwd=str(ROOT)), of))
+    status = {}
+    for proc, of in procs:
+        proc.wait()
+        if of.exists():
+            for kernel, key, dt, idx, st in json.loads(of.read_text()):
+                status[(kernel, json.dumps(key, sort_keys=True), dt, idx)] = st
+    _log(f"phase 1: {len(tasks)} candidate compiles in {nj} workers, "
+         f"{sum(1 for v in status.values() if v == 'ok')} ok")
+    return status
+
+
+# ------------------------------------------------------------------------------------------- phase 2
+def _time(fn, reps=10, trials=3):
+    best = float("inf")
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+def phase2(jobs, cands, status, deadline):
+    from csrc_bindings._configs import device_arch, rule_config, table_key
+    from csrc_bindings._examples import run_kernel
+    arch = device_arch("cuda")
+    table, report, cache = {}, [], {}
+    for kernel, key, dt in jobs:
+        rows = []
+        for i, c in enumerate(cands[kernel]):
+            st = status.get((kernel, json.dumps(key, sort_keys=True), dt, i), "not compiled")
+            row = {"candidate": _cfg_dict(c), "compile": st}
+            if st == "ok" and time.time() < deadline:
+                try:
+                    p = _problem(kernel, key, dt, cache)
+                    cfg = _cfg_dict(c)
+                    o1 = run_kernel(kernel, p, config=cfg)
+                    o2 = run_kernel(kernel, p, config=cfg)
+                    torch.cuda.synchronize()
+                    finite = all(bool(torch.isfinite(t.float()).all()) for t in o1 if t.is_floating_point())
+                    same = len(o1) == len(o2) and all(torch.equal(a, b) for a, b in zip(o1, o2))
+                    row["finite"], row["bitwise_repeat"] = finite, same
+                    if finite and same:
+                        row["ms"] = _time(lambda: run_kernel(kernel, p, config=cfg))
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(row)
+        valid = [r for r in rows if "ms" in r]
+        tk = table_key(arch, dt, kernel, key)
+        if valid:
+            best = min(valid, key=lambda r: r["ms"])
+            table[tk] = best["candidate"]
+            rule = rule_config(kernel).as_dict()
+            rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
+            _log(f"{tk}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
+                 f"{'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
+        else:
+            _log(f"{tk}: no valid candidate (left to the rule)")
+        report.append({"key": tk, "rows": rows, "chosen": table.get(tk)})
+    return table, report
+
+
+def write_table(path, table, meta, merge=True):
+    old = {}
+    if merge and path.exists():
+        ns = {}
+        exec(compile(path.read_text(), str(path), "exec"), ns)
+        old = dict(ns.get("TABLE", {}))
+    old.update(table)
+    body = pprint.pformat(dict(sorted(old.items())), width=120, sort_dicts=True)
+    text = ('"""Pinned launch configurations (generated by ``benchmarks/tune_pinned_configs.py``; do not edit by '
+            'hand).\n\nKey: ``"{arch}/{dtype}/{kernel}/{autotune key}"``; value: block sizes + ``num_warps`` + '
+            '``num_stages``.\nKeys that are missing here use the ``mincost-v1`` rule (see '
+            ':mod:`csrc_bindings._configs`).\n"""\n\n'
+            f"META = {pprint.pformat(meta, width=120)}\n\nTABLE = {body}\n")
+    path.write_text(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="256x64x128", help="comma list of CHUNKxHEADDIMxDSTATE")
+    ap.add_argument("--nheads", default="24,32,48,64", help="nheads values (only the chunk-cumsum key uses it)")
+    ap.add_argument("--dtypes", default="bfloat16,float16,float32")
+    ap.add_argument("--swiglu-cols", type=int, default=0, help="d_nonssm for the swiglu keys (0: skip)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--budget-s", type=float, default=600.0)
+    ap.add_argument("--out", default=str(ROOT / "csrc_bindings" / "_pinned_table.py"))
+    ap.add_argument("--report", default=None, help="write all timings here (JSON)")
+    ap.add_argument("--replace", action="store_true", help="do not merge with the existing table")
+    ap.add_argument("--skip-existing", action="store_true", help="only tune keys that the table does not have yet")
+    ap.add_argument("--worker-compile", nargs=3, metavar=("TASKS", "OUT", "DEADLINE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_compile:
+        tf, of, dl = args.worker_compile
+        worker_compile(tf, of, float(dl))
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_pinned_configs.py needs a CUDA GPU")
+    t0 = time.time()
+    deadline = t0 + args.budget_s
+    import csrc_bindings as cb
+    versions = cb.check_native(conv=False)
+    cands = live_candidates()
+    jobs = build_jobs(args)
+    if args.skip_existing:
+        from csrc_bindings._configs import _table, device_arch, table_key
+        arch, have = device_arch("cuda"), set(_table())
+        jobs = [j for j in jobs if table_key(arch, j[2], j[0], j[1]) not in have]
+    _log(f"tuning {len(jobs)} (kernel, key, dtype) jobs on {torch.cuda.get_device_name(0)} "
+         f"({cb._configs.device_arch('cuda')}); versions {versions}")
+    status = phase1(jobs, cands, args, t0 + 0.8 * args.budget_s)
+    table, report = phase2(jobs, cands, status, deadline)
+    meta = {"generated_by": "benchmarks/tune_pinned_configs.py",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
+            "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
+            "timing": "best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 8 * chunk_size, nheads 16"}
+    out = Path(args.out)
+    write_table(out, table, meta, merge=not args.replace)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1))
+    import importlib
+    import csrc_bindings._pinned_table as pt
+    importlib.reload(pt)
+    _log(f"wrote {len(table)} entries to {out} in {time.time() - t0:.0f} s; table hash {cb.table_hash()}")
+    _log("fingerprint:", cb.fingerprint())
+
+
+if __name__ == "__main__":
+    main()

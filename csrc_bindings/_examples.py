@@ -1,0 +1,168 @@
+"""Deterministic example inputs for every launcher, keyed like the pinned table.
+
+Used by ``benchmarks/tune_pinned_configs.py`` (timing every candidate) and by the GPU tests (every table entry
+compiles and runs; bitwise reproducibility). Inputs are pure-torch random tensors from a seeded CPU generator,
+with plausible magnitudes (negative ``A``, softplus'd ``dt``, per-chunk ``dA_cumsum``); no native kernel is used to
+build them, so timing one kernel never depends on another's configuration.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ._kernel_specs import KERNELS
+
+#: kernels with a table entry (autotuned upstream), in layer order
+TUNED_KERNELS = tuple(k for k, v in KERNELS.items() if v["candidates"] is not None)
+
+
+def _rand(gen, shape, scale=1.0, shift=0.0):
+    return torch.randn(*shape, generator=gen) * scale + shift
+
+
+def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, batch=2, seqlen=200,
+                 dtype=torch.float32, device="cpu", seed=0, state_dim=None, swiglu_cols=48,
+                 sp_dtype=torch.float32):
+    """A dict of tensors for one small Mamba-2 SSD problem (see the module docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    cs, P, N, H, G, B, L = chunk_size, headdim, dstate, nheads, ngroups, batch, seqlen
+    C = math.ceil(L / cs)
+    pad = C * cs - L
+    p = {"chunk_size": cs, "headdim": P, "dstate": N, "nheads": H, "ngroups": G, "batch": B, "seqlen": L,
+         "nchunks": C, "dtype": dtype}
+    p["dt_raw"] = _rand(gen, (B, L, H), 0.5, -1.0)
+    p["A"] = -torch.exp(_rand(gen, (H,), 0.5))
+    p["dt_bias"] = _rand(gen, (H,), 0.3)
+    dt = F.softplus(p["dt_raw"] + p["dt_bias"])
+    dt = F.pad(dt, (0, 0, 0, pad)).reshape(B, C, cs, H).permute(0, 3, 1, 2).contiguous()  # [B, H, C, cs]
+    p["dt"] = dt
+    p["dA_cumsum"] = torch.cumsum(dt * p["A"][None, :, None, None], dim=-1)
+    for name, shape in (("x", (B, L, H, P)), ("z", (B, L, H, P)), ("dout", (B, L, H, P)), ("out_x", (B, L, H, P)),
+                        ("Bm", (B, L, G, N)), ("Cm", (B, L, G, N))):
+        p[name] = _rand(gen, shape)
+    p["D"] = _rand(gen, (H,), 0.5, 1.0)
+    Cc = F.pad(p["Cm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, cs, G, N)
+    Bc = F.pad(p["Bm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, cs, G, N)
+    p["CB"] = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc).contiguous()
+    p["dCB"] = torch.tril(_rand(gen, (B, C, G, cs, cs), 0.1))
+    p["dB_res"] = _rand(gen, (B, L, G, N))
+    p["states"] = _rand(gen, (B, C, H, P, N), 0.5)
+    p["dstates"] = _rand(gen, (B, C, H, P, N), 0.5)
+    p["ddA"] = _rand(gen, (B, H, C, cs), 0.5)
+    p["ddt_out"] = _rand(gen, (B, H, C, cs), 0.5)
+    sd = P * N if state_dim is None else state_dim
+    p["sp_states"] = _rand(gen, (B, C, H, sd), 0.5)
+    p["sp_init"] = _rand(gen, (B, H, sd), 0.5)
+    p["sp_dout"] = _rand(gen, (B, C, H, sd), 0.5)
+    p["sp_dfinal"] = _rand(gen, (B, H, sd), 0.5)
+    p["xy"] = _rand(gen, (B * L, 2 * swiglu_cols))
+    p["dsw"] = _rand(gen, (B * L, swiglu_cols))
+    p["rms_w"] = _rand(gen, (H * P,), 0.1, 1.0)
+    p["dy_rms"] = _rand(gen, (B * L, H * P))
+    p["conv_x"] = _rand(gen, (B, L, 2 * H * P // 2 + 2 * G * N))  # xBC: [B, L, D_conv]
+    p["conv_w"] = _rand(gen, (p["conv_x"].shape[-1], 4), 0.5)
+    p["conv_b"] = _rand(gen, (p["conv_x"].shape[-1],), 0.1)
+    p["conv_dout"] = _rand(gen, p["conv_x"].shape)
+    # dtypes: activations in `dtype`; dt/dA_cumsum/A/dt_bias/D/CB/dCB/ddA/ddt_out/dB_res/sp_* fp32 like mamba-ssm
+    lo = ("dt_raw", "x", "z", "dout", "out_x", "Bm", "Cm", "dstates", "xy", "dsw", "rms_w", "dy_rms", "conv_x",
+          "conv_w", "conv_b", "conv_dout")
+    for k in lo:
+        p[k] = p[k].to(dtype)
+    p["states_lo"] = p["states"].to(dtype)
+    for k in ("sp_states", "sp_init", "sp_dout"):  # the state-passing kernels are keyed on the states' dtype
+        p[k] = p[k].to(sp_dtype)
+    for k, v in list(p.items()):
+        if isinstance(v, torch.Tensor):
+            p[k] = v.to(device)
+    return p
+
+
+def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, nheads=16, ngroups=1, seed=0):
+    """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: cs 256, P 64, N 128)."""
+    cs = int(key.get("chunk_size", 256))
+    P = int(key.get("hdim", 64))
+    N = int(key.get("dstate", key.get("K", 128)))
+    H = int(key.get("nheads", nheads))
+    L = seqlen if seqlen is not None else 8 * cs
+    return make_problem(chunk_size=cs, headdim=P, dstate=N, nheads=H, ngroups=ngroups, batch=batch, seqlen=L,
+                        dtype=dtype, device=device, seed=seed, state_dim=key.get("dim"),
+                        swiglu_cols=int(key.get("ncols", 48)),
+                        sp_dtype=dtype if kernel.startswith("state_passing") else torch.float32)
+
+
+def run_kernel(kernel, p, config=None):
+    """Run the launcher for ``kernel`` on problem ``p``; return its output tensors as a tuple (Nones dropped)."""
+    from . import conv1d, norm, ssd
+    cs, G = p["chunk_size"], p["ngroups"]
+    if kernel == "chunk_cumsum_fwd":
+        r = ssd.launch_chunk_cumsum_fwd(p["dt_raw"], p["A"], cs, dt_bias=p["dt_bias"], dt_softplus=True,
+                                        config=config)
+    elif kernel == "chunk_cumsum_bwd":
+        r = ssd.launch_chunk_cumsum_bwd(p["ddA"], p["ddt_out"], p["dt_raw"], p["A"], dt_bias=p["dt_bias"],
+                                        dt_softplus=True, config=config)
+    elif kernel == "bmm_chunk_fwd":
+        r = (ssd.launch_bmm_chunk_fwd(p["Cm"], p["Bm"], cs, output_dtype=torch.float32, config=config),)
+    elif kernel == "bmm_chunk_bwd":
+        r = (ssd.launch_bmm_chunk_bwd(p["Cm"], p["dCB"], residual=p["dB_res"], config=config),)
+    elif kernel == "chunk_state_fwd":
+        r = (ssd.launch_chunk_state_fwd(p["Bm"], p["x"], p["dt"], p["dA_cumsum"], config=config),)
+    elif kernel == "chunk_state_bwd_db":
+        r = ssd.launch_chunk_state_bwd_db(p["x"], p["dt"], p["dA_cumsum"], p["dstates"], B=p["Bm"], ngroups=G,
+                                          config=config)
+    elif kernel == "state_passing_fwd":
+        r = ssd.launch_state_passing_fwd(p["sp_states"], p["dA_cumsum"][..., -1], initial_states=p["sp_init"],
+                                         config=config)
+    elif kernel == "state_passing_bwd":
+        r = ssd.launch_state_passing_bwd(p["sp_states"], p["dA_cumsum"][..., -1], p["sp_dout"],
+                                         dfinal_states=p["sp_dfinal"], has_initial_states=True,
+                                         dstates_dtype=p["dtype"], states_dtype=p["dtype"], config=config)
+    elif kernel == "chunk_scan_fwd":
+        r = ssd.launch_chunk_scan_fwd(p["CB"], p["x"], p["dt"], p["dA_cumsum"], p["Cm"], p["states_lo"], D=p["D"],
+                                      z=p["z"], config=config)
+    elif kernel == "chunk_scan_bwd_dz":
+        r = ssd.launch_chunk_scan_bwd_dz(p["x"], p["z"], p["out_x"], p["dout"], cs, D=p["D"], config=config)
+    elif kernel == "chunk_scan_bwd_dstates":
+        r = (ssd.launch_chunk_scan_bwd_dstates(p["Cm"], p["dA_cumsum"], p["dout"], dtype=torch.float32,
+                                               config=config),)
+    elif kernel == "chunk_scan_bwd_dC":
+        r = ssd.launch_chunk_scan_bwd_dC(p["states_lo"], p["dA_cumsum"], p["dout"], C=p["Cm"], ngroups=G,
+                                         config=config)
+    elif kernel == "chunk_scan_bwd_dcb":
+        r = (ssd.launch_chunk_scan_bwd_dcb(p["x"], p["dt"], p["dA_cumsum"], p["dout"], ngroups=G, config=config),)
+    elif kernel == "chunk_scan_bwd_ddAcs_stable":
+        r = (ssd.launch_chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"],
+                                                    config=config),)
+    elif kernel == "chunk_scan_chunk_state_bwd_dx":
+        r = ssd.launch_chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"], p["dout"],
+                                                     p["dstates"], D=p["D"], config=config)
+    elif kernel == "swiglu_fwd":
+        r = (norm.launch_swiglu_fwd(p["xy"], config=config),)
+    elif kernel == "swiglu_bwd":
+        r = norm.launch_swiglu_bwd(p["xy"], p["dsw"], recompute_output=True, config=config)
+    elif kernel == "rmsnorm_gated_fwd":
+        x2 = p["out_x"].reshape(p["batch"] * p["seqlen"], -1)
+        z2 = p["z"].reshape(p["batch"] * p["seqlen"], -1)
+        r = norm.launch_rmsnorm_gated_fwd(x2, p["rms_w"], 1e-5, z=z2, group_size=x2.shape[1] // G,
+                                          norm_before_gate=False, config=config)
+    elif kernel == "rmsnorm_gated_bwd":
+        x2 = p["out_x"].reshape(p["batch"] * p["seqlen"], -1)
+        z2 = p["z"].reshape(p["batch"] * p["seqlen"], -1)
+        _, rstd = norm.launch_rmsnorm_gated_fwd(x2, p["rms_w"], 1e-5, z=z2, group_size=x2.shape[1] // G,
+                                                norm_before_gate=False)
+        r = norm.launch_rmsnorm_gated_bwd(p["dy_rms"], x2, p["rms_w"], 1e-5, rstd, rows_per_program=p["seqlen"],
+                                          z=z2, group_size=x2.shape[1] // G, norm_before_gate=False, config=config)
+    elif kernel == "causal_conv1d_fwd":
+        xc = p["conv_x"].transpose(1, 2)
+        r = (conv1d.launch_causal_conv1d_fwd(xc, p["conv_w"], p["conv_b"], silu_activation=True),)
+    elif kernel == "causal_conv1d_bwd":
+        xc = p["conv_x"].transpose(1, 2)
+        r = conv1d.launch_causal_conv1d_bwd_per_example(xc, p["conv_w"], p["conv_b"], p["conv_dout"].transpose(1, 2),
+                                                        silu_activation=True)[:3]
+    else:
+        raise KeyError(kernel)
+    return tuple(t for t in r if isinstance(t, torch.Tensor))
+
+
+ALL_KERNELS = TUNED_KERNELS + ("rmsnorm_gated_fwd", "rmsnorm_gated_bwd", "causal_conv1d_fwd", "causal_conv1d_bwd")

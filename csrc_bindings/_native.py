@@ -1,0 +1,212 @@
+"""Lazy access to the native kernels, with the version and signature check.
+
+Nothing here imports triton, mamba-ssm or causal-conv1d at import time. The first launcher call runs
+:func:`native` (Triton kernels of mamba-ssm) or :func:`native_conv` (causal-conv1d's C++ ops); each imports the
+extension, checks the installed version against the supported one and checks every kernel's argument names against
+what the launchers pass. The result is cached for the life of the process; the check never touches the native
+modules' state (it only reads ``__version__``, ``arg_names``, ``keys`` and docstrings).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import re
+import threading
+from types import SimpleNamespace
+
+import torch
+
+from ._kernel_specs import KERNELS
+
+#: Versions the launchers were written and tested against (exact match required).
+SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
+#: Triton major.minor the kernels were tested with (a different one only warns through the fingerprint).
+TESTED_TRITON = "3.6"
+INSTALL_HINT = "pip install ordered-ssd[cuda]"
+
+# Expected number of arguments of causal-conv1d 1.7.0's pybind functions (see ``causal_conv1d/cpp_functions.py``):
+# causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, out, final_states_out, silu_activation)
+# causal_conv1d_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dweight, dbias,
+#                   dinitial_states, silu_activation)
+_CONV_ARITY = {"causal_conv1d_fwd": 8, "causal_conv1d_bwd": 12}
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def installed_version(dist: str) -> str | None:
+    """Installed version of distribution ``dist`` from package metadata, without importing it (None if absent)."""
+    for name in (dist, dist.replace("_", "-")):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _version_error(dist: str, installed: str | None) -> str:
+    return (f"csrc_bindings supports {dist}=={SUPPORTED_VERSIONS[dist]} only, but {dist}=={installed} is installed. "
+            f"Install the supported version with `{INSTALL_HINT}` (it pins mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']}"
+            f" and causal-conv1d=={SUPPORTED_VERSIONS['causal_conv1d']}).")
+
+
+def _check_version(dist: str, module) -> str:
+    installed = installed_version(dist) or getattr(module, "__version__", None)
+    if installed != SUPPORTED_VERSIONS[dist]:
+        raise RuntimeError(_version_error(dist, installed))
+    return installed
+
+
+def _import_extra(modname: str, what: str):
+    try:
+        return importlib.import_module(modname)
+    except ImportError as exc:
+        raise ImportError(f"csrc_bindings needs {what} (module {modname!r} could not be imported: {exc}). "
+                          f"Install the CUDA extras with `{INSTALL_HINT}`.") from exc
+
+
+def unwrap_jit(kernel):
+    """Return the JIT function under ``@triton.autotune`` / ``@triton.heuristics`` wrappers (reads ``.fn`` only)."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    obj = kernel
+    while isinstance(obj, (Autotuner, Heuristics)):
+        obj = obj.fn
+    return obj
+
+
+def _load_triton_kernels():
+    triton = _import_extra("triton", "triton")
+    tl = _import_extra("triton.language", "triton")
+    mamba_ssm = _import_extra("mamba_ssm", "mamba-ssm")
+    mamba_version = _check_version("mamba_ssm", mamba_ssm)
+    kernels, jits = {}, {}
+    for name, spec in KERNELS.items():
+        module = _import_extra(spec["module"], "mamba-ssm")
+        kernel = getattr(module, spec["attr"], None)
+        if kernel is None:
+            raise RuntimeError(f"mamba-ssm {mamba_version}: kernel {spec['module']}.{spec['attr']} not found; "
+                               f"csrc_bindings supports mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']} "
+                               f"(`{INSTALL_HINT}`).")
+        jit = unwrap_jit(kernel)
+        got = tuple(getattr(jit, "arg_names", ()))
+        if got != spec["arg_names"]:
+            raise RuntimeError(
+                f"mamba-ssm {mamba_version}: kernel {spec['attr']} has arguments {list(got)}, but the launcher "
+                f"passes {list(spec['arg_names'])}. csrc_bindings supports mamba-ssm=="
+                f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+        if spec["autotune_key"] is not None:
+            keys = tuple(getattr(kernel, "keys", ()))
+            if keys != spec["autotune_key"]:
+                raise RuntimeError(
+                    f"mamba-ssm {mamba_version}: kernel {spec['attr']} is autotuned on {list(keys)}, the pinned table"
+                    f" is keyed on {list(spec['autotune_key'])}. csrc_bindings supports mamba-ssm=="
+                    f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+        kernels[name], jits[name] = kernel, jit
+    from packaging import version as _v  # a dependency of triton and mamba-ssm
+    return SimpleNamespace(
+        triton=triton, tl=tl, kernels=kernels, jit=jits,
+        versions={"mamba_ssm": mamba_version, "triton": triton.__version__},
+        triton_22=_v.parse(triton.__version__) >= _v.parse("2.2.0"),
+    )
+
+
+def _arity(fn) -> int:
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    m = re.match(r"^\s*\w+\((.*)\)\s*->", doc[0]) if doc else None
+    if m is None:
+        raise ValueError("no pybind signature")
+    depth, count, body = 0, 0, m.group(1).strip()
+    if not body:
+        return 0
+    for ch in body:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            count += 1
+    return count + 1
+
+
+def _load_conv():
+    causal_conv1d = _import_extra("causal_conv1d", "causal-conv1d")
+    conv_version = _check_version("causal_conv1d", causal_conv1d)
+    ext = _import_extra("causal_conv1d_cuda", "causal-conv1d")
+    for fname, want in _CONV_ARITY.items():
+        fn = getattr(ext, fname, None)
+        try:
+            got = _arity(fn) if fn is not None else None
+        except ValueError:
+            got = "unreadable"
+        if got != want:
+            raise RuntimeError(
+                f"causal-conv1d {conv_version}: causal_conv1d_cuda.{fname} takes {got} arguments, the launcher passes "
+                f"{want}. csrc_bindings supports causal-conv1d=={SUPPORTED_VERSIONS['causal_conv1d']} "
+                f"(`{INSTALL_HINT}`).")
+    return SimpleNamespace(ext=ext, versions={"causal_conv1d": conv_version})
+
+
+def native():
+    """The checked Triton side (triton, mamba-ssm kernels); imported and checked once, at first use.
+
+    Raises:
+        ImportError: triton or mamba-ssm is not installed (message names ``pip install ordered-ssd[cuda]``).
+        RuntimeError: the installed mamba-ssm is not the supported version, or a kernel's argument names or
+            autotune key differ from what the launchers expect (message names installed and supported versions).
+    """
+    ns = _state.get("triton")
+    if ns is None:
+        with _lock:
+            ns = _state.get("triton")
+            if ns is None:
+                ns = _state["triton"] = _load_triton_kernels()
+    return ns
+
+
+def native_conv():
+    """The checked causal-conv1d side (its ``causal_conv1d_cuda`` extension); imported and checked at first use.
+
+    Raises:
+        ImportError: causal-conv1d is not installed.
+        RuntimeError: wrong causal-conv1d version or a C++ op with an unexpected number of arguments.
+    """
+    ns = _state.get("conv")
+    if ns is None:
+        with _lock:
+            ns = _state.get("conv")
+            if ns is None:
+                ns = _state["conv"] = _load_conv()
+    return ns
+
+
+def device_guard(t: torch.Tensor):
+    """``torch.cuda.device(t.device)`` for CUDA tensors, a no-op context otherwise (CPU/interpreter development)."""
+    if t.is_cuda:
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def launch(name: str, grid, args: dict, cfg, ref: torch.Tensor) -> None:
+    """Launch native kernel ``name`` through its JIT function (never its autotuner).
+
+    ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
+    config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
+    ``num_warps``/``num_stages`` from ``cfg``, under the device guard of ``ref``'s device. A missing or unexpected
+    name raises RuntimeError before launching.
+    """
+    ns = native()
+    names = KERNELS[name]["arg_names"]
+    full = dict(args)
+    for k, v in cfg.meta:
+        if k in full:
+            raise RuntimeError(f"{name}: config key {k} collides with a launcher argument")
+        full[k] = v
+    if set(full) != set(names):
+        missing = [n for n in names if n not in full]
+        extra = [n for n in full if n not in names]
+        raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
+                           f"(missing {missing}, unexpected {extra})")
+    jit = ns.jit[name]
+    with device_guard(ref):
+        jit[grid](*[full[n] for n in names], num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,0 +1,134 @@
+"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd``).
+
+The forward has no reduction across thread blocks and is called as is (either layout).
+
+**Weight/bias gradients without atomics: one example at a time.** Both backward kernels of causal-conv1d add
+their per-block weight/bias gradients into ``dweight``/``dbias`` with ``atomicAdd``:
+
+* the *channel-last* kernel (the layout Mamba-2 uses) tiles the sequence into 64/128-position blocks, so even for
+  one example several blocks add into the same ``dweight[d, w]``, in an order that varies from run to run;
+* the *channel-first* kernel has grid ``(batch, dim)``: one block per (example, channel) walks the whole sequence,
+  reduces with a fixed CUB block-reduction tree and then adds its value into ``dweight[d, :]`` / ``dbias[d]``.
+
+Called with ``batch = 1`` on a zeroed fp32 buffer, the channel-first kernel therefore has exactly **one writer per
+address**: ``0 + v`` is exact, so the result is the block's value whatever the scheduling, and also whatever
+causal-conv1d's own deterministic switch (``torch.use_deterministic_algorithms``) says, since a one-example
+partial summed alone is the same value. :func:`launch_causal_conv1d_bwd_per_example` does exactly that for each
+example (or each packed sequence, with ``seq_idx``) and returns the per-example partials in fp32; the caller
+folds them in its lexical order. The cost: ``B`` (or #sequences) launches and a channel-first copy of ``x``, ``dout``
+and ``dx`` per example.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._native import device_guard, native_conv
+from ._util import check, out_buffer
+
+
+def _check_conv(x, weight, bias):
+    check(x.dim() == 3, "x must be [B, D, L]")
+    batch, dim, seqlen = x.shape
+    check(weight.dim() == 2 and weight.shape[0] == dim, "weight must be [D, W]")
+    width = weight.shape[1]
+    check(2 <= width <= 4, f"causal-conv1d supports width 2..4, got {width}")
+    if bias is not None:
+        check(tuple(bias.shape) == (dim,), "bias must be [D]")
+    return batch, dim, seqlen, width
+
+
+def launch_causal_conv1d_fwd(x, weight, bias=None, *, seq_idx=None, initial_states=None, final_states_out=None,
+                             silu_activation=True, out=None):
+    """Causal depthwise conv1d (+ SiLU). Source: ``causal_conv1d_cuda.causal_conv1d_fwd`` (channel-first or
+    channel-last kernel, chosen by causal-conv1d from the strides of ``x``).
+
+    Args:
+        x: ``[B, D, L]`` with stride 1 in ``L`` (channel-first) or in ``D`` (channel-last, e.g. a rearranged
+            ``[B, L, D]``; then ``D`` and the other strides must be multiples of 8); fp32/fp16/bf16.
+        weight: ``[D, W]``, ``W`` in 2..4; bias: ``[D]`` or None.
+        seq_idx: ``[B, L]`` int32 or None (channel-last only); initial_states / final_states_out: ``[B, D, W-1]``
+            (channel-last only) or None.
+        silu_activation: apply SiLU.
+        out: optional output with the layout of ``x``, else ``torch.empty_like(x)``.
+    Returns:
+        ``out`` ``[B, D, L]``. No cross-block reduction: deterministic.
+    Raises:
+        RuntimeError from causal-conv1d's own checks (layout/dtype), ValueError for shapes.
+    """
+    _check_conv(x, weight, bias)
+    ext = native_conv().ext
+    if out is None:
+        out = torch.empty_like(x)
+    with device_guard(x):
+        ext.causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, out, final_states_out, bool(silu_activation))
+    return out
+
+
+def sequence_segments(seq_idx: torch.Tensor):
+    """``[(b, start, end), ...]``: the maximal runs of equal ``seq_idx[b]`` values, in (b, start) order.
+
+    Needs a device-to-host copy of ``seq_idx``. Raises ValueError unless every row is non-decreasing (packed
+    sequences), because only then is the masked convolution equal to independent per-run convolutions.
+    """
+    rows = seq_idx.detach().to("cpu", torch.int64)
+    segs = []
+    for b in range(rows.shape[0]):
+        r = rows[b]
+        if r.numel() == 0:
+            continue
+        check(bool((r[1:] >= r[:-1]).all()), "seq_idx rows must be non-decreasing (packed sequences)")
+        cuts = (torch.nonzero(r[1:] != r[:-1]).flatten() + 1).tolist()
+        starts = [0] + cuts
+        ends = cuts + [r.numel()]
+        segs.extend((b, s, e) for s, e in zip(starts, ends))
+    return segs
+
+
+def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activation=True, seq_idx=None, dx=None,
+                                         dweight_partial=None, dbias_partial=None):
+    """Backward of the causal conv1d with atomic-free weight/bias gradients: causal-conv1d's channel-first backward
+    called once per example (or per packed sequence), so each ``dweight``/``dbias`` address has a single writer.
+    Source: ``causal_conv1d_cuda.causal_conv1d_bwd`` (channel-first kernel, ``batch = 1``).
+
+    Args:
+        x: ``[B, D, L]`` (any layout the forward accepts; each example is copied to a contiguous channel-first
+            ``[1, D, Ls]``); weight: ``[D, W]``; bias: ``[D]`` or None; dout: ``[B, D, L]``.
+        silu_activation: the forward applied SiLU.
+        seq_idx: ``[B, L]`` int32 with non-decreasing rows, or None. With it, every run of equal ids is convolved
+            independently (equal to causal-conv1d's masked channel-last kernel); this reads ``seq_idx`` on the host.
+        dx: optional ``[B, D, L]`` output (any strides), else ``torch.empty_like(x)``.
+        dweight_partial, dbias_partial: optional fp32 ``[S, D, W]`` / ``[S, D]`` buffers.
+    Returns:
+        ``(dx, dweight_partial, dbias_partial, segments)``: ``segments`` is ``[(b, start, end)]`` (one per example
+        ``(b, 0, L)`` without ``seq_idx``), ``S = len(segments)``; ``dweight_partial[s]`` / ``dbias_partial[s]`` are
+        segment ``s``'s gradients in fp32 (``dbias_partial`` None without bias);
+        ``dweight = fold(+, dweight_partial[s] for s)`` in segment order, cast once at the end.
+    Not supported: initial states / final-state gradients (the channel-first kernel has none).
+    """
+    batch, dim, seqlen, width = _check_conv(x, weight, bias)
+    check(tuple(dout.shape) == (batch, dim, seqlen), "dout must be [B, D, L]")
+    ext = native_conv().ext
+    if seq_idx is None:
+        segments = [(b, 0, seqlen) for b in range(batch)]
+    else:
+        check(tuple(seq_idx.shape) == (batch, seqlen), "seq_idx must be [B, L]")
+        segments = sequence_segments(seq_idx)
+    nseg = len(segments)
+    if dx is None:
+        dx = torch.empty_like(x)
+    check(tuple(dx.shape) == (batch, dim, seqlen), "dx must be [B, D, L]")
+    dweight_partial = out_buffer(dweight_partial, (nseg, dim, width), torch.float32, x, "dweight_partial", zero=True)
+    if bias is not None:
+        dbias_partial = out_buffer(dbias_partial, (nseg, dim), torch.float32, x, "dbias_partial", zero=True)
+    else:
+        dbias_partial = None
+    silu = bool(silu_activation)
+    with device_guard(x):
+        for s, (b, start, end) in enumerate(segments):
+            xs = x[b:b + 1, :, start:end].contiguous()
+            dos = dout[b:b + 1, :, start:end].contiguous()
+            dxs = torch.empty_like(xs)
+            dbs = dbias_partial[s] if dbias_partial is not None else None
+            ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s], dbs, None, silu)
+            dx[b:b + 1, :, start:end].copy_(dxs)
+    return dx, dweight_partial, dbias_partial, segments

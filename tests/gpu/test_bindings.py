@@ -1,0 +1,447 @@
+"""GPU tests of csrc_bindings (marker ``gpu``; skipped without CUDA / mamba-ssm / causal-conv1d).
+
+* every launcher vs the mamba-ssm / causal-conv1d wrapper on random inputs, in bf16 and fp32 (run in a
+  subprocess with ``MAMBA_DETERMINISTIC=1`` so the native autotuners compile one config each instead of all);
+  tolerance ``max(4 * err_native, floor * max|ref|)`` where ``err_native`` is the native path's own error against
+  its evaluation on the same values upcast to fp32 (``floor``: 1e-2 bf16, 2e-3 fp32, which runs TF32 dots);
+* every pinned config in the table compiles and runs (finite outputs);
+* outputs bitwise identical over repeats and across two fresh processes with separate ``TRITON_CACHE_DIR`` (and
+  this process): SHA-256 of the bytes;
+* importing and using the launchers leaves mamba-ssm's kernel objects (``configs``, ``cache``, hooks), module
+  attributes, the environment and torch's deterministic flag unchanged;
+* ``import csrc_bindings`` loads no native module; the version/signature check reports clear errors.
+
+This file is also the subprocess worker: ``python tests/gpu/test_bindings.py compare|hashes --dtype bfloat16``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+THIS = Path(__file__).resolve()
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FLOOR = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-3}
+
+
+# ----------------------------------------------------------------------------------------------- worker code
+def _ours_folded(kernel, p):
+    """Our launcher's outputs, partials folded (plain torch sums) into the upstream wrapper's return format."""
+    from csrc_bindings._examples import run_kernel
+    import csrc_bindings as cb
+    G = p["ngroups"]
+    if kernel == "chunk_cumsum_bwd":
+        ddt, dA_p, ddtb_p = cb.launch_chunk_cumsum_bwd(p["ddA"], p["ddt_out"], p["dt_raw"], p["A"],
+                                                       dt_bias=p["dt_bias"], dt_softplus=True)
+        return ddt, dA_p.sum((0, 1)), ddtb_p.sum((0, 1))
+    if kernel == "chunk_state_bwd_db":
+        dB_p, ddA_p = cb.launch_chunk_state_bwd_db(p["x"], p["dt"], p["dA_cumsum"], p["dstates"], B=p["Bm"], ngroups=G)
+        return dB_p.sum(2), torch.cumsum(ddA_p.sum(-1), dim=-1)
+    if kernel == "state_passing_bwd":
+        dst, ddA_p, dinit, sconv = cb.launch_state_passing_bwd(
+            p["sp_states"], p["dA_cumsum"][..., -1], p["sp_dout"], dfinal_states=p["sp_dfinal"],
+            has_initial_states=True, dstates_dtype=p["dtype"], states_dtype=p["dtype"])
+        return dst, ddA_p.sum(-1), dinit, sconv
+    if kernel == "chunk_scan_bwd_dz":
+        dz, dout_x, dD_p, ddA, _ = cb.launch_chunk_scan_bwd_dz(p["x"], p["z"], p["out_x"], p["dout"],
+                                                               p["chunk_size"], D=p["D"])
+        return dz, dout_x, dD_p.sum((0, 1, 2)).reshape(-1).to(p["D"].dtype), ddA
+    if kernel == "chunk_scan_bwd_dC":
+        dC_p, ddA_p = cb.launch_chunk_scan_bwd_dC(p["states_lo"], p["dA_cumsum"], p["dout"], C=p["Cm"], ngroups=G)
+        return dC_p.sum(2), ddA_p.sum(-1)
+    if kernel == "chunk_scan_bwd_dcb":
+        return (cb.launch_chunk_scan_bwd_dcb(p["x"], p["dt"], p["dA_cumsum"], p["dout"], ngroups=G).sum(2),)
+    if kernel == "chunk_scan_bwd_ddAcs_stable":
+        return (cb.launch_chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"]).sum(3),)
+    if kernel == "chunk_scan_chunk_state_bwd_dx":
+        dx, ddt_p, dD_p = cb.launch_chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"],
+                                                                  p["dout"], p["dstates"], D=p["D"])
+        return dx, ddt_p.sum(-1), dD_p.sum((0, 1, 2)).sum(-1).to(p["D"].dtype)
+    if kernel == "rmsnorm_gated_fwd":
+        out, rstd = run_kernel(kernel, p)
+        return out, rstd
+    if kernel == "rmsnorm_gated_bwd":
+        dx, dw_p, dz = run_kernel(kernel, p)
+        return dx, dw_p.sum(0).to(p["rms_w"].dtype), dz
+    if kernel == "causal_conv1d_bwd":
+        dx, dw_p, db_p = run_kernel(kernel, p)
+        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
+    if kernel == "causal_conv1d_bwd_seq_idx":
+        xc, dc = p["conv_x"].transpose(1, 2), p["conv_dout"].transpose(1, 2)
+        dx, dw_p, db_p, _ = cb.launch_causal_conv1d_bwd_per_example(xc, p["conv_w"], p["conv_b"], dc,
+                                                                    seq_idx=_seq_idx(p), silu_activation=True)
+        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
+    if kernel == "causal_conv1d_fwd_seq_idx":
+        return (cb.launch_causal_conv1d_fwd(p["conv_x"].transpose(1, 2), p["conv_w"], p["conv_b"],
+                                            seq_idx=_seq_idx(p), silu_activation=True),)
+    return run_kernel(kernel, p)
+
+
+def _seq_idx(p):
+    B, L = p["batch"], p["seqlen"]
+    idx = torch.zeros(B, L, dtype=torch.int32)
+    idx[:, L // 3:] = 1
+    idx[1:, (2 * L) // 3:] = 2
+    return idx.to(p["x"].device)
+
+
+def _native(kernel, p):
+    """The mamba-ssm / causal-conv1d wrapper for the same computation, in its own return format."""
+    from mamba_ssm.ops.triton import ssd_bmm as bm
+    from mamba_ssm.ops.triton import ssd_chunk_scan as sn
+    from mamba_ssm.ops.triton import ssd_chunk_state as cs
+    from mamba_ssm.ops.triton import ssd_combined as sc
+    from mamba_ssm.ops.triton import ssd_state_passing as sp
+    from mamba_ssm.ops.triton import k_activations as ka
+    from mamba_ssm.ops.triton import layernorm_gated as lg
+    G, csz = p["ngroups"], p["chunk_size"]
+    f32 = torch.float32
+    if kernel == "chunk_cumsum_fwd":
+        return cs._chunk_cumsum_fwd(p["dt_raw"], p["A"], csz, dt_bias=p["dt_bias"], dt_softplus=True)
+    if kernel == "chunk_cumsum_bwd":
+        return cs._chunk_cumsum_bwd(p["ddA"], p["ddt_out"], p["dt_raw"], p["A"], dt_bias=p["dt_bias"],
+                                    dt_softplus=True)
+    if kernel == "bmm_chunk_fwd":
+        return (bm._bmm_chunk_fwd(p["Cm"], p["Bm"], csz, output_dtype=f32),)
+    if kernel == "bmm_chunk_bwd":
+        return (bm._bmm_chunk_bwd(p["Cm"], p["dCB"], residual=p["dB_res"]),)
+    if kernel == "chunk_state_fwd":
+        return (cs._chunk_state_fwd(p["Bm"], p["x"], p["dt"], p["dA_cumsum"]),)
+    if kernel == "chunk_state_bwd_db":
+        return cs._chunk_state_bwd_db(p["x"], p["dt"], p["dA_cumsum"], p["dstates"], B=p["Bm"], ngroups=G)
+    if kernel == "state_passing_fwd":
+        return sp._state_passing_fwd(p["sp_states"], p["dA_cumsum"][..., -1], initial_states=p["sp_init"])
+    if kernel == "state_passing_bwd":
+        return sp._state_passing_bwd(p["sp_states"], p["dA_cumsum"][..., -1], p["sp_dout"],
+                                     dfinal_states=p["sp_dfinal"], has_initial_states=True,
+                                     dstates_dtype=p["dtype"], states_dtype=p["dtype"])
+    if kernel == "chunk_scan_fwd":
+        return sn._chunk_scan_fwd(p["CB"], p["x"], p["dt"], p["dA_cumsum"], p["Cm"], p["states_lo"], D=p["D"],
+                                  z=p["z"])
+    if kernel == "chunk_scan_bwd_dz":
+        return sn._chunk_scan_bwd_dz(p["x"], p["z"], p["out_x"], p["dout"], chunk_size=csz, D=p["D"])
+    if kernel == "chunk_scan_bwd_dstates":
+        return (sn._chunk_scan_bwd_dstates(p["Cm"], p["dA_cumsum"], p["dout"], dtype=f32),)
+    if kernel == "chunk_scan_bwd_dC":
+        return sn._chunk_scan_bwd_dC(p["states_lo"], p["dA_cumsum"], p["dout"], C=p["Cm"], ngroups=G)
+    if kernel == "chunk_scan_bwd_dcb":
+        return (sn._chunk_scan_bwd_dcb(p["x"], p["dt"], p["dA_cumsum"], p["dout"], ngroups=G),)
+    if kernel == "chunk_scan_bwd_ddAcs_stable":
+        return (sn._chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"]),)
+    if kernel == "chunk_scan_chunk_state_bwd_dx":
+        return sc._chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"], p["dout"],
+                                                 p["dstates"], D=p["D"])
+    if kernel == "swiglu_fwd":
+        return (ka._swiglu_fwd(p["xy"]),)
+    if kernel == "swiglu_bwd":
+        return ka._swiglu_bwd(p["xy"], p["dsw"], recompute_output=True)
+    x2 = p["out_x"].reshape(p["batch"] * p["seqlen"], -1)
+    z2 = p["z"].reshape(p["batch"] * p["seqlen"], -1)
+    gs = x2.shape[1] // G
+    if kernel == "rmsnorm_gated_fwd":
+        out, _, rstd = lg._layer_norm_fwd(x2, p["rms_w"], None, 1e-5, z=z2, group_size=gs, norm_before_gate=False,
+                                          is_rms_norm=True)
+        return out, rstd
+    if kernel == "rmsnorm_gated_bwd":
+        import csrc_bindings as cb
+        _, rstd = cb.launch_rmsnorm_gated_fwd(x2, p["rms_w"], 1e-5, z=z2, group_size=gs, norm_before_gate=False)
+        dx, dw, _, dz = lg._layer_norm_bwd(p["dy_rms"], x2, p["rms_w"], None, 1e-5, None, rstd, z2, group_size=gs,
+                                           norm_before_gate=False, is_rms_norm=True)
+        return dx, dw, dz
+    from causal_conv1d.cpp_functions import causal_conv1d_bwd_function, causal_conv1d_fwd_function
+    xc, dc = p["conv_x"].transpose(1, 2), p["conv_dout"].transpose(1, 2)
+    w, b = p["conv_w"], p["conv_b"]
+    if kernel == "causal_conv1d_fwd":
+        return (causal_conv1d_fwd_function(xc, w, b, None, None, None, True),)
+    if kernel == "causal_conv1d_fwd_seq_idx":
+        return (causal_conv1d_fwd_function(xc, w, b, _seq_idx(p), None, None, True),)
+    if kernel in ("causal_conv1d_bwd", "causal_conv1d_bwd_seq_idx"):
+        sidx = _seq_idx(p) if kernel.endswith("seq_idx") else None
+        dx, dw, db, _ = causal_conv1d_bwd_function(xc, w, b, dc, sidx, None, None, None, False, True)
+        return dx, dw, db
+    raise KeyError(kernel)
+
+
+def _compare_kernels(with_conv=True):
+    from csrc_bindings._examples import ALL_KERNELS
+    ks = [k for k in ALL_KERNELS if with_conv or "conv1d" not in k]
+    if with_conv:
+        ks += ["causal_conv1d_fwd_seq_idx", "causal_conv1d_bwd_seq_idx"]
+    return ks
+
+
+def _upcast(p):
+    q = dict(p)
+    for k, v in p.items():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            q[k] = v.float()
+    q["dtype"] = torch.float32
+    return q
+
+
+def _problem(dtype, device):
+    from csrc_bindings._examples import make_problem
+    return make_problem(chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, batch=2, seqlen=200,
+                        dtype=dtype, device=device, seed=1234)
+
+
+def worker_compare(dtype_name, device, with_conv=True):
+    """Ours vs native on the same inputs; ``err_native`` against native on the fp32-upcast values."""
+    dtype = DTYPES[dtype_name]
+    p = _problem(dtype, device)
+    hi = _upcast(p)
+    rows = []
+    for k in _compare_kernels(with_conv):
+        try:
+            ours = [t for t in _ours_folded(k, p) if t is not None]
+            nat = [t for t in _native(k, p) if t is not None]
+            ref = [t for t in _native(k, hi) if t is not None]
+        except Exception as exc:  # report, the test fails on it
+            rows.append({"kernel": k, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        if not (len(ours) == len(nat) == len(ref)):
+            rows.append({"kernel": k, "ok": False, "error": f"output counts {len(ours)}/{len(nat)}/{len(ref)}"})
+            continue
+        for i, (a, n, r) in enumerate(zip(ours, nat, ref)):
+            if tuple(a.shape) != tuple(n.shape):
+                rows.append({"kernel": k, "output": i, "ok": False,
+                             "error": f"shape {list(a.shape)} vs native {list(n.shape)}"})
+                continue
+            a64, n64, r64 = a.double(), n.double(), r.double()
+            diff = (a64 - n64).abs().max().item() if a.numel() else 0.0
+            err_native = (n64 - r64).abs().max().item() if a.numel() else 0.0
+            scale = r64.abs().max().item() if a.numel() else 0.0
+            tol = max(4 * err_native, FLOOR[dtype_name] * scale, 1e-6)
+            ok = bool(torch.isfinite(a64).all()) and diff <= tol
+            rows.append({"kernel": k, "output": i, "ok": ok, "max_abs_diff": diff, "err_native": err_native,
+                         "tol": tol, "scale": scale, "bitwise": bool(a.dtype == n.dtype and torch.equal(a, n))})
+    return rows
+
+
+def _sha(t):
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def worker_hashes(dtype_name, device, with_conv=True):
+    """SHA-256 of every launcher's outputs, run twice; plus whether the repeat was bitwise identical."""
+    from csrc_bindings._examples import ALL_KERNELS, run_kernel
+    dtype = DTYPES[dtype_name]
+    p = _problem(dtype, device)
+    out = {}
+    for k in ALL_KERNELS:
+        if "conv1d" in k and not with_conv:
+            continue
+        h1 = [_sha(t) for t in run_kernel(k, p)]
+        h2 = [_sha(t) for t in run_kernel(k, p)]
+        out[k] = {"sha": h1, "repeat_identical": h1 == h2}
+    return out
+
+
+def _main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["compare", "hashes"])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-conv", action="store_true")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    fn = worker_compare if a.mode == "compare" else worker_hashes
+    res = fn(a.dtype, a.device, with_conv=not a.no_conv)
+    print("@@RESULT@@" + json.dumps(res))
+
+
+# ----------------------------------------------------------------------------------------------- pytest side
+def _spawn(mode, dtype, env_extra):
+    env = dict(os.environ)
+    env.update(env_extra)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, str(THIS), mode, "--dtype", dtype], env=env, cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _collect(proc, timeout=480):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError("worker timed out:\n" + out[-4000:])
+    marker = [ln for ln in out.splitlines() if ln.startswith("@@RESULT@@")]
+    assert proc.returncode == 0 and marker, f"worker failed (rc={proc.returncode}):\n{out[-6000:]}"
+    return json.loads(marker[-1][len("@@RESULT@@"):])
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory):
+    """Start all subprocess workers at once (they compile in parallel), collect their results."""
+    d1 = tmp_path_factory.mktemp("triton_cache_a")
+    d2 = tmp_path_factory.mktemp("triton_cache_b")
+    procs = {
+        "compare_bf16": _spawn("compare", "bfloat16", {"MAMBA_DETERMINISTIC": "1"}),
+        "compare_fp32": _spawn("compare", "float32", {"MAMBA_DETERMINISTIC": "1"}),
+        "hashes_a": _spawn("hashes", "bfloat16", {"TRITON_CACHE_DIR": str(d1)}),
+        "hashes_b": _spawn("hashes", "bfloat16", {"TRITON_CACHE_DIR": str(d2)}),
+    }
+    results = {}
+    for name, proc in procs.items():
+        try:
+            results[name] = _collect(proc)
+        except AssertionError as exc:
+            results[name] = exc
+    return results
+
+
+def _get(workers, name):
+    r = workers[name]
+    if isinstance(r, Exception):
+        raise r
+    return r
+
+
+def test_import_loads_no_native_module():
+    code = ("import sys, csrc_bindings as cb; cb.describe_launch(chunk_size=256, headdim=64, dstate=128, nheads=8,"
+            " arch='sm_90'); cb.fingerprint(); "
+            "bad=[m for m in ('triton','mamba_ssm','causal_conv1d','causal_conv1d_cuda') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT),
+                   env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+
+
+def test_version_and_signature_check():
+    import csrc_bindings as cb
+    versions = cb.check_native()
+    assert versions["mamba_ssm"] == cb.SUPPORTED_VERSIONS["mamba_ssm"]
+    assert versions["causal_conv1d"] == cb.SUPPORTED_VERSIONS["causal_conv1d"]
+
+
+def test_version_mismatch_message(monkeypatch):
+    from types import SimpleNamespace
+    from csrc_bindings import _native
+    monkeypatch.setattr(_native, "installed_version", lambda dist: "9.9.9")
+    with pytest.raises(RuntimeError) as ei:
+        _native._check_version("mamba_ssm", SimpleNamespace(__version__="9.9.9"))
+    msg = str(ei.value)
+    assert "9.9.9" in msg and "2.3.2.post1" in msg and "pip install ordered-ssd[cuda]" in msg
+
+
+def test_describe_launch_and_fingerprint():
+    import csrc_bindings as cb
+    d = cb.describe_launch(chunk_size=256, headdim=64, dstate=128, nheads=24, dtype=torch.bfloat16)
+    assert d["arch"].startswith("sm_")
+    assert d["fingerprint"] == cb.fingerprint() and f"table={cb.table_hash()}" in d["fingerprint"]
+    assert "mamba_ssm=2.3.2.post1" in d["fingerprint"] and "causal_conv1d=1.7.0" in d["fingerprint"]
+    assert set(d["kernels"]) >= {"chunk_scan_fwd", "chunk_scan_chunk_state_bwd_dx", "rmsnorm_gated"}
+    print("FINGERPRINT", d["fingerprint"])
+
+
+def test_embedded_candidates_match_native_configs():
+    if os.environ.get("MAMBA_DETERMINISTIC", "")[:1] == "1" or torch.are_deterministic_algorithms_enabled():
+        pytest.skip("mamba-ssm deterministic mode filtered its autotuner configs at import")
+    import csrc_bindings as cb
+    from csrc_bindings._kernel_specs import KERNELS
+    ns = cb._native.native()
+    for name, spec in KERNELS.items():
+        if spec["candidates"] is None:
+            continue
+        live = tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in ns.kernels[name].configs)
+        assert live == spec["candidates"], name
+
+
+def test_every_pinned_config_compiles_and_runs():
+    from csrc_bindings._configs import _table, device_arch, pinned_config
+    from csrc_bindings._examples import problem_for_key, run_kernel
+    arch = device_arch("cuda")
+    entries = [k for k in _table() if k.startswith(arch + "/")]
+    if not entries:
+        pytest.skip(f"no pinned entries for {arch}")
+    failures = []
+    for tk in entries:
+        _, dtname, kernel, keystr = tk.split("/")
+        key = {}
+        for part in keystr.split(","):
+            n, v = part.split("=")
+            key[n] = (v == "True") if v in ("True", "False") else int(v)
+        cfg = pinned_config(kernel, key, DTYPES[dtname], arch)
+        assert cfg.source == "table"
+        try:
+            p = problem_for_key(kernel, key, DTYPES[dtname], "cuda")
+            outs = run_kernel(kernel, p)
+            torch.cuda.synchronize()
+            if not all(bool(torch.isfinite(t.float()).all()) for t in outs if t.is_floating_point()):
+                failures.append((tk, "non-finite output"))
+        except Exception as exc:  # noqa: BLE001
+            failures.append((tk, f"{type(exc).__name__}: {exc}"))
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("which", ["compare_bf16", "compare_fp32"])
+def test_launchers_match_native_wrappers(workers, which):
+    rows = _get(workers, which)
+    bad = [r for r in rows if not r["ok"]]
+    nbit = sum(1 for r in rows if r.get("bitwise"))
+    print(f"{which}: {len(rows)} outputs compared, {nbit} bitwise equal to native, {len(bad)} out of tolerance")
+    assert not bad, json.dumps(bad, indent=1)
+    kernels = {r["kernel"] for r in rows}
+    assert len(kernels) == len(_compare_kernels(True))
+
+
+def test_bitwise_repeat_and_across_processes(workers):
+    a, b = _get(workers, "hashes_a"), _get(workers, "hashes_b")
+    assert all(v["repeat_identical"] for v in a.values()), {k: v for k, v in a.items() if not v["repeat_identical"]}
+    assert all(v["repeat_identical"] for v in b.values())
+    assert {k: v["sha"] for k, v in a.items()} == {k: v["sha"] for k, v in b.items()}
+    here = worker_hashes("bfloat16", "cuda")
+    assert {k: v["sha"] for k, v in here.items()} == {k: v["sha"] for k, v in a.items()}
+
+
+def _snapshot():
+    import mamba_ssm.ops.triton.k_activations as ka
+    import mamba_ssm.ops.triton.layernorm_gated as lg
+    import mamba_ssm.ops.triton.ssd_bmm as bm
+    import mamba_ssm.ops.triton.ssd_chunk_scan as sn
+    import mamba_ssm.ops.triton.ssd_chunk_state as cs
+    import mamba_ssm.ops.triton.ssd_combined as sc
+    import mamba_ssm.ops.triton.ssd_state_passing as sp
+    import mamba_ssm.utils.determinism as det
+    import causal_conv1d.cpp_functions as cf
+    from triton.runtime.autotuner import Autotuner
+    mods = [ka, lg, bm, sn, cs, sc, sp, det, cf]
+    snap = {}
+    for m in mods:
+        snap[m.__name__] = {k: id(v) for k, v in vars(m).items()}
+        for k, v in vars(m).items():
+            if isinstance(v, Autotuner):
+                snap[f"{m.__name__}.{k}"] = {
+                    "configs": [(c.kwargs, c.num_warps, c.num_stages, id(c.pre_hook)) for c in v.configs],
+                    "cache": {str(kk): str(vv) for kk, vv in v.cache.items()},
+                    "hooks": (id(v.pre_hook), id(v.post_hook), id(v.fn)),
+                }
+    snap["det_override"] = det._deterministic_override
+    snap["env"] = {k: v for k, v in os.environ.items() if k.startswith(("TRITON", "MAMBA", "CAUSAL"))}
+    snap["torch_det"] = torch.are_deterministic_algorithms_enabled()
+    return snap
+
+
+def test_no_global_state_changed():
+    before = _snapshot()
+    from csrc_bindings._examples import ALL_KERNELS, run_kernel
+    p = _problem(torch.bfloat16, "cuda")
+    for k in ALL_KERNELS:
+        run_kernel(k, p)
+    torch.cuda.synchronize()
+    after = _snapshot()
+    assert before == after
+
+
+if __name__ == "__main__":
+    _main()
