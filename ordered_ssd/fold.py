@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 
 import torch
 
-__all__ = ["accumulation_dtype", "LexicalFold", "lexical_fold"]
+__all__ = ["accumulation_dtype", "LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum"]
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -109,3 +109,131 @@ def lexical_fold(partials: Iterable[torch.Tensor], dtype: Optional[torch.dtype] 
         raise ValueError("partials: expected at least one partial, got none")
     return folder.result()
 
+
+
+# ----------------------------------------------------------------------------------------------- tensors
+def _fold_rows_loop(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch.dtype) -> torch.Tensor:
+    acc = torch.zeros(p2d.shape[1], dtype=acc_dtype, device=p2d.device)
+    if init is not None:
+        acc.add_(init.to(acc_dtype))
+    for k in range(p2d.shape[0]):
+        acc.add_(p2d[k].to(acc_dtype))
+    return acc
+
+
+_TRITON_FOLD = None
+
+
+def _triton_fold_kernels():
+    """The fold and the scan as Triton kernels: one program per block of output elements, a sequential loop
+    over the partition index inside. fp32 additions in the same order as :class:`LexicalFold`."""
+    global _TRITON_FOLD
+    if _TRITON_FOLD is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def fold_kernel(p_ptr, init_ptr, out_ptr, K, M, stride_k, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < M
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            if HAS_INIT:
+                acc += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            for k in range(0, K):
+                acc += tl.load(p_ptr + k.to(tl.int64) * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + offs, acc, mask=mask)
+
+        @triton.jit
+        def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
+            rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = rows < R
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for i in range(0, N):
+                j = N - 1 - i if REVERSE else i
+                acc += tl.load(p_ptr + rows * N + j, mask=mask, other=0.0).to(tl.float32)
+                tl.store(out_ptr + rows * N + j, acc, mask=mask)
+
+        _TRITON_FOLD = (triton, fold_kernel, scan_kernel)
+    return _TRITON_FOLD
+
+
+def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch.dtype) -> torch.Tensor:
+    """``out[m] = fold(+, p2d[k, m] for k)`` (starting from ``init`` or +0.0), in ``acc_dtype``."""
+    if p2d.device.type != "cuda" or acc_dtype != torch.float32:
+        return _fold_rows_loop(p2d, init, acc_dtype)
+    triton, fold_kernel, _ = _triton_fold_kernels()
+    K, M = p2d.shape
+    p2d = p2d if p2d.stride(1) == 1 else p2d.contiguous()
+    out = torch.empty(M, dtype=torch.float32, device=p2d.device)
+    if M == 0:
+        return out
+    init_c = init.contiguous().view(-1) if init is not None else out
+    BLOCK = 256
+    with torch.cuda.device(p2d.device):
+        fold_kernel[(triton.cdiv(M, BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
+                                              BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
+              init: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fold ``t`` over the axes ``dims``, in lexical order of those axes (the first listed is the slowest).
+
+    Args:
+        t: partials, any float dtype and device.
+        dims: an int or a sequence of distinct axes; e.g. ``(0, 1)`` on a ``[B, C, H]`` tensor folds
+            ``(b, c)`` in the order ``(0, 0), (0, 1), ..., (1, 0), ...`` and returns ``[H]``.
+        dtype: dtype of the result (default: ``t.dtype``); the accumulation is in
+            :func:`accumulation_dtype` of it and the cast happens once.
+        init: optional accumulator to continue from (shape of the result, any float dtype).
+
+    Returns:
+        The folded tensor with the ``dims`` axes removed.
+
+    The result has the same bits as :func:`lexical_fold` over ``t`` with those axes moved to the front and
+    flattened; on CUDA the fold runs as one Triton kernel (one sequential loop per output element).
+    """
+    if isinstance(dims, int):
+        dims = (dims,)
+    nd = t.dim()
+    dims = tuple(d % nd for d in dims)
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"dims: expected distinct axes, got {dims}")
+    keep = [d for d in range(nd) if d not in dims]
+    out_shape = [t.shape[d] for d in keep]
+    K = 1
+    for d in dims:
+        K *= t.shape[d]
+    p2d = t.permute(*dims, *keep).reshape(K, -1)
+    dtype = t.dtype if dtype is None else dtype
+    acc = _fold_rows(p2d, None if init is None else init.reshape(-1), accumulation_dtype(dtype))
+    return acc.to(dtype).reshape(out_shape)
+
+
+def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Running sum along ``dim`` computed one position at a time (position 0 first, or the last first
+    with ``reverse``), in fp32 (fp64 for fp64), each row independently.
+
+    Used for the per-position ``dA_cumsum`` gradient scans, so their rounding is fixed by the row alone.
+    """
+    dtype = t.dtype if dtype is None else dtype
+    acc_dtype = accumulation_dtype(dtype)
+    x = t.movedim(dim, -1)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    R, N = x2.shape
+    if t.device.type == "cuda" and acc_dtype == torch.float32 and R * N > 0:
+        triton, _, scan_kernel = _triton_fold_kernels()
+        out = torch.empty(R, N, dtype=torch.float32, device=t.device)
+        BLOCK = 128
+        with torch.cuda.device(t.device):
+            scan_kernel[(triton.cdiv(R, BLOCK),)](x2, out, R, N, REVERSE=reverse, BLOCK=BLOCK, num_warps=4)
+    else:
+        out = torch.empty(R, N, dtype=acc_dtype, device=t.device)
+        acc = torch.zeros(R, dtype=acc_dtype, device=t.device)
+        order = range(N - 1, -1, -1) if reverse else range(N)
+        for j in order:
+            acc.add_(x2[:, j].to(acc_dtype))
+            out[:, j] = acc
+    return out.to(dtype).reshape(shape).movedim(-1, dim)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from helpers import bits_equal
-from ordered_ssd.fold import LexicalFold, accumulation_dtype, lexical_fold
+from ordered_ssd.fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum, lexical_fold
 
 
 def test_fold_is_left_to_right_in_fp32():
@@ -69,3 +69,33 @@ def test_tensor_sha256_hashes_the_bytes():
     assert tensor_sha256(t) == hashlib.sha256(struct.pack("<ff", 1.0, -0.0)).hexdigest()
     assert tensor_sha256(t) != tensor_sha256(torch.tensor([1.0, 0.0]))
     assert tensor_sha256(torch.arange(6.0).reshape(2, 3).t()) == tensor_sha256(torch.tensor([0.0, 3, 1, 4, 2, 5]))
+
+
+def test_fold_dims_is_lexical_over_the_listed_axes():
+    torch.manual_seed(1)
+    t = torch.randn(3, 4, 5) * torch.logspace(0, 6, 5)
+    out = fold_dims(t, (0, 2))  # order (a, c): a slowest
+    expected = lexical_fold([t[a, :, c] for a in range(3) for c in range(5)])
+    assert bits_equal(out, expected)
+    out2 = fold_dims(t, (2, 0))  # c slowest
+    expected2 = lexical_fold([t[a, :, c] for c in range(5) for a in range(3)])
+    assert bits_equal(out2, expected2)
+    init = torch.randn(4)
+    assert bits_equal(fold_dims(t, (0, 2), init=init), lexical_fold([init] + [t[a, :, c] for a in range(3) for c in range(5)]))
+    with pytest.raises(ValueError, match="dims: expected distinct axes"):
+        fold_dims(t, (0, 0))
+
+
+def test_lexical_cumsum_matches_a_sequential_loop():
+    torch.manual_seed(2)
+    t = torch.randn(2, 3, 7) * 1e3
+    fwd = lexical_cumsum(t, dim=-1)
+    rev = lexical_cumsum(t, dim=1, reverse=True)
+    acc = torch.zeros(2, 3)
+    for j in range(7):
+        acc = acc + t[..., j]
+        assert bits_equal(fwd[..., j], acc)
+    acc = torch.zeros(2, 7)
+    for j in (2, 1, 0):
+        acc = acc + t[:, j]
+        assert bits_equal(rev[:, j], acc)
