@@ -53,9 +53,10 @@ def check_tensor(name: str, value) -> torch.Tensor:
     return value
 
 
-def check_layer_input(u, *, d_model: int, dtype: torch.dtype, device: torch.device,
+def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: torch.device,
                       allowed_dtypes: Sequence[torch.dtype]) -> None:
-    """``u`` must be a [B, L, d_model] floating tensor with B, L >= 1 on the layer's device/dtype."""
+    """``u`` must be a [B, L, d_model] floating tensor with B, L >= 1 on the layer's device and of the layer's
+    dtype (``dtype=None``, under autocast: any of ``allowed_dtypes``)."""
     check_tensor("u", u)
     if u.dim() != 3:
         raise ValueError(f"u: expected a 3-d tensor [B, L, d_model={d_model}], got shape {tuple(u.shape)}")
@@ -67,7 +68,7 @@ def check_layer_input(u, *, d_model: int, dtype: torch.dtype, device: torch.devi
     if u.dtype not in allowed_dtypes:
         names = ", ".join(str(t) for t in allowed_dtypes)
         raise TypeError(f"u: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
-    if u.dtype != dtype:
+    if dtype is not None and u.dtype != dtype:
         raise TypeError(f"u: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
     if u.device != device:
         raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")

@@ -20,6 +20,26 @@ from .reference import Mamba2Dims, Mamba2Params
 __all__ = ["OrderedMamba2", "GatedRMSNorm"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
+_NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_native_status = None
+
+
+def native_path_available():
+    """``(True, "")`` if the native ordered path can run here (CUDA, triton, mamba-ssm 2.3.2.post1,
+    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once."""
+    global _native_status
+    if _native_status is None:
+        if not torch.cuda.is_available():
+            _native_status = (False, "no CUDA device")
+        else:
+            try:
+                import csrc_bindings
+
+                csrc_bindings.check_native()
+                _native_status = (True, "")
+            except (ImportError, RuntimeError) as e:
+                _native_status = (False, str(e))
+    return _native_status
 
 
 class GatedRMSNorm(nn.Module):
@@ -72,8 +92,11 @@ class OrderedMamba2(nn.Module):
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
     same inputs give the same bits, and the partial of an example does not depend on the rest of
     the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
-    Compute path: the pure-PyTorch reference (:mod:`ordered_ssd.reference`) on every device in
-    this release; the native-kernel GPU path is tracked separately (see ``docs/``).
+    Compute path (:meth:`backend_for`): on CUDA with the native extras installed, mamba-ssm's Triton
+    SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations
+    (:mod:`ordered_ssd.functions`); elsewhere (CPU, or CUDA without the extras) the pure-PyTorch
+    reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run the native
+    backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
     """
 
     def __init__(
@@ -188,6 +211,7 @@ class OrderedMamba2(nn.Module):
                                      group_size=self.d_ssm // ngroups, **factory_kwargs)
 
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
+        self.literal = False
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -243,16 +267,67 @@ class OrderedMamba2(nn.Module):
                                  f"got shape {tuple(u.shape)}")
             u = u.reshape(u.shape[0] // seqlen, seqlen, u.shape[1])
         w = self.in_proj.weight
-        _checks.check_layer_input(u, d_model=self.d_model, dtype=w.dtype, device=w.device,
-                                  allowed_dtypes=_REFERENCE_DTYPES)
+        _checks.check_tensor("u", u)
+        backend = self.backend_for(u)
+        autocast = u.device.type == "cuda" and torch.is_autocast_enabled("cuda")
+        _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
+                                  allowed_dtypes=_NATIVE_DTYPES if backend == "native" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
-        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
-                                for p in self.layer_params()))
-        out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+        if backend == "native":
+            out = self._forward_native(u, seq_idx)
+        else:
+            params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
+                                    for p in self.layer_params()))
+            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
         if flat:
             out = out.reshape(Bsz * L, -1)
         return out
+
+    def backend_for(self, u: torch.Tensor) -> str:
+        """``"native"`` for CUDA tensors of dtype fp32/bf16/fp16 when :func:`native_path_available`, else
+        ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
+        if u.device.type == "cuda" and u.dtype != torch.float64 and native_path_available()[0]:
+            return "native"
+        return "reference"
+
+    def _forward_native(self, u, seq_idx):
+        from einops import rearrange
+
+        from . import functions as fn
+
+        seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
+        zxbcdt = fn.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
+        A = -torch.exp(self.A_log.float())
+        D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
+        conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
+        if self.use_mem_eff_path:
+            return fn.ordered_mamba_split_conv1d_scan_combined(
+                zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
+                activation=self.activation, rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
+                rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6, outproj_weight=self.out_proj.weight,
+                outproj_bias=self.out_proj.bias, headdim=None if self.D_has_hdim else self.headdim,
+                ngroups=self.ngroups, norm_before_gate=self.norm_before_gate, dt_limit=self.dt_limit,
+                literal=self.literal)
+        d_mlp = self.d_inner - self.d_ssm
+        z0, x0, z, xBC, dt = torch.split(
+            zxbcdt, [d_mlp, d_mlp, self.d_ssm, self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads], dim=-1)
+        xBC = fn.ordered_causal_conv1d(xBC.transpose(1, 2), conv_w, self.conv1d.bias, seq_idx=seq_idx,
+                                       activation=self.activation).transpose(1, 2)
+        x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
+        y = fn.ordered_mamba_chunk_scan_combined(
+            rearrange(x, "b l (h p) -> b l h p", p=self.headdim), dt, A,
+            rearrange(B, "b l (g n) -> b l g n", g=self.ngroups), rearrange(C, "b l (g n) -> b l g n", g=self.ngroups),
+            chunk_size=self.chunk_size, D=D,
+            z=None if self.rmsnorm else rearrange(z, "b l (h p) -> b l h p", p=self.headdim),
+            dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal)
+        y = rearrange(y, "b l h p -> b l (h p)")
+        if self.rmsnorm:
+            y = fn.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
+                                         norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)
+        if d_mlp > 0:
+            y = torch.cat([torch.nn.functional.silu(z0) * x0, y], dim=-1)
+        return fn.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
     def step(self, *args, **kwargs):
         raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")

@@ -1,0 +1,234 @@
+"""The native ordered path of OrderedMamba2 on the GPU: bits, literal mode, accuracy, no global state."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import bits_equal, rel_err, sha256  # noqa: E402
+
+from ordered_ssd import OrderedMamba2  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPEATS = 100
+
+# A grid that covers every value of each axis at least once (the full product would take hours to compile).
+GRID = [
+    # d_model, headdim, d_state, ngroups, chunk, L, dtype, extra options
+    (256, 64, 64, 1, 64, 200, torch.bfloat16, {}),
+    (256, 32, 16, 2, 64, 63, torch.float16, dict(D_has_hdim=True)),
+    (256, 32, 128, 8, 128, 129, torch.float32, dict(rmsnorm=False)),
+    (1024, 128, 256, 2, 256, 2048, torch.bfloat16, dict(norm_before_gate=True)),
+    (1024, 64, 128, 1, 128, 1, torch.bfloat16, dict(bias=True)),
+    (256, 32, 64, 2, 64, 4, torch.bfloat16, dict(conv_bias=False, dt_limit=(0.001, 0.05))),
+    (2048, 128, 128, 8, 256, 3 * 256, torch.bfloat16, dict(d_ssm=2048)),  # 16 heads of 128, d_mlp = 2048
+    (192, 32, 64, 2, 128, 255, torch.float16, dict(d_ssm=320)),  # nheads = 10, not a multiple of 8
+    (256, 64, 64, 1, 64, 200, torch.bfloat16, dict(use_mem_eff_path=False)),
+]
+IDS = [f"d{g[0]}-p{g[1]}-n{g[2]}-g{g[3]}-cs{g[4]}-L{g[5]}-{str(g[6])[6:]}-{'-'.join(g[7]) or 'default'}" for g in GRID]
+
+
+def _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra, seed=0):
+    torch.manual_seed(seed)
+    layer = OrderedMamba2(d_model=d_model, d_state=d_state, headdim=headdim, ngroups=ngroups, chunk_size=chunk,
+                          device="cuda", **extra)
+    with torch.no_grad():  # move the constant initialisations so every gradient path carries signal
+        for p in layer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return layer.to(dtype) if dtype != torch.float32 else layer
+
+
+def _step(layer, u, dout):
+    layer.zero_grad(set_to_none=True)
+    uu = u.clone().requires_grad_(True)
+    out = layer(uu)
+    out.backward(dout)
+    res = {"out": out.detach(), "u": uu.grad.detach()}
+    res.update({n: p.grad.detach() for n, p in layer.named_parameters()})
+    return res
+
+
+def _inputs(layer, B, L, dtype, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    u = torch.randn(B, L, layer.d_model, device="cuda", dtype=dtype, generator=g)
+    dout = torch.randn(B, L, layer.d_model, device="cuda", dtype=dtype, generator=g)
+    return u, dout
+
+
+@pytest.mark.parametrize("cfg", GRID, ids=IDS)
+def test_native_path_bitwise_repeatable_and_equal_to_literal(cfg):
+    d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = cfg
+    layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
+    assert layer.backend_for(torch.empty(1, device="cuda")) == "native"
+    B = 2 if L >= 1024 else 3
+    u, dout = _inputs(layer, B, L, dtype)
+    first = _step(layer, u, dout)
+    assert len(first) == len(list(layer.parameters())) + 2
+    for name, t in first.items():
+        assert torch.isfinite(t.float()).all(), name
+    reps = REPEATS if L < 1024 else 20
+    for _ in range(reps - 1):
+        again = _step(layer, u, dout)
+        for name in first:
+            assert bits_equal(again[name], first[name]), name
+    layer.literal = True
+    lit = _step(layer, u, dout)
+    for name in first:
+        assert bits_equal(lit[name], first[name]), ("literal", name)
+
+
+def _fp64_reference(layer, u, dout):
+    ref = OrderedMamba2(d_model=layer.d_model, d_state=layer.d_state, headdim=layer.headdim, ngroups=layer.ngroups,
+                        chunk_size=layer.chunk_size, d_ssm=layer.d_ssm, D_has_hdim=layer.D_has_hdim,
+                        rmsnorm=layer.rmsnorm, norm_before_gate=layer.norm_before_gate, dt_limit=layer.dt_limit,
+                        bias=layer.in_proj.bias is not None, conv_bias=layer.conv1d.bias is not None,
+                        device="cpu", dtype=torch.float64)
+    ref.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
+    return _step(ref, u.double().cpu(), dout.double().cpu())
+
+
+@pytest.mark.parametrize("cfg", [GRID[0], GRID[2]], ids=[IDS[0], IDS[2]])
+def test_accuracy_against_fp64_is_within_twice_native(cfg):
+    from mamba_ssm.modules.mamba2 import Mamba2
+
+    d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = cfg
+    ours = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
+    native = Mamba2(d_model=d_model, d_state=d_state, headdim=headdim, ngroups=ngroups, chunk_size=chunk,
+                    device="cuda", **extra).to(dtype)
+    native.load_state_dict(ours.state_dict(), strict=True)
+    u, dout = _inputs(ours, 2, L, dtype)
+    ref = _fp64_reference(ours, u, dout)
+    got_o, got_n = _step(ours, u, dout), _step(native, u, dout)
+    floor = 1e-5 if dtype == torch.float32 else 2e-3
+    for name, r in ref.items():
+        e_o = rel_err(got_o[name].double().cpu(), r)
+        e_n = rel_err(got_n[name].double().cpu(), r)
+        assert e_o <= 2 * e_n + floor, (name, e_o, e_n)
+
+
+def test_autocast_bf16_and_deterministic_algorithms():
+    layer = _make(256, 64, 64, 1, 64, torch.float32, {})
+    u, dout = _inputs(layer, 2, 150, torch.float32)
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        results = []
+        for _ in range(5):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                results.append(_step(layer, u, dout))
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert results[0]["out"].dtype == torch.bfloat16
+    assert results[0]["in_proj.weight"].dtype == torch.float32
+    for r in results[1:]:
+        for name in r:
+            assert bits_equal(r[name], results[0][name]), name
+
+
+def test_per_example_partials_do_not_depend_on_the_batch():
+    from einops import rearrange
+
+    from ordered_ssd.functions import split_conv1d_scan_partials
+
+    layer = _make(256, 32, 64, 2, 64, torch.bfloat16, dict(d_ssm=384))
+    B, L = 4, 150
+    torch.manual_seed(5)
+    zxbcdt = torch.randn(B, L, layer.in_proj.out_features, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(B, L, layer.d_model, device="cuda", dtype=torch.bfloat16)
+    kw = dict(dt_limit=(0.0, float("inf")), activation="silu", rmsnorm_weight=layer.norm.weight, rmsnorm_eps=1e-5,
+              outproj_weight=layer.out_proj.weight, outproj_bias=None, headdim=layer.headdim, ngroups=layer.ngroups,
+              norm_before_gate=False)
+    args = (rearrange(layer.conv1d.weight, "d 1 w -> d w"), layer.conv1d.bias, layer.dt_bias,
+            -torch.exp(layer.A_log.float()), layer.D, layer.chunk_size)
+    with torch.no_grad():
+        _, batch_parts = split_conv1d_scan_partials(zxbcdt, *args, dout, **kw)
+        for b in range(B):
+            _, alone = split_conv1d_scan_partials(zxbcdt[b:b + 1], *args, dout[b:b + 1], **kw)
+            for key in ("dA_partial", "ddt_bias_partial", "dD_partial", "drmsnorm_weight", "dconv1d_weight",
+                        "dconv1d_bias"):
+                assert bits_equal(batch_parts[key][b:b + 1], alone[key]), (b, key)
+
+
+def _kernel_snapshot():
+    import mamba_ssm.ops.triton.layernorm_gated as lg
+    import mamba_ssm.ops.triton.ssd_bmm as sb
+    import mamba_ssm.ops.triton.ssd_chunk_scan as sc
+    import mamba_ssm.ops.triton.ssd_chunk_state as cs
+    import mamba_ssm.ops.triton.ssd_combined as co
+    import mamba_ssm.ops.triton.ssd_state_passing as sp
+
+    snap = {}
+    for mod in (lg, sb, sc, cs, co, sp):
+        for name, obj in sorted(vars(mod).items()):
+            key = f"{mod.__name__}.{name}"
+            snap[key] = id(obj)
+            if hasattr(obj, "configs") and hasattr(obj, "cache"):
+                snap[key + ".configs"] = [str(c) for c in obj.configs]
+                snap[key + ".cache"] = dict(obj.cache)
+                snap[key + ".hooks"] = (id(getattr(obj, "pre_hook", None)), id(getattr(obj, "post_hook", None)))
+    snap["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MAMBA_", "CAUSAL_CONV1D_", "TRITON_"))}
+    snap["deterministic"] = torch.are_deterministic_algorithms_enabled()
+    return snap
+
+
+def test_training_leaves_native_modules_untouched():
+    import causal_conv1d.cpp_functions as ccf
+
+    before = _kernel_snapshot()
+    conv_before = {k: id(v) for k, v in vars(ccf).items()}
+    layer = _make(256, 64, 64, 1, 64, torch.bfloat16, {})
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    u, dout = _inputs(layer, 2, 130, torch.bfloat16)
+    for _ in range(3):
+        opt.zero_grad()
+        layer(u).backward(dout)
+        opt.step()
+    assert _kernel_snapshot() == before
+    assert {k: id(v) for k, v in vars(ccf).items()} == conv_before
+
+
+def test_bits_equal_in_two_fresh_processes(tmp_path):
+    script = textwrap.dedent(f"""
+        import json, sys, torch
+        sys.path.insert(0, {os.path.join(ROOT, 'tests')!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests', 'gpu')!r})
+        from test_ordered_native import _make, _inputs, _step, GRID
+        from helpers import sha256
+        d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
+        layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
+        u, dout = _inputs(layer, 3, L, dtype)
+        print(json.dumps({{k: sha256(v) for k, v in _step(layer, u, dout).items()}}))
+    """)
+    digests = []
+    for i in range(2):
+        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"triton-{i}"),
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        digests.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert digests[0] == digests[1]
+    d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
+    layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
+    u, dout = _inputs(layer, 3, L, dtype)
+    here = {k: sha256(v) for k, v in _step(layer, u, dout).items()}
+    assert here == digests[0]
+    print("fresh-process digest of in_proj.weight grad:", hashlib.sha256(json.dumps(here, sort_keys=True).encode()).hexdigest()[:16])
+
+
+def test_fold_kernels_on_cuda_equal_the_cpu_fold():
+    from ordered_ssd.fold import fold_dims, lexical_cumsum
+
+    torch.manual_seed(9)
+    t = (torch.randn(6, 5, 300, 3) * torch.logspace(0, 5, 3)).cuda()
+    for dims in ((0,), (0, 1), (1, 3), (0, 1, 3)):
+        assert bits_equal(fold_dims(t, dims).cpu(), fold_dims(t.cpu(), dims)), dims
+    init = torch.randn(5, 300, 3).cuda()
+    assert bits_equal(fold_dims(t, 0, init=init).cpu(), fold_dims(t.cpu(), 0, init=init.cpu()))
+    tb = t.to(torch.bfloat16)
+    assert bits_equal(fold_dims(tb, (0, 1)).cpu(), fold_dims(tb.cpu(), (0, 1)))
+    for rev in (False, True):
+        assert bits_equal(lexical_cumsum(t, dim=2, reverse=rev).cpu(), lexical_cumsum(t.cpu(), dim=2, reverse=rev))
