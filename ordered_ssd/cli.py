@@ -17,7 +17,7 @@ EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 DEFAULTS = {
     "cpu": dict(d_model=64, n_layers=2, d_state=16, headdim=16, chunk_size=32, steps=40, batch=4, seq_len=128,
                 lr=3e-3, data_bytes=2_000_000),
-    "cuda": dict(d_model=512, n_layers=8, d_state=64, headdim=64, chunk_size=128, steps=300, batch=8, seq_len=512,
+    "cuda": dict(d_model=512, n_layers=8, d_state=64, headdim=64, chunk_size=128, steps=200, batch=8, seq_len=512,
                  lr=1e-3, data_bytes=16_000_000),
 }
 
@@ -59,6 +59,10 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--native", action="store_true",
                    help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control")
+    c.add_argument("--nproc", type=_positive_int, default=None,
+                   help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
+                        "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "
+                        "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md)")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
 
     sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")
@@ -107,6 +111,17 @@ def _spec_from_args(args) -> dict:
         raise DataError(f"--data: no such file or directory: {args.data}")
     if args.native and device.type != "cuda":
         raise DataError("--native: the native Mamba2 control needs a CUDA device (and mamba-ssm)")
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        batch = pick(args.batch, "batch")
+        if batch % nproc:
+            raise DataError(f"--batch: the global batch {batch} is not divisible by --nproc {nproc} "
+                            f"(rank r takes rows [r*B/N, (r+1)*B/N) of every step's batch)")
+        if device.type == "cuda" and args.device not in ("auto", "cuda"):
+            raise DataError(f"--device: with --nproc give cuda (rank r uses cuda:r), not {args.device}")
+        if device.type == "cuda" and nproc > torch.cuda.device_count():
+            raise DataError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
+                            f"{torch.cuda.device_count()} visible")
     return {"device": str(device), "mixer": "ordered", "model": model, "seed": args.seed,
             "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
             "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
@@ -119,7 +134,8 @@ def _cmd_check(args) -> int:
 
     spec = _spec_from_args(args)
     stop_at = args.stop_at if args.stop_at is not None else max(1, spec["steps"] // 2)
-    return run_check(spec, args.out, stop_at=stop_at, native=args.native, progress=not args.quiet)
+    return run_check(spec, args.out, stop_at=stop_at, native=args.native, progress=not args.quiet,
+                     nproc=args.nproc)
 
 
 def _cmd_train(args) -> int:
@@ -127,6 +143,13 @@ def _cmd_train(args) -> int:
 
     with open(args.spec) as fh:
         spec = json.load(fh)
+    if spec.get("nproc") is not None:  # one rank of a data-parallel run, started by torchrun
+        from .check import train_run_ddp
+
+        train_run_ddp(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt,
+                      resume=args.resume, allow_fingerprint_mismatch=args.allow_fingerprint_mismatch,
+                      progress=not args.quiet)
+        return EXIT_OK
     train_run(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt, resume=args.resume,
               allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet)
     return EXIT_OK
@@ -180,7 +203,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "bench":
             return _cmd_bench(args)
     except (DataError, CheckError) as e:
-        print(f"ordered-ssd {args.command}: error: {e}", file=sys.stderr)
+        # one write, so that the lines of concurrent ranks (under torchrun) do not interleave
+        sys.stderr.write(f"ordered-ssd {args.command}: error: {e}\n")
+        sys.stderr.flush()
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"ordered-ssd {args.command}: interrupted", file=sys.stderr)
