@@ -167,7 +167,7 @@ def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int
     if data.sha256 != spec["data_sha256"]:
         raise CheckError(f"the data read by run {label} differs from the data of the parent run")
     native = spec["mixer"] == "native"
-    fp_info = determinism_fingerprint(device, native=False)
+    fp_info = determinism_fingerprint(device)
     fp = fingerprint_string(fp_info)
     model, opt = _build(spec, device)
     start = 0
@@ -655,6 +655,7 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
         print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {desc(cmp_c)}")
     if native:
         nd = cmp_native
+        print_fn("(native columns: the loss; '*' marks a step whose loss or gradient bits differ from native-1)")
         print_fn("native Mamba2 run 1 vs run 2 (control): " + (
             "identical" if nd["identical"] else
             f"diverged: first gradient difference at step "

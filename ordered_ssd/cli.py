@@ -166,16 +166,12 @@ def _cmd_env(args) -> int:
     else:
         dev = torch.device("cpu")
         print(f"{'gpu':>14}: none")
-    native = False
     if dev.type == "cuda":
-        try:
-            import csrc_bindings
+        from .mamba2 import native_path_available
 
-            csrc_bindings.check_native()
-            native = True
-        except (ImportError, RuntimeError) as e:
-            print(f"{'native path':>14}: unavailable: {e}")
-    info = determinism_fingerprint(dev, native=native)
+        ok, why = native_path_available()
+        print(f"{'native path':>14}: {'available' if ok else 'unavailable: ' + why}")
+    info = determinism_fingerprint(dev)
     print(f"{'fingerprint':>14}: {fingerprint_string(info)}")
     for k, v in info.items():
         print(f"{'':>16}{k} = {v}")

@@ -171,19 +171,6 @@ def shard_rows(global_batch: int, world_size: int, rank: int) -> Tuple[int, int]
 
 
 # ----------------------------------------------------------------------------------------------- fingerprints
-def _pinned_fingerprint(device: torch.device, world_size: int) -> Optional[dict]:
-    """The fingerprint with the native pinned-config table, if the native path can be loaded here."""
-    if device.type != "cuda":
-        return None
-    try:
-        import csrc_bindings
-
-        csrc_bindings.check_native()
-        return determinism_fingerprint(device, world_size=world_size, native=True)
-    except (ImportError, RuntimeError, AttributeError):
-        return None
-
-
 def rank_fingerprint(device: Union[torch.device, str], world_size: int) -> dict:
     """This rank's determinism fingerprint: :func:`determinism_fingerprint` with ``world_size``; on CUDA, with
     the pinned native configurations (``pinned_configs``) when ``csrc_bindings`` loads.
@@ -192,7 +179,7 @@ def rank_fingerprint(device: Union[torch.device, str], world_size: int) -> dict:
     one rank.
     """
     device = torch.device(device)
-    info = _pinned_fingerprint(device, world_size) or determinism_fingerprint(device, world_size=world_size)
+    info = determinism_fingerprint(device, world_size=world_size)
     skew = os.environ.get(TEST_SKEW_ENV)
     if skew:
         who, _, kv = skew.partition(":")

@@ -34,14 +34,15 @@ def package_versions() -> dict:
     }
 
 
-def determinism_fingerprint(device: torch.device | str, world_size: int = 1, native: bool = False) -> dict:
+def determinism_fingerprint(device: torch.device | str, world_size: int = 1, native: Optional[bool] = None) -> dict:
     """What the bits of a training step depend on, besides the inputs.
 
     Args:
         device: the compute device.
         world_size: number of data-parallel ranks.
-        native: include the native-kernel configuration (``csrc_bindings`` table fingerprint); this imports
-            mamba-ssm, so it is only done when the native path is in use.
+        native: include the native-kernel configuration (mamba-ssm / causal-conv1d versions and the
+            ``csrc_bindings`` table fingerprint). ``None`` (default): exactly when ``OrderedMamba2`` would take
+            the native path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
     """
     device = torch.device(device)
     v = package_versions()
@@ -56,6 +57,10 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
         info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(idx)
         info["cuda"] = v["cuda"]
         info["triton"] = v["triton"]
+        if native is None:
+            from .mamba2 import native_path_available
+
+            native = native_path_available()[0]
         if native:
             import csrc_bindings
 
