@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .digest import tensor_sha256
 from .fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_string
-from .lm import ByteData, ByteLM, DataError, ModelConfig, load_corpus, lm_loss
+from .lm import ByteData, ByteLM, ModelConfig, load_corpus, lm_loss
 
 CKPT_FORMAT = 1
 DDP_CKPT_FORMAT = 2  # one file for a data-parallel run: every rank's RNG state, the world size
@@ -152,6 +152,16 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def _check_resume_fingerprint(ckpt: dict, resume: str, fp: str, fp_info: dict, allow: bool, holder: str) -> None:
+    """Stop (CheckError naming the differing fields) if the checkpoint's fingerprint is not ``fp``, unless
+    ``allow``."""
+    if ckpt["fingerprint"] != fp and not allow:
+        diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
+        raise CheckError(f"checkpoint {resume} was written with determinism fingerprint {ckpt['fingerprint']}, "
+                         f"{holder} {fp} (differs in: {diff}); resuming would not replay the run bit for bit. "
+                         f"Pass --allow-fingerprint-mismatch to resume anyway.")
+
+
 def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
               ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
               progress: bool = True) -> dict:
@@ -178,11 +188,7 @@ def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int
                              f"(--nproc {ckpt.get('world_size')}); resume it under torchrun with that many processes")
         if ckpt.get("format") != CKPT_FORMAT:
             raise CheckError(f"checkpoint {resume}: unsupported format {ckpt.get('format')!r} (expected {CKPT_FORMAT})")
-        if ckpt["fingerprint"] != fp and not allow_fingerprint_mismatch:
-            diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
-            raise CheckError(f"checkpoint {resume} was written with determinism fingerprint {ckpt['fingerprint']}, "
-                             f"this machine has {fp} (differs in: {diff}); resuming would not replay the run bit "
-                             f"for bit. Pass --allow-fingerprint-mismatch to resume anyway.")
+        _check_resume_fingerprint(ckpt, resume, fp, fp_info, allow_fingerprint_mismatch, "this machine has")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         _set_rng_state(ckpt["rng"], device)
@@ -313,11 +319,7 @@ def _ddp_rank_run(ctx, spec: dict, record_path: str, *, label: str, stop_at: Opt
         if int(ckpt["world_size"]) != n:
             raise CheckError(f"checkpoint {resume} was written by {ckpt['world_size']} processes, this run has "
                              f"{n}: every rank's RNG state and data shard belong to one world size")
-        if ckpt["fingerprint"] != fp and not allow_fingerprint_mismatch:
-            diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
-            raise CheckError(f"checkpoint {resume} was written with determinism fingerprint "
-                             f"{ckpt['fingerprint']}, these ranks have {fp} (differs in: {diff}); resuming would "
-                             f"not replay the run bit for bit. Pass --allow-fingerprint-mismatch to resume anyway.")
+        _check_resume_fingerprint(ckpt, resume, fp, fp_info, allow_fingerprint_mismatch, "these ranks have")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         _set_rng_state(ckpt["rng"][rank], device)

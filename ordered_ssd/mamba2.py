@@ -8,8 +8,6 @@ import mamba-ssm.
 from __future__ import annotations
 
 import math
-from typing import Optional
-
 import torch
 import torch.nn as nn
 

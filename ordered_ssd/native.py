@@ -246,14 +246,8 @@ def ordered_split_conv1d_scan_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A
     d_nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * dstate - nheads) // 2
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    xBC_conv = rearrange(cb.launch_causal_conv1d_fwd(rearrange(_ensure_stride(xBC), "b s d -> b d s"), conv1d_weight,
-                                                     conv1d_bias, seq_idx=seq_idx,
-                                                     silu_activation=activation in ("silu", "swish")),
-                         "b d s -> b s d")
-    x, Bm, Cm = torch.split(xBC_conv, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    x = rearrange(x, "b l (h p) -> b l h p", h=nheads)
-    Bm = rearrange(Bm, "b l (g n) -> b l g n", g=ngroups)
-    Cm = rearrange(Cm, "b l (g n) -> b l g n", g=ngroups)
+    x, Bm, Cm = _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, activation in ("silu", "swish"), nheads,
+                            ngroups, dstate)
     zh = rearrange(z, "b l (h p) -> b l h p", h=nheads)
     rstd = None
     if rmsnorm_weight is None:
@@ -289,6 +283,18 @@ def ordered_split_conv1d_scan_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A
     return out, saved
 
 
+def _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups, dstate):
+    """causal-conv1d forward (+ SiLU) of ``xBC`` [B, L, d_ssm + 2 G N], split into x [B, L, H, P] and
+    B, C [B, L, G, N] (views of one buffer)."""
+    xBC_conv = rearrange(_cb().launch_causal_conv1d_fwd(rearrange(_ensure_stride(xBC), "b s d -> b d s"),
+                                                        conv1d_weight, conv1d_bias, seq_idx=seq_idx,
+                                                        silu_activation=silu), "b d s -> b s d")
+    dim = xBC.shape[-1] - 2 * ngroups * dstate
+    x, Bm, Cm = torch.split(xBC_conv, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
+    return (rearrange(x, "b l (h p) -> b l h p", h=nheads), rearrange(Bm, "b l (g n) -> b l g n", g=ngroups),
+            rearrange(Cm, "b l (g n) -> b l g n", g=ngroups))
+
+
 def _ensure_stride(t: torch.Tensor) -> torch.Tensor:
     """causal-conv1d's channel-last kernel needs strides that are multiples of 8 (as upstream ensures)."""
     return t if t.stride(-2) % 8 == 0 else t.contiguous()
@@ -316,13 +322,7 @@ def ordered_split_conv1d_scan_bwd(dout, zxbcdt, conv1d_weight, conv1d_bias, out_
         out_recompute = torch.empty(Bsz, L, d_nonssm + dim, device=out_x.device, dtype=out_x.dtype)
         out0_recompute, out1_recompute = out_recompute.split([d_nonssm, dim], dim=-1)
     zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
-    xBC_conv = rearrange(cb.launch_causal_conv1d_fwd(rearrange(_ensure_stride(xBC), "b s d -> b d s"), conv1d_weight,
-                                                     conv1d_bias, seq_idx=seq_idx, silu_activation=silu),
-                         "b d s -> b s d")
-    x, Bm, Cm = torch.split(xBC_conv, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    x = rearrange(x, "b l (h p) -> b l h p", h=nheads)
-    Bm = rearrange(Bm, "b l (g n) -> b l g n", g=ngroups)
-    Cm = rearrange(Cm, "b l (g n) -> b l g n", g=ngroups)
+    x, Bm, Cm = _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups, dstate)  # recompute
     dzxbcdt = torch.empty_like(zxbcdt)
     dzx0, dz, dxBC_given, ddt_given = torch.split(dzxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads],
                                                   dim=-1)
