@@ -107,6 +107,12 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     _require_cuda("x", x)
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    if x.stride(1) == 1 and (x.stride(0) % 8 or x.stride(2) % 8):
+        # channel-last view whose strides causal-conv1d's channel-last kernel rejects: copy it channel-last
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    elif x.stride(1) != 1 and x.stride(2) != 1:
+        x = x.contiguous()
+    seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return OrderedCausalConv1dFunction.apply(x, weight, bias, seq_idx, activation is not None)
 
 
@@ -265,8 +271,11 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
     """
     _not_supported(initial_states=initial_states, return_final_states=return_final_states)
     _require_cuda("zxbcdt", zxbcdt)
+    if outproj_bias is not None and outproj_weight is None:
+        raise ValueError("outproj_bias: expected None when outproj_weight is None, got a tensor")
     if D.dim() == 1 and headdim is None:
         raise ValueError("headdim: required when D is 1-d ([H]), got None")
+    seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return OrderedSplitConv1dScanFunction.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                                 seq_idx, tuple(dt_limit), activation, rmsnorm_weight, rmsnorm_eps,
                                                 outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate,

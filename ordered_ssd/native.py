@@ -200,8 +200,10 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
                                bias_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(sum_l dy_b)`` over examples, example 0 first.
 
-    Args: dy [B, L, out]; x [B, L, in]. Each per-example partial is one cuBLAS GEMM with fp32 output
-    (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs) on CUDA.
+    Args: dy [B, L, out]; x [B, L, in]. Each per-example weight partial is one cuBLAS GEMM with fp32 output
+    (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs) on CUDA; cuBLAS picks its
+    algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee). The bias
+    partial is a fold over positions in order.
 
     Returns:
         ``(dW [out, in] in weight_dtype, db [out] in bias_dtype or None)``.
@@ -216,7 +218,7 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
             part = torch.mm(dyb.t(), xb, out_dtype=torch.float32)
         fw.add(part)
         if fb is not None:
-            fb.add(dyb.float().sum(0))
+            fb.add(fold_dims(dyb, 0, dtype=torch.float32))  # positions in order
     return fw.result(), (fb.result() if fb is not None else None)
 
 
@@ -338,7 +340,8 @@ def ordered_split_conv1d_scan_bwd(dout, zxbcdt, conv1d_weight, conv1d_bias, out_
         dout = F.linear(dout, w.t())
     if d_nonssm > 0:
         dout0, dout = dout.split([d_nonssm, dim], dim=-1)
-        cb.launch_swiglu_bwd(zx0, dout0, dxy=dzx0, recompute_output=True, out=out0_recompute)
+        cb.launch_swiglu_bwd(zx0, dout0, dxy=dzx0, recompute_output=recompute_output,
+                             out=out0_recompute if recompute_output else None)
     dout = rearrange(dout, "b s (h p) -> b s h p", p=headdim)
     drmsnorm_weight = None
     partials: Dict[str, torch.Tensor] = {}

@@ -29,6 +29,8 @@ GRID = [
     (2048, 128, 128, 8, 256, 3 * 256, torch.bfloat16, dict(d_ssm=2048)),  # 16 heads of 128, d_mlp = 2048
     (192, 32, 64, 2, 128, 255, torch.float16, dict(d_ssm=320)),  # nheads = 10, not a multiple of 8
     (256, 64, 64, 1, 64, 200, torch.bfloat16, dict(use_mem_eff_path=False)),
+    # d_in_proj = 1034, not a multiple of 8 (channel-last conv view needs a copy); gated MLP, z gate, bias
+    (192, 32, 64, 2, 64, 100, torch.bfloat16, dict(use_mem_eff_path=False, d_ssm=320, rmsnorm=False, bias=True)),
 ]
 IDS = [f"d{g[0]}-p{g[1]}-n{g[2]}-g{g[3]}-cs{g[4]}-L{g[5]}-{str(g[6])[6:]}-{'-'.join(g[7]) or 'default'}" for g in GRID]
 
@@ -274,3 +276,27 @@ def test_seq_idx_packed_sequences(mem_eff):
         e_o = rel_err(first[name].double().cpu(), r)
         e_n = rel_err(got_n[name].double().cpu(), r)
         assert e_o <= 2 * e_n + 2e-3, (name, e_o, e_n)
+
+
+def test_functional_split_scan_without_out_proj_and_with_gated_mlp():
+    """d_ssm < d_inner and no out_proj: the swiglu backward must not recompute its output (upstream raises)."""
+    from einops import rearrange
+
+    from ordered_ssd.functions import ordered_mamba_split_conv1d_scan_combined
+
+    layer = _make(256, 32, 64, 2, 64, torch.bfloat16, dict(d_ssm=384))
+    torch.manual_seed(3)
+    zxbcdt = torch.randn(2, 90, layer.in_proj.out_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kw = dict(activation="silu", rmsnorm_weight=layer.norm.weight, rmsnorm_eps=1e-5, headdim=layer.headdim,
+              ngroups=layer.ngroups, norm_before_gate=False)
+    args = (rearrange(layer.conv1d.weight, "d 1 w -> d w"), layer.conv1d.bias, layer.dt_bias,
+            -torch.exp(layer.A_log.float()), layer.D, layer.chunk_size)
+    grads = []
+    for _ in range(3):
+        zxbcdt.grad = None
+        out = ordered_mamba_split_conv1d_scan_combined(zxbcdt, *args, **kw)
+        assert out.shape == (2, 90, layer.d_inner)
+        out.float().square().sum().backward()
+        grads.append(zxbcdt.grad.clone())
+    assert all(bits_equal(g, grads[0]) for g in grads[1:])
+    assert torch.isfinite(grads[0].float()).all()
