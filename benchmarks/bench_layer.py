@@ -1,0 +1,21 @@
+"""One Mamba-2 layer's training step: native Mamba2, upstream-det, OrderedMamba2 literal and ordered.
+
+A thin wrapper around :mod:`ordered_ssd.bench` (the same suite as ``ordered-ssd bench``); see
+``docs/performance.md`` for the method. Needs a CUDA GPU and ``pip install ordered-ssd[cuda]``::
+
+    python benchmarks/bench_layer.py --out bench-out                      # S1-S5, all four modes
+    python benchmarks/bench_layer.py --shapes S2 --modes native,ordered --breakdown
+    python benchmarks/bench_layer.py --shape 4,8192,2048,128,1            # any B,L,d_model,N,G[,headdim,chunk]
+    python benchmarks/bench_layer.py --help
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from ordered_ssd.bench import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(prog="benchmarks/bench_layer.py"))
