@@ -54,6 +54,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from ._files import atomic_savefig, atomic_write_bytes, nonnegative_int, positive_int
+
 __all__ = ["Shape", "SHAPES", "MODES", "BenchError", "parse_shape", "parse_shape_list", "parse_modes",
            "missing_requirements", "build_parser", "format_table", "format_breakdown", "write_results",
            "write_plot", "aggregate_kernels", "kernel_category", "main"]
@@ -179,26 +181,6 @@ def _argtype(fn):
     return conv
 
 
-def _positive(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _nonnegative(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
-
-
 def _seconds(s: str) -> float:
     try:
         v = float(s)
@@ -224,10 +206,10 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                    help="an extra shape (repeatable); headdim 64 and chunk 256 unless given")
     p.add_argument("--modes", type=_argtype(parse_modes), default=None,
                    help=f"comma-separated from {','.join(MODES)} (default: all on CUDA, ordered on the CPU)")
-    p.add_argument("--repeats", type=_positive, default=20, help="timed steps per mode (median; default 20)")
-    p.add_argument("--warmup", type=_nonnegative, default=5,
+    p.add_argument("--repeats", type=positive_int, default=20, help="timed steps per mode (median; default 20)")
+    p.add_argument("--warmup", type=nonnegative_int, default=5,
                    help="untimed steps per mode first (native autotuning happens here; default 5)")
-    p.add_argument("--bit-repeats", type=_positive, default=10,
+    p.add_argument("--bit-repeats", type=positive_int, default=10,
                    help="steps per mode whose gradient digests must agree (default 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
@@ -235,7 +217,7 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                    help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape")
     p.add_argument("--breakdown-shape", default="S2", metavar=f"NAME|{SHAPE_FORMAT}",
                    help="shape of the per-kernel breakdown (default S2)")
-    p.add_argument("--breakdown-steps", type=_positive, default=3, help="profiled steps per mode (default 3)")
+    p.add_argument("--breakdown-steps", type=positive_int, default=3, help="profiled steps per mode (default 3)")
     p.add_argument("--no-native-child", action="store_true",
                    help="skip the fresh-process native baseline of upstream-det (its ratio is then only to this "
                         "process's native)")
@@ -867,15 +849,6 @@ def format_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    from .check import atomic_write_bytes
-
-    atomic_write_bytes(path, data)
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)  # mkstemp creates 0600
-
-
 def write_plot(path: str, results: dict) -> Optional[str]:
     """A PNG bar chart (ms/step; step-time and peak-memory ratios to native) of ``results``. Returns ``None``, or a
     message if matplotlib is missing (``pip install ordered-ssd[bench]``); writes atomically."""
@@ -886,7 +859,6 @@ def write_plot(path: str, results: dict) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install ordered-ssd[bench]); chart skipped"
-    import tempfile
 
     shapes = [sr["name"] for sr in results.get("shapes", [])]
     modes = [m for m in MODES if any(m in sr.get("rows", {}) for sr in results.get("shapes", []))]
@@ -920,19 +892,10 @@ def write_plot(path: str, results: dict) -> Optional[str]:
             ax.legend(fontsize=8)
     fig.suptitle(f"ordered-ssd bench: {results.get('meta', {}).get('gpu') or results.get('meta', {}).get('device')}")
     fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
+        atomic_savefig(path, fig, dpi=100)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return None
 
 
@@ -943,16 +906,16 @@ def write_results(out_dir: str, results: dict, plot: bool = True) -> dict:
     md = os.path.join(out_dir, "bench.md")
     js = os.path.join(out_dir, "bench.json")
     png = os.path.join(out_dir, "bench.png")
-    _atomic_write(md, format_table(results).encode())
-    _atomic_write(js, (json.dumps(results, indent=1, sort_keys=True, default=str) + "\n").encode())
+    atomic_write_bytes(md, format_table(results).encode())
+    atomic_write_bytes(js, (json.dumps(results, indent=1, sort_keys=True, default=str) + "\n").encode())
     note = write_plot(png, results) if plot else "not requested"
     return {"md": md, "json": js, "png": None if note else png, "png_note": note}
 
 
 def write_breakdown(out_dir: str, bd: dict) -> None:
-    _atomic_write(os.path.join(out_dir, "breakdown.md"), format_breakdown(bd).encode())
+    atomic_write_bytes(os.path.join(out_dir, "breakdown.md"), format_breakdown(bd).encode())
     data = json.dumps(bd, indent=1, sort_keys=True, default=str) + "\n"
-    _atomic_write(os.path.join(out_dir, "breakdown.json"), data.encode())
+    atomic_write_bytes(os.path.join(out_dir, "breakdown.json"), data.encode())
 
 
 def _prepare_out(path: str) -> str:

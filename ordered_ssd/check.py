@@ -28,6 +28,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from ._files import atomic_savefig, atomic_torch_save, atomic_write_json
 from .digest import tensor_sha256
 from .fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_string
 from .lm import ByteData, ByteLM, ModelConfig, load_corpus, lm_loss
@@ -41,37 +42,6 @@ class CheckError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------- files
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: str, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
-
-
-def atomic_torch_save(path: str, obj) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".pt")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def prepare_out_dir(path: str) -> str:
     """Create ``path`` if needed and check it is writable; raise CheckError otherwise."""
     try:
@@ -518,16 +488,10 @@ def _plot(path: str, runs: dict) -> Optional[str]:
     ax.set_title("ordered-ssd check: loss of every run")
     ax.legend()
     fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        atomic_savefig(path, fig, dpi=110)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return None
 
 

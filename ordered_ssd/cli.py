@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import torch
 
+from ._files import positive_int
 from .lm import DataError
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
@@ -22,16 +23,6 @@ DEFAULTS = {
 }
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -43,23 +34,23 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
     c.add_argument("--data", default=None,
                    help="text file or directory to train on (default: the Python standard library's sources)")
-    c.add_argument("--data-bytes", type=_positive_int, default=None, help="read at most this many bytes")
+    c.add_argument("--data-bytes", type=positive_int, default=None, help="read at most this many bytes")
     c.add_argument("--out", default="ordered-ssd-check", help="output directory (default: ./ordered-ssd-check)")
-    c.add_argument("--steps", type=_positive_int, default=None)
-    c.add_argument("--stop-at", type=_positive_int, default=None, help="step k of the restart run (default steps/2)")
-    c.add_argument("--batch", type=_positive_int, default=None)
-    c.add_argument("--seq-len", type=_positive_int, default=None)
-    c.add_argument("--d-model", type=_positive_int, default=None)
-    c.add_argument("--n-layers", type=_positive_int, default=None)
-    c.add_argument("--d-state", type=_positive_int, default=None)
-    c.add_argument("--headdim", type=_positive_int, default=None)
-    c.add_argument("--ngroups", type=_positive_int, default=1)
-    c.add_argument("--chunk-size", type=_positive_int, default=None)
+    c.add_argument("--steps", type=positive_int, default=None)
+    c.add_argument("--stop-at", type=positive_int, default=None, help="step k of the restart run (default steps/2)")
+    c.add_argument("--batch", type=positive_int, default=None)
+    c.add_argument("--seq-len", type=positive_int, default=None)
+    c.add_argument("--d-model", type=positive_int, default=None)
+    c.add_argument("--n-layers", type=positive_int, default=None)
+    c.add_argument("--d-state", type=positive_int, default=None)
+    c.add_argument("--headdim", type=positive_int, default=None)
+    c.add_argument("--ngroups", type=positive_int, default=1)
+    c.add_argument("--chunk-size", type=positive_int, default=None)
     c.add_argument("--lr", type=float, default=None)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--native", action="store_true",
                    help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control")
-    c.add_argument("--nproc", type=_positive_int, default=None,
+    c.add_argument("--nproc", type=positive_int, default=None,
                    help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
                         "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "
                         "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md)")
