@@ -147,6 +147,17 @@ def _load_conv():
     return SimpleNamespace(ext=ext, versions={"causal_conv1d": conv_version})
 
 
+def _load_once(key: str, load):
+    """``load()`` the first time ``key`` is asked for (thread-safe), the cached result afterwards."""
+    ns = _state.get(key)
+    if ns is None:
+        with _lock:
+            ns = _state.get(key)
+            if ns is None:
+                ns = _state[key] = load()
+    return ns
+
+
 def native():
     """The checked Triton side (triton, mamba-ssm kernels); imported and checked once, at first use.
 
@@ -155,13 +166,7 @@ def native():
         RuntimeError: the installed mamba-ssm is not the supported version, or a kernel's argument names or
             autotune key differ from what the launchers expect (message names installed and supported versions).
     """
-    ns = _state.get("triton")
-    if ns is None:
-        with _lock:
-            ns = _state.get("triton")
-            if ns is None:
-                ns = _state["triton"] = _load_triton_kernels()
-    return ns
+    return _load_once("triton", _load_triton_kernels)
 
 
 def native_conv():
@@ -171,13 +176,7 @@ def native_conv():
         ImportError: causal-conv1d is not installed.
         RuntimeError: wrong causal-conv1d version or a C++ op with an unexpected number of arguments.
     """
-    ns = _state.get("conv")
-    if ns is None:
-        with _lock:
-            ns = _state.get("conv")
-            if ns is None:
-                ns = _state["conv"] = _load_conv()
-    return ns
+    return _load_once("conv", _load_conv)
 
 
 def device_guard(t: torch.Tensor):

@@ -132,6 +132,16 @@ def _check_resume_fingerprint(ckpt: dict, resume: str, fp: str, fp_info: dict, a
                          f"Pass --allow-fingerprint-mismatch to resume anyway.")
 
 
+def _val_loss(model, data: ByteData, batch: int, device: torch.device) -> str:
+    """Mean validation loss per byte over every validation window, in order, as ``float.hex``."""
+    with torch.no_grad():
+        total, count = 0.0, 0
+        for xv, yv in data.val_batches(batch):
+            total += float(lm_loss(model(xv.to(device)), yv.to(device))) * xv.numel()
+            count += xv.numel()
+    return (total / max(count, 1)).hex()
+
+
 def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
               ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
               progress: bool = True) -> dict:
@@ -195,12 +205,7 @@ def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int
             "fingerprint_info": json.dumps(fp_info, sort_keys=True), "spec": json.dumps(spec, sort_keys=True)})
     else:
         record["final"] = {n: tensor_sha256(p) for n, p in model.named_parameters()}
-        with torch.no_grad():
-            total, count = 0.0, 0
-            for xv, yv in data.val_batches(spec["batch"]):
-                total += float(lm_loss(model(xv.to(device)), yv.to(device))) * xv.numel()
-                count += xv.numel()
-        record["val_loss"] = (total / max(count, 1)).hex()
+        record["val_loss"] = _val_loss(model, data, spec["batch"], device)
     atomic_write_json(record_path, record)
     return record
 
@@ -344,12 +349,7 @@ def _ddp_rank_run(ctx, spec: dict, record_path: str, *, label: str, stop_at: Opt
                   "ranks_disagreeing": disagree, "param_names": names, "final": final, "val_loss": None,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native"}
         if final is not None:
-            with torch.no_grad():
-                total, cnt = 0.0, 0
-                for xv, yv in data.val_batches(spec["batch"]):
-                    total += float(lm_loss(model(xv.to(device)), yv.to(device))) * xv.numel()
-                    cnt += xv.numel()
-            record["val_loss"] = (total / max(cnt, 1)).hex()
+            record["val_loss"] = _val_loss(model, data, spec["batch"], device)
         atomic_write_json(record_path, record)
     dist.barrier()
     return record

@@ -4,19 +4,12 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from importlib import metadata
 from typing import Optional
 
 import torch
+import csrc_bindings
 
 __all__ = ["package_versions", "determinism_fingerprint", "fingerprint_string", "fingerprint_diff"]
-
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def package_versions() -> dict:
@@ -26,10 +19,10 @@ def package_versions() -> dict:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _version("triton"),
+        "triton": csrc_bindings.installed_version("triton"),
         "cuda": torch.version.cuda,
-        "mamba-ssm": _version("mamba-ssm") or _version("mamba_ssm"),
-        "causal-conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
+        "mamba-ssm": csrc_bindings.installed_version("mamba_ssm"),
+        "causal-conv1d": csrc_bindings.installed_version("causal_conv1d"),
         "ordered-ssd": __version__,
     }
 
@@ -62,8 +55,6 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
 
             native = native_path_available()[0]
         if native:
-            import csrc_bindings
-
             info["mamba-ssm"] = v["mamba-ssm"]
             info["causal-conv1d"] = v["causal-conv1d"]
             info["pinned_configs"] = csrc_bindings.fingerprint()
