@@ -35,8 +35,8 @@ def _copy3d_kernel():
         @triton.jit
         def copy3d_kernel(src, dst, I, J, s_b, s_i, s_j, d_b, d_i, d_j,
                           BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
-            oi = (tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)
-            oj = (tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
+            oj = (tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)).to(tl.int64)
+            oi = (tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)).to(tl.int64)
             b = tl.program_id(2).to(tl.int64)
             mask = (oi[:, None] < I) & (oj[None, :] < J)
             v = tl.load(src + b * s_b + oi[:, None] * s_i + oj[None, :] * s_j, mask=mask)
@@ -50,11 +50,12 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
     """``dst[b, i, j] = src[b, i, j]`` for 3-d tensors of the same shape and dtype and any strides; returns ``dst``.
 
     On CUDA (or with ``use_triton=True``, e.g. under ``TRITON_INTERPRET=1`` on the CPU) one launch of a tiled
-    Triton kernel, grid ``(ceil(I / 64), ceil(J / 64), B)``; elsewhere ``dst.copy_(src)``. The destination must
+    Triton kernel, grid ``(ceil(J / 64), ceil(I / 64), B)``; elsewhere ``dst.copy_(src)``. The destination must
     not overlap the source.
 
     Raises:
-        ValueError: different shapes, dtypes or devices, not 3-d, or a batch over 65535 (the grid's z limit).
+        ValueError: different shapes, dtypes or devices, not 3-d, or ``B`` or ``ceil(I / 64)`` over 65535 (the
+            grid's y and z limits).
     """
     check(src.dim() == 3 and dst.dim() == 3, f"copy3d: expected 3-d tensors, got {src.dim()}-d and {dst.dim()}-d")
     check(src.shape == dst.shape, f"copy3d: shapes differ: {list(src.shape)} vs {list(dst.shape)}")
@@ -69,8 +70,9 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
     if src.numel() == 0:
         return dst
     check(B <= 65535, f"copy3d: batch must be <= 65535 (grid z), got {B}")
+    check(cdiv(I, _BLOCK_I) <= 65535, f"copy3d: dim 1 must be <= {65535 * _BLOCK_I} (grid y), got {I}")
     triton, kernel = _copy3d_kernel()
-    grid = (cdiv(I, _BLOCK_I), cdiv(J, _BLOCK_J), B)
+    grid = (cdiv(J, _BLOCK_J), cdiv(I, _BLOCK_I), B)
     ctx = torch.cuda.device(src.device) if src.device.type == "cuda" else contextlib.nullcontext()
     with ctx:
         kernel[grid](src, dst, I, J, *src.stride(), *dst.stride(), BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J,

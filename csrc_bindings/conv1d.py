@@ -17,7 +17,8 @@ partial summed alone is the same value. :func:`launch_causal_conv1d_bwd_per_exam
 example (or each packed sequence, with ``seq_idx``) and returns the per-example partials in fp32; the caller
 folds them in its lexical order. The cost: ``B`` (or #sequences) launches of the backward, and channel-first copies
 of ``x`` and ``dout`` (and of ``dx`` back) made for a group of examples at a time by one tiled Triton launch each
-(:mod:`._layout`; the group's buffers are bounded by ``GROUP_BYTES``, so the group size depends on the shape only).
+(:mod:`._layout`; the group's buffers are bounded by ``GROUP_BYTES``, so the group size depends on the shape only;
+with ``seq_idx``, each packed sequence is copied into its own fresh buffers).
 """
 from __future__ import annotations
 
@@ -101,8 +102,9 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
             independently (equal to causal-conv1d's masked channel-last kernel); this reads ``seq_idx`` on the host.
         dx: optional ``[B, D, L]`` output (any strides), else ``torch.empty_like(x)``.
         dweight_partial, dbias_partial: optional fp32 ``[S, D, W]`` / ``[S, D]`` buffers.
-        group_bytes: bound on the bytes of the channel-first copies of ``x``, ``dout`` and ``dx`` held at once
-            (at least one example). It changes how many copy launches there are, never a value.
+        group_bytes: without ``seq_idx``, bound on the bytes of the channel-first copies of ``x``, ``dout`` and
+            ``dx`` held at once (at least one example). It changes how many copy launches there are, never a value.
+            With ``seq_idx`` every packed sequence gets its own buffers (three copy launches per sequence).
     Returns:
         ``(dx, dweight_partial, dbias_partial, segments)``: ``segments`` is ``[(b, start, end)]`` (one per example
         ``(b, 0, L)`` without ``seq_idx``), ``S = len(segments)``; ``dweight_partial[s]`` / ``dbias_partial[s]`` are
@@ -130,35 +132,34 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
     else:
         dbias_partial = None
     silu = bool(silu_activation)
-    if batch == 0 or seqlen == 0:
+    if batch == 0 or seqlen == 0 or dim == 0:
         return dx, dweight_partial, dbias_partial, segments
-    per_example = 3 * aligned_example_stride(dim, seqlen, x.element_size()) * x.element_size()
-    group = max(1, min(batch, group_bytes // per_example))
-    direct_dx = is_aligned_channel_first(dx)
     with device_guard(x):
-        s = 0
+        if seq_idx is not None:
+            # Packed sequences: each segment straight into its own fresh (aligned) channel-first buffers.
+            for s, (b, start, end) in enumerate(segments):
+                xs = copy3d(x[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
+                dos = copy3d(dout[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
+                dxs = torch.empty_like(xs)
+                ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s],
+                                      dbias_partial[s] if dbias_partial is not None else None, None, silu)
+                copy3d(dxs, dx[b:b + 1, :, start:end])
+            return dx, dweight_partial, dbias_partial, segments
+        # Whole examples: a group of them per copy launch, each example an aligned [1, D, L] view of the buffer.
+        stride = aligned_example_stride(dim, seqlen, x.element_size())
+        group = max(1, min(batch, 65535, group_bytes // (3 * stride * x.element_size())))
+        direct_dx = is_aligned_channel_first(dx)
         for g0 in range(0, batch, group):
             g1 = min(batch, g0 + group)
             xg = aligned_channel_first(x[g0:g1])
             dog = aligned_channel_first(dout[g0:g1])
-            dxg = dx[g0:g1] if direct_dx else torch.empty_strided(
-                xg.shape, (aligned_example_stride(dim, seqlen, x.element_size()), seqlen, 1), dtype=x.dtype,
-                device=x.device)
-            while s < nseg and segments[s][0] < g1:
-                b, start, end = segments[s]
+            dxg = dx[g0:g1] if direct_dx else torch.empty_strided(xg.shape, (stride, seqlen, 1), dtype=x.dtype,
+                                                                  device=x.device)
+            for b in range(g0, g1):
                 i = b - g0
-                dbs = dbias_partial[s] if dbias_partial is not None else None
-                if start == 0 and end == seqlen:  # a whole example: aligned, contiguous [1, D, L] views
-                    ext.causal_conv1d_bwd(xg[i:i + 1], weight, bias, dog[i:i + 1], None, None, None, dxg[i:i + 1],
-                                          dweight_partial[s], dbs, None, silu)
-                else:  # a packed sequence: its own contiguous (aligned) buffers
-                    xs = xg[i:i + 1, :, start:end].contiguous()
-                    dos = dog[i:i + 1, :, start:end].contiguous()
-                    dxs = torch.empty_like(xs)
-                    ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s], dbs,
-                                          None, silu)
-                    dxg[i:i + 1, :, start:end].copy_(dxs)
-                s += 1
+                ext.causal_conv1d_bwd(xg[i:i + 1], weight, bias, dog[i:i + 1], None, None, None, dxg[i:i + 1],
+                                      dweight_partial[b], dbias_partial[b] if dbias_partial is not None else None,
+                                      None, silu)
             if not direct_dx:
                 copy3d(dxg, dx[g0:g1])
     return dx, dweight_partial, dbias_partial, segments

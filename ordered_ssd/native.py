@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .fold import accumulation_dtype, fold_dims, lexical_cumsum
+from .fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum
 
 _NO_LIMIT = (0.0, float("inf"))
 
@@ -215,38 +215,45 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
     each full group is folded into the running sum by one :func:`~ordered_ssd.fold.fold_dims` launch, which adds
     the partials one at a time, example 0 first: the bits of :class:`~ordered_ssd.fold.LexicalFold` over the
     examples, whatever the group size. cuBLAS picks its algorithm per GPU model, so these bits are fixed per GPU
-    model (the scope of the guarantee). The bias partial of an example is a fold over its positions in order, all
-    examples in one launch.
+    model (the scope of the guarantee). The bias partial of an example is a fold over its positions in order.
+    Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
+    once-differentiable).
 
     Returns:
         ``(dW [out, in] in weight_dtype, db [out] in bias_dtype or None)``.
     """
+    with torch.no_grad():  # a backward helper; ``mm(out=...)`` refuses inputs that require grad
+        return _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes)
+
+
+def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
     Bsz, _, out_f = dy.shape
     in_f = x.shape[-1]
     acc_w = accumulation_dtype(weight_dtype)
     n = out_f * in_f
-    slot = -(-n // 64) * 64
-    group = max(1, min(Bsz, group_bytes // (4 * slot))) if Bsz > 0 else 1
-    buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
-    native_out_dtype = dy.device.type == "cuda" and dy.dtype != torch.float32
     acc = None
-    for g0 in range(0, Bsz, group):
-        g1 = min(Bsz, g0 + group)
-        for b in range(g0, g1):
-            part = buf[b - g0, :n].view(out_f, in_f)
-            if native_out_dtype:
-                torch.mm(dy[b].t(), x[b], out_dtype=torch.float32, out=part)
-            else:
-                torch.mm(dy[b].t().float(), x[b].float(), out=part)
-        acc = fold_dims(buf[:g1 - g0, :n], 0, dtype=acc_w, init=acc)
-    if acc is None:
-        acc = torch.zeros(n, dtype=acc_w, device=dy.device)
-    dW = acc.view(out_f, in_f).to(weight_dtype)
+    if Bsz > 0 and n > 0:
+        slot = -(-n // 64) * 64  # 256-byte aligned slots, as a fresh allocation would be
+        group = max(1, min(Bsz, group_bytes // (4 * slot)))
+        buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
+        native_out_dtype = dy.device.type == "cuda" and dy.dtype != torch.float32
+        for g0 in range(0, Bsz, group):
+            g1 = min(Bsz, g0 + group)
+            for b in range(g0, g1):
+                part = buf[b - g0, :n].view(out_f, in_f)
+                if native_out_dtype:
+                    torch.mm(dy[b].t(), x[b], out_dtype=torch.float32, out=part)
+                else:
+                    torch.mm(dy[b].t().float(), x[b].float(), out=part)
+            acc = fold_dims(buf[:g1 - g0, :n], 0, dtype=acc_w, init=acc)
+    dW = (acc.view(out_f, in_f) if acc is not None else torch.zeros(out_f, in_f, dtype=acc_w, device=dy.device))
+    dW = dW.to(weight_dtype)
     db = None
     if bias_dtype is not None:
-        per_example = fold_dims(dy, 1, dtype=torch.float32)  # [B, out]: each example's positions in order
-        db = fold_dims(per_example, 0, dtype=accumulation_dtype(bias_dtype)).to(bias_dtype) if Bsz > 0 else \
-            torch.zeros(out_f, dtype=bias_dtype, device=dy.device)
+        fb = LexicalFold(bias_dtype)
+        for b in range(Bsz):
+            fb.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
+        db = fb.result(like=torch.empty(out_f, device=dy.device))
     return dW, db
 
 

@@ -107,20 +107,21 @@ def test_grouped_copies_give_the_per_example_bits(fake_ext, dtype, D, L):
     assert db is None and bits_equal(dx, ref_nb[0]) and bits_equal(dw, ref_nb[1])
 
 
-def test_packed_sequences_across_groups(fake_ext):
-    B, D, L = 4, 6, 21
-    x, dout, w, b = _inputs(B, D, L, torch.float32, seed=3)
-    seq_idx = torch.tensor([[0] * 5 + [1] * 16, [2] * 21, [3] * 1 + [4] * 19 + [5], [6] * 10 + [7] * 11],
+@pytest.mark.parametrize("D,dtype", [(6, torch.float32), (1, torch.bfloat16)])
+def test_packed_sequences(fake_ext, D, dtype):
+    """Every packed sequence gets its own aligned buffers (also D == 1 with a sequence of 8 at an odd offset,
+    where a view of the example would start misaligned)."""
+    B, L = 4, 21
+    x, dout, w, b = _inputs(B, D, L, dtype, seed=3)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 16, [2] * 21, [3] * 1 + [4] * 8 + [5] * 12, [6] * 10 + [7] * 11],
                            dtype=torch.int32)
     segs = conv1d.sequence_segments(seq_idx)
-    assert segs == [(0, 0, 5), (0, 5, 21), (1, 0, 21), (2, 0, 1), (2, 1, 20), (2, 20, 21), (3, 0, 10), (3, 10, 21)]
+    assert segs == [(0, 0, 5), (0, 5, 21), (1, 0, 21), (2, 0, 1), (2, 1, 9), (2, 9, 21), (3, 0, 10), (3, 10, 21)]
     ref = _direct(fake_ext, x, dout, w, b, segs)
-    per_example = 3 * _layout.aligned_example_stride(D, L, 4) * 4
-    for group_bytes in (1, per_example * 3, 1 << 30):
-        dx, dw, db, got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, b, dout, seq_idx=seq_idx,
-                                                                      group_bytes=group_bytes)
-        assert got == segs
-        assert bits_equal(dx, ref[0]) and bits_equal(dw, ref[1]) and bits_equal(db, ref[2]), group_bytes
+    fake_ext.calls.clear()
+    dx, dw, db, got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, b, dout, seq_idx=seq_idx)
+    assert got == segs and len(fake_ext.calls) == len(segs)
+    assert bits_equal(dx, ref[0]) and bits_equal(dw, ref[1]) and bits_equal(db, ref[2])
 
 
 def test_aligned_channel_first_input_is_used_without_a_copy(fake_ext, monkeypatch):
@@ -140,6 +141,14 @@ def test_aligned_channel_first_input_is_used_without_a_copy(fake_ext, monkeypatc
     assert seen == [x[i].data_ptr() for i in range(B)]
     ref = _direct(_FakeConvExt(), x, dout, w, b, [(i, 0, L) for i in range(B)])
     assert bits_equal(dx, ref[0]) and bits_equal(dw, ref[1]) and bits_equal(db, ref[2])
+
+
+def test_empty_dims_return_zero_partials(fake_ext):
+    for B, D, L in ((0, 4, 8), (2, 0, 8), (2, 4, 0)):
+        x, dout, w, b = _inputs(B, D, L, torch.float32)
+        dx, dw, db, segs = conv1d.launch_causal_conv1d_bwd_per_example(x, w, b, dout)
+        assert dx.shape == (B, D, L) and dw.shape == (len(segs), D, 4) and not dw.any() and not db.any()
+    assert fake_ext.calls == []
 
 
 def test_layout_helpers():

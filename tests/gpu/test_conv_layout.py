@@ -1,10 +1,11 @@
-"""GPU: the grouped channel-first copies of the per-example causal-conv1d backward give the old bits.
+"""GPU: the grouped copies and folds of the per-example backward pieces give the old bits.
 
 ``launch_causal_conv1d_bwd_per_example`` copies a group of examples at a time with one tiled Triton launch
 (``csrc_bindings/_layout.py``). A copy does no arithmetic, so the outputs must equal, bit for bit, the algorithm it
 replaced: one fresh contiguous ``[1, D, L]`` copy per example, made by torch, handed to causal-conv1d's channel-first
 backward. Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
-(a channel-last slice of ``zxbcdt``).
+(a channel-last slice of ``zxbcdt``). Likewise ``ordered_linear_weight_grad``'s grouped GEMM slots and fold launches
+against one GEMM and one add per example; and a double backward through the ordered Functions raises.
 """
 import os
 import sys
@@ -66,13 +67,65 @@ def test_packed_sequences():
 
     B, D, L = 3, 264, 100
     x, dout, w, b = _inputs(B, D, L, torch.bfloat16, seed=1)
-    ids = [[0] * 30 + [1] * 70, [2] * 100, [3] * 1 + [4] * 98 + [5]]
+    # a sequence of 8 (the op's vectorised path) starting at an odd position, and sequences of 1
+    ids = [[0] * 30 + [1] * 70, [2] * 100, [3] * 1 + [4] * 8 + [5] * 90 + [6]]
     seq_idx = torch.tensor(ids, dtype=torch.int32, device="cuda")
     segs = conv1d.sequence_segments(seq_idx)
     ref = _old_algorithm(x, w, b, dout, segs)
-    for group_bytes in (1, 1 << 40):
-        got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, b, dout, seq_idx=seq_idx, group_bytes=group_bytes)
+    for _ in range(3):
+        got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, b, dout, seq_idx=seq_idx)
         assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1]) and bits_equal(got[2], ref[2])
+
+
+def test_channel_first_input_without_copies():
+    import csrc_bindings.conv1d as conv1d
+
+    B, D, L = 4, 256, 512
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(B, D, L, device="cuda", generator=g, dtype=torch.bfloat16)
+    dout = torch.randn(B, D, L, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(D, 4, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref = _old_algorithm(x, w, None, dout, [(i, 0, L) for i in range(B)])
+    got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, None, dout)  # dx allocated channel-first
+    assert got[0].stride() == x.stride() and got[2] is None
+    assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_weight_grad_groups_equal_the_per_example_fold_on_cuda(dtype):
+    """Grouped slots + one fold launch per group: the bits of one fp32-output GEMM and one add per example."""
+    from ordered_ssd.fold import LexicalFold, fold_dims
+    from ordered_ssd.native import ordered_linear_weight_grad
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    B, L, out_f, in_f = 9, 300, 136, 1000  # 136 * 1000 elements: slots padded to a multiple of 64
+    dy = torch.randn(B, L, out_f, device="cuda", generator=g).to(dtype)
+    x = torch.randn(B, L, in_f, device="cuda", generator=g).to(dtype)
+    fw, fb = LexicalFold(torch.float32), LexicalFold(torch.float32)
+    for b in range(B):
+        if dtype == torch.float32:
+            fw.add(torch.mm(dy[b].t(), x[b]))
+        else:
+            fw.add(torch.mm(dy[b].t(), x[b], out_dtype=torch.float32))
+        fb.add(fold_dims(dy[b], 0, dtype=torch.float32))
+    ref_w, ref_b = fw.result(), fb.result()
+    slot = -(-out_f * in_f // 64) * 64
+    for group_bytes in (1, 4 * slot * 2, 4 * slot * 4, 1 << 40):  # groups of 1, 2, 4 and all 9
+        dW, db = ordered_linear_weight_grad(dy, x, torch.float32, torch.float32, group_bytes=group_bytes)
+        assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
+
+
+def test_double_backward_raises():
+    from ordered_ssd import OrderedMamba2
+
+    torch.manual_seed(0)
+    layer = OrderedMamba2(d_model=256, d_state=64, headdim=64, chunk_size=64, device="cuda")
+    u = torch.randn(2, 100, 256, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = layer(u)
+    (gu,) = torch.autograd.grad(out.float().square().sum(), u, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gu.sum().backward()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
