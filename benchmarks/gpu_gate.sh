@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU gate in one device call, the test files split over parallel pytest processes (the GPU is mostly idle:
+# the tests are launch-bound), every log under $OUT.
+#
+#   device tool, carry [".gpu"]:  source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests
+#   other steps:                  ... bash benchmarks/gpu_gate.sh bench   (ordered-ssd bench --breakdown)
+#                                 ... bash benchmarks/gpu_gate.sh check   (ordered-ssd check --native)
+#
+# Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call.
+# Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
+# are printed.
+set -u
+OUT=${OUT:-./gpu-gate-out}
+mkdir -p "$OUT"
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ordered-ssd-gate-triton}
+PYTEST=(python -m pytest -q -rs -p no:cacheprovider --durations=10)
+status=0
+
+job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.log, append its exit status
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "rc=$?" >> "$OUT/$name.log"
+}
+
+case "${1:-tests}" in
+  tests)
+    t=${T_TESTS:-540}
+    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/test_ordered_native.py -k bitwise_repeatable &
+    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/test_bindings.py tests/gpu/test_native_parity.py &
+    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/test_bindings.py \
+      --ignore=tests/gpu/test_native_parity.py -k "not bitwise_repeatable" &
+    wait
+    logs="gpu-grid gpu-bindings gpu-rest" ;;
+  bench)
+    job bench "${T_BENCH:-560}" python -m ordered_ssd bench --breakdown --no-native-child \
+      --time-budget $(( ${T_BENCH:-560} - 160 )) --out "$OUT/bench"
+    logs="bench" ;;
+  check)
+    job check "${T_CHECK:-560}" python -m ordered_ssd check --native --quiet --out "$OUT/check"
+    rm -rf "$OUT/check/runs"
+    logs="check" ;;
+  *)
+    echo "usage: gpu_gate.sh tests|bench|check" >&2; exit 2 ;;
+esac
+for name in $logs; do
+  echo "== $name"; tail -n 4 "$OUT/$name.log"
+  grep -q '^rc=0$' "$OUT/$name.log" || status=1
+  if grep -qE '[0-9]+ skipped' "$OUT/$name.log"; then  # on the gate every GPU test must run
+    echo "gpu_gate: $name skipped tests (no CUDA or no native extras?): not a pass"; status=1
+  fi
+done
+exit $status
