@@ -44,7 +44,14 @@ def atomic_torch_save(path: str, obj) -> None:
 
 
 def atomic_savefig(path: str, fig, dpi: int) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".png")
+    """Lay out ``fig``, write it to ``path`` as a PNG atomically, and close it (also when writing fails)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.tight_layout()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".png")
+    finally:
+        plt.close(fig)
 
 
 def _integer(s: str, minimum: int, what: str) -> int:

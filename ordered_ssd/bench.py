@@ -895,11 +895,7 @@ def write_plot(path: str, results: dict) -> Optional[str]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(f"ordered-ssd bench: {results.get('meta', {}).get('gpu') or results.get('meta', {}).get('device')}")
-    fig.tight_layout()
-    try:
-        atomic_savefig(path, fig, dpi=100)
-    finally:
-        plt.close(fig)
+    atomic_savefig(path, fig, dpi=100)
     return None
 
 

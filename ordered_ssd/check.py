@@ -487,11 +487,7 @@ def _plot(path: str, runs: dict) -> Optional[str]:
     ax.set_ylabel("train loss (nats/byte)")
     ax.set_title("ordered-ssd check: loss of every run")
     ax.legend()
-    fig.tight_layout()
-    try:
-        atomic_savefig(path, fig, dpi=110)
-    finally:
-        plt.close(fig)
+    atomic_savefig(path, fig, dpi=110)
     return None
 
 
