@@ -3,7 +3,8 @@
 ``launch_causal_conv1d_bwd_per_example`` copies a group of examples at a time with one tiled Triton launch
 (``csrc_bindings/_layout.py``). A copy does no arithmetic, so the outputs must equal, bit for bit, the algorithm it
 replaced: one fresh contiguous ``[1, D, L]`` copy per example, made by torch, handed to causal-conv1d's channel-first
-backward. Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
+backward (for every length, 1 included: the algorithm on 0.x main sent length-1 slices to the channel-last kernel
+through a stride quirk; see CHANGELOG). Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
 (a channel-last slice of ``zxbcdt``). Likewise ``ordered_linear_weight_grad``'s grouped GEMM slots and fold launches
 against one GEMM and one add per example; and a double backward through the ordered Functions raises.
 """
@@ -24,8 +25,11 @@ def _old_algorithm(x, w, b, dout, segments, silu=True):
     dw = torch.zeros(len(segments), *w.shape, dtype=torch.float32, device=x.device)
     db = torch.zeros(len(segments), w.shape[0], dtype=torch.float32, device=x.device) if b is not None else None
     for s, (bi, start, end) in enumerate(segments):
-        xs = x[bi:bi + 1, :, start:end].contiguous()
-        dos = dout[bi:bi + 1, :, start:end].contiguous()
+        # canonical channel-first buffers: ``.contiguous()`` would keep a length-1 slice's strides, which
+        # causal-conv1d reads as channel-last (stride(1) == 1, stride(2) > 1) and sends to its other kernel
+        xs = torch.empty(1, x.shape[1], end - start, dtype=x.dtype, device=x.device)
+        xs.copy_(x[bi:bi + 1, :, start:end])
+        dos = torch.empty_like(xs).copy_(dout[bi:bi + 1, :, start:end])
         dxs = torch.empty_like(xs)
         ext.causal_conv1d_bwd(xs, w, b, dos, None, None, None, dxs, dw[s], db[s] if db is not None else None, None,
                               silu)
