@@ -16,6 +16,7 @@ function of ``group_size`` and the element size), reported with source ``"heuris
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Mapping
@@ -62,9 +63,14 @@ def device_arch(device) -> str:
     """``"sm_90"`` for a CUDA device of compute capability 9.0; the device type (e.g. ``"cpu"``) otherwise."""
     device = torch.device(device)
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"sm_{major}{minor}"
+        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
     return device.type
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
 
 
 def _fmt(v) -> str:
@@ -95,6 +101,7 @@ def _cost(block: Mapping, num_stages: int) -> int:
     return prod * (num_stages or 1)
 
 
+@functools.lru_cache(maxsize=None)
 def rule_config(kernel: str) -> KernelConfig:
     """The documented fallback (``mincost-v1``): cheapest native candidate, earliest on ties."""
     cands = KERNELS[kernel]["candidates"]
@@ -119,8 +126,18 @@ def _from_dict(kernel: str, d: Mapping, source: str) -> KernelConfig:
 
 
 def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule)."""
-    entry = _table().get(table_key(arch, dtype, kernel, key))
+    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule).
+
+    A pure function of its arguments (the table is a constant of the installed package), memoised: a launcher asks
+    for it at every launch.
+    """
+    # (name, is_bool, value): True and 1 hash alike but format differently in the table key
+    return _pinned_config(kernel, tuple(sorted((k, isinstance(v, bool), v) for k, v in key.items())), dtype, arch)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pinned_config(kernel: str, key_items: tuple, dtype, arch: str) -> KernelConfig:
+    entry = _table().get(table_key(arch, dtype, kernel, {k: v for k, _, v in key_items}))
     if entry is not None:
         return _from_dict(kernel, entry, "table")
     return rule_config(kernel)

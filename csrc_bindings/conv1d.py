@@ -15,13 +15,16 @@ address**: ``0 + v`` is exact, so the result is the block's value whatever the s
 causal-conv1d's own deterministic switch (``torch.use_deterministic_algorithms``) says, since a one-example
 partial summed alone is the same value. :func:`launch_causal_conv1d_bwd_per_example` does exactly that for each
 example (or each packed sequence, with ``seq_idx``) and returns the per-example partials in fp32; the caller
-folds them in its lexical order. The cost: ``B`` (or #sequences) launches and a channel-first copy of ``x``, ``dout``
-and ``dx`` per example.
+folds them in its lexical order. The cost: ``B`` (or #sequences) launches of the backward, and channel-first copies
+of ``x`` and ``dout`` (and of ``dx`` back) made for a group of examples at a time by one tiled Triton launch each
+(:mod:`._layout`; the group's buffers are bounded by ``GROUP_BYTES``, so the group size depends on the shape only;
+with ``seq_idx``, each packed sequence is copied into its own fresh buffers).
 """
 from __future__ import annotations
 
 import torch
 
+from ._layout import GROUP_BYTES, aligned_channel_first, aligned_example_stride, copy3d, is_aligned_channel_first
 from ._native import device_guard, native_conv
 from ._util import check, out_buffer
 
@@ -85,19 +88,23 @@ def sequence_segments(seq_idx: torch.Tensor):
 
 
 def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activation=True, seq_idx=None, dx=None,
-                                         dweight_partial=None, dbias_partial=None):
+                                         dweight_partial=None, dbias_partial=None, group_bytes=GROUP_BYTES):
     """Backward of the causal conv1d with atomic-free weight/bias gradients: causal-conv1d's channel-first backward
     called once per example (or per packed sequence), so each ``dweight``/``dbias`` address has a single writer.
     Source: ``causal_conv1d_cuda.causal_conv1d_bwd`` (channel-first kernel, ``batch = 1``).
 
     Args:
-        x: ``[B, D, L]`` (any layout the forward accepts; each example is copied to a contiguous channel-first
-            ``[1, D, Ls]``); weight: ``[D, W]``; bias: ``[D]`` or None; dout: ``[B, D, L]``.
+        x: ``[B, D, L]`` (any layout the forward accepts, e.g. a channel-last view of ``[B, L, D]`` memory).
+            Examples are copied, a group at a time, into channel-first buffers with every example 16-byte aligned
+            (no copy when ``x`` already is one); weight: ``[D, W]``; bias: ``[D]`` or None; dout: ``[B, D, L]``.
         silu_activation: the forward applied SiLU.
         seq_idx: ``[B, L]`` int32 with non-decreasing rows, or None. With it, every run of equal ids is convolved
             independently (equal to causal-conv1d's masked channel-last kernel); this reads ``seq_idx`` on the host.
         dx: optional ``[B, D, L]`` output (any strides), else ``torch.empty_like(x)``.
         dweight_partial, dbias_partial: optional fp32 ``[S, D, W]`` / ``[S, D]`` buffers.
+        group_bytes: without ``seq_idx``, bound on the bytes of the channel-first copies of ``x``, ``dout`` and
+            ``dx`` held at once (at least one example). It changes how many copy launches there are, never a value.
+            With ``seq_idx`` every packed sequence gets its own buffers (three copy launches per sequence).
     Returns:
         ``(dx, dweight_partial, dbias_partial, segments)``: ``segments`` is ``[(b, start, end)]`` (one per example
         ``(b, 0, L)`` without ``seq_idx``), ``S = len(segments)``; ``dweight_partial[s]`` / ``dbias_partial[s]`` are
@@ -107,6 +114,8 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
     """
     batch, dim, seqlen, width = _check_conv(x, weight, bias)
     check(tuple(dout.shape) == (batch, dim, seqlen), "dout must be [B, D, L]")
+    check(dout.dtype == x.dtype, f"dout must have the dtype of x ({x.dtype}), got {dout.dtype}")
+    check(isinstance(group_bytes, int) and group_bytes > 0, f"group_bytes must be a positive int, got {group_bytes!r}")
     ext = native_conv().ext
     if seq_idx is None:
         segments = [(b, 0, seqlen) for b in range(batch)]
@@ -123,12 +132,34 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
     else:
         dbias_partial = None
     silu = bool(silu_activation)
+    if batch == 0 or seqlen == 0 or dim == 0:
+        return dx, dweight_partial, dbias_partial, segments
     with device_guard(x):
-        for s, (b, start, end) in enumerate(segments):
-            xs = x[b:b + 1, :, start:end].contiguous()
-            dos = dout[b:b + 1, :, start:end].contiguous()
-            dxs = torch.empty_like(xs)
-            dbs = dbias_partial[s] if dbias_partial is not None else None
-            ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s], dbs, None, silu)
-            dx[b:b + 1, :, start:end].copy_(dxs)
+        if seq_idx is not None:
+            # Packed sequences: each segment straight into its own fresh (aligned) channel-first buffers.
+            for s, (b, start, end) in enumerate(segments):
+                xs = copy3d(x[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
+                dos = copy3d(dout[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
+                dxs = torch.empty_like(xs)
+                ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s],
+                                      dbias_partial[s] if dbias_partial is not None else None, None, silu)
+                copy3d(dxs, dx[b:b + 1, :, start:end])
+            return dx, dweight_partial, dbias_partial, segments
+        # Whole examples: a group of them per copy launch, each example an aligned [1, D, L] view of the buffer.
+        stride = aligned_example_stride(dim, seqlen, x.element_size())
+        group = max(1, min(batch, 65535, group_bytes // (3 * stride * x.element_size())))
+        direct_dx = is_aligned_channel_first(dx)
+        for g0 in range(0, batch, group):
+            g1 = min(batch, g0 + group)
+            xg = aligned_channel_first(x[g0:g1])
+            dog = aligned_channel_first(dout[g0:g1])
+            dxg = dx[g0:g1] if direct_dx else torch.empty_strided(xg.shape, (stride, seqlen, 1), dtype=x.dtype,
+                                                                  device=x.device)
+            for b in range(g0, g1):
+                i = b - g0
+                ext.causal_conv1d_bwd(xg[i:i + 1], weight, bias, dog[i:i + 1], None, None, None, dxg[i:i + 1],
+                                      dweight_partial[b], dbias_partial[b] if dbias_partial is not None else None,
+                                      None, silu)
+            if not direct_dx:
+                copy3d(dxg, dx[g0:g1])
     return dx, dweight_partial, dbias_partial, segments

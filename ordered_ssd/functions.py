@@ -11,12 +11,14 @@ processes and restarts for the same inputs, GPU model and versions of torch / tr
 causal-conv1d; every gradient of a shared parameter is a lexical fp32 fold over per-(example, chunk, tile)
 partials, cast once. ``literal=True`` computes the same backward with one kernel launch per example; it
 gives the same bits (tested). Scope: CUDA tensors; the native extras must be installed
-(``pip install ordered-ssd[cuda]``), else ``ImportError``.
+(``pip install ordered-ssd[cuda]``), else ``ImportError``. The Functions are once-differentiable (their
+backward calls native kernels): a double backward raises ``RuntimeError``.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from . import native as _n
 from .fold import fold_dims
@@ -57,6 +59,7 @@ class OrderedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_bwd
+    @once_differentiable
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         dx = F.linear(dy, weight.t()) if ctx.needs_input_grad[0] else None
@@ -91,6 +94,7 @@ class OrderedCausalConv1dFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_bwd
+    @once_differentiable
     def backward(ctx, dout):
         x, weight, bias, seq_idx = ctx.saved_tensors
         cb = _n._cb()
@@ -137,6 +141,7 @@ class OrderedGatedRMSNormFunction(torch.autograd.Function):
         return out.reshape(shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x2, weight, z2, rstd = ctx.saved_tensors
         eps, group_size, norm_before_gate, rpp, shape = ctx.args
@@ -175,6 +180,7 @@ class OrderedChunkScanFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_bwd
+    @once_differentiable
     def backward(ctx, dout):
         out, x, dt, A, B, C, D, z, dt_bias, seq_idx = ctx.saved_tensors
         chunk_size, dt_softplus, dt_limit, literal = ctx.args
@@ -235,6 +241,7 @@ class OrderedSplitConv1dScanFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_bwd
+    @once_differentiable
     def backward(ctx, dout):
         (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
          outproj_bias) = ctx.saved_tensors

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .fold import LexicalFold, fold_dims, lexical_cumsum
+from .fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum
 
 _NO_LIMIT = (0.0, float("inf"))
 
@@ -196,30 +196,65 @@ def _rows_per_program(seqlen: int, chunk_size: int) -> int:
     return math.gcd(seqlen, chunk_size)
 
 
-def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
-                               bias_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(sum_l dy_b)`` over examples, example 0 first.
+#: Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that
+#: :func:`ordered_linear_weight_grad` folds in one launch (at least one example; the group size depends on the
+#: shape alone and never changes a value).
+LINEAR_GROUP_BYTES = 64 << 20
 
-    Args: dy [B, L, out]; x [B, L, in]. Each per-example weight partial is one cuBLAS GEMM with fp32 output
-    (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs) on CUDA; cuBLAS picks its
-    algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee). The bias
-    partial is a fold over positions in order.
+
+def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
+                               bias_dtype: Optional[torch.dtype] = None, *,
+                               group_bytes: int = LINEAR_GROUP_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))`` over examples, example 0 first.
+
+    Args: dy [B, L, out]; x [B, L, in]; ``weight_dtype`` / ``bias_dtype``: dtypes of the results (no bias
+    gradient when ``bias_dtype`` is None); ``group_bytes``: see :data:`LINEAR_GROUP_BYTES`.
+
+    Each per-example weight partial is one cuBLAS GEMM with fp32 output (``torch.mm(..., out_dtype=torch.float32)``;
+    a plain fp32 GEMM for fp32 inputs and off CUDA) written into a slot of a group buffer (slots 256-byte aligned);
+    each full group is folded into the running sum by one :func:`~ordered_ssd.fold.fold_dims` launch, which adds
+    the partials one at a time, example 0 first: the bits of :class:`~ordered_ssd.fold.LexicalFold` over the
+    examples, whatever the group size. cuBLAS picks its algorithm per GPU model, so these bits are fixed per GPU
+    model (the scope of the guarantee). The bias partial of an example is a fold over its positions in order.
+    Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
+    once-differentiable).
 
     Returns:
         ``(dW [out, in] in weight_dtype, db [out] in bias_dtype or None)``.
     """
-    fw = LexicalFold(weight_dtype)
-    fb = LexicalFold(bias_dtype) if bias_dtype is not None else None
-    for b in range(dy.shape[0]):
-        dyb, xb = dy[b], x[b]
-        if dyb.dtype == torch.float32 or dyb.device.type != "cuda":
-            part = torch.mm(dyb.t().float(), xb.float())
-        else:
-            part = torch.mm(dyb.t(), xb, out_dtype=torch.float32)
-        fw.add(part)
-        if fb is not None:
-            fb.add(fold_dims(dyb, 0, dtype=torch.float32))  # positions in order
-    return fw.result(), (fb.result() if fb is not None else None)
+    with torch.no_grad():  # a backward helper; ``mm(out=...)`` refuses inputs that require grad
+        return _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes)
+
+
+def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
+    Bsz, _, out_f = dy.shape
+    in_f = x.shape[-1]
+    acc_w = accumulation_dtype(weight_dtype)
+    n = out_f * in_f
+    acc = None
+    if Bsz > 0 and n > 0:
+        slot = -(-n // 64) * 64  # 256-byte aligned slots, as a fresh allocation would be
+        group = max(1, min(Bsz, group_bytes // (4 * slot)))
+        buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
+        native_out_dtype = dy.device.type == "cuda" and dy.dtype != torch.float32
+        for g0 in range(0, Bsz, group):
+            g1 = min(Bsz, g0 + group)
+            for b in range(g0, g1):
+                part = buf[b - g0, :n].view(out_f, in_f)
+                if native_out_dtype:
+                    torch.mm(dy[b].t(), x[b], out_dtype=torch.float32, out=part)
+                else:
+                    torch.mm(dy[b].t().float(), x[b].float(), out=part)
+            acc = fold_dims(buf[:g1 - g0, :n], 0, dtype=acc_w, init=acc)
+    dW = (acc.view(out_f, in_f) if acc is not None else torch.zeros(out_f, in_f, dtype=acc_w, device=dy.device))
+    dW = dW.to(weight_dtype)
+    db = None
+    if bias_dtype is not None:
+        fb = LexicalFold(bias_dtype)
+        for b in range(Bsz):
+            fb.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
+        db = fb.result(like=torch.empty(out_f, device=dy.device))
+    return dW, db
 
 
 def _autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
