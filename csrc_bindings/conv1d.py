@@ -155,11 +155,11 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
             dog = aligned_channel_first(dout[g0:g1])
             dxg = dx[g0:g1] if direct_dx else torch.empty_strided(xg.shape, (stride, seqlen, 1), dtype=x.dtype,
                                                                   device=x.device)
-            for b in range(g0, g1):
-                i = b - g0
-                ext.causal_conv1d_bwd(xg[i:i + 1], weight, bias, dog[i:i + 1], None, None, None, dxg[i:i + 1],
-                                      dweight_partial[b], dbias_partial[b] if dbias_partial is not None else None,
-                                      None, silu)
+            n = g1 - g0  # the per-example [1, D, L] views made in one call each (host time at large B)
+            dbs = dbias_partial[g0:g1].unbind(0) if dbias_partial is not None else (None,) * n
+            for xs, dos, dxs, dws, db_s in zip(xg.split(1), dog.split(1), dxg.split(1),
+                                               dweight_partial[g0:g1].unbind(0), dbs):
+                ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dws, db_s, None, silu)
             if not direct_dx:
                 copy3d(dxg, dx[g0:g1])
     return dx, dweight_partial, dbias_partial, segments

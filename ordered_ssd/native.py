@@ -237,14 +237,16 @@ def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
         group = max(1, min(Bsz, group_bytes // (4 * slot)))
         buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
         native_out_dtype = dy.device.type == "cuda" and dy.dtype != torch.float32
+        dyT = dy.transpose(1, 2)  # dyT[b] is dy[b].t()
         for g0 in range(0, Bsz, group):
             g1 = min(Bsz, g0 + group)
-            for b in range(g0, g1):
-                part = buf[b - g0, :n].view(out_f, in_f)
+            # the per-example views made in one call each (host time at large B)
+            parts = buf[:g1 - g0, :n].view(g1 - g0, out_f, in_f).unbind(0)
+            for part, a, b in zip(parts, dyT[g0:g1].unbind(0), x[g0:g1].unbind(0)):
                 if native_out_dtype:
-                    torch.mm(dy[b].t(), x[b], out_dtype=torch.float32, out=part)
+                    torch.mm(a, b, out_dtype=torch.float32, out=part)
                 else:
-                    torch.mm(dy[b].t().float(), x[b].float(), out=part)
+                    torch.mm(a.float(), b.float(), out=part)
             acc = fold_dims(buf[:g1 - g0, :n], 0, dtype=acc_w, init=acc)
     dW = (acc.view(out_f, in_f) if acc is not None else torch.zeros(out_f, in_f, dtype=acc_w, device=dy.device))
     dW = dW.to(weight_dtype)

@@ -122,3 +122,42 @@ def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
         assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
     dW, db = ordered_linear_weight_grad(dy, x, torch.bfloat16, None)
     assert db is None and bits_equal(dW, ref_w.to(torch.bfloat16))
+
+
+def test_triton_fold_kernel_under_the_interpreter_gives_the_loop_bits():
+    """``fold_kernel`` (the CUDA fold) run by Triton's interpreter in a fresh process: the bits of the plain
+    one-partial-at-a-time loop for K around the unroll of four, ragged M, strided rows, with and without
+    ``init``, fp32 and bf16 partials. Skips without triton (the GPU suite compares it on CUDA)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent("""
+        import torch
+        from ordered_ssd.fold import _fold_rows_loop, _triton_fold_kernels
+        triton, fold_kernel, _ = _triton_fold_kernels()
+        g = torch.Generator().manual_seed(0)
+        cases = 0
+        for dtype in (torch.float32, torch.bfloat16):
+            for K in (0, 1, 3, 4, 5, 8, 9):
+                for M in (1, 1000, 2100):
+                    for with_init in (False, True):
+                        # wide dynamic range, so a changed order would show in the bits
+                        base = torch.randn(K, M + 40, generator=g) * torch.logspace(0, 6, M + 40)
+                        p2d = base.to(dtype)[:, 8:M + 8]                     # stride(0) = M + 40
+                        init = torch.randn(M, generator=g) * 1e3 if with_init else None
+                        out = torch.empty(M, dtype=torch.float32)
+                        fold_kernel[(triton.cdiv(M, 1024),)](p2d, init if with_init else out, out, K, M,
+                                                            p2d.stride(0), HAS_INIT=with_init, BLOCK=1024)
+                        ref = _fold_rows_loop(p2d, init, torch.float32)
+                        assert torch.equal(out.view(torch.int32), ref.view(torch.int32)), (dtype, K, M, with_init)
+                        cases += 1
+        print("ok", cases)
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "ok 84"

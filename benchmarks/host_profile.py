@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Where the host time of one layer step goes: ``cProfile`` over training steps of one bench shape.
+
+Launch-bound shapes (small ``L``, large ``B``) run at the speed of the Python and launch path, not the GPU; the
+per-kernel breakdown of ``ordered-ssd bench --breakdown`` cannot see that. This script times the host side of
+``steps`` steps of each mode asked for (``perf_counter`` from the first launch to the return of ``backward``,
+no synchronisation inside a step), the GPU side with CUDA events, and prints the functions with the largest own
+(``tottime``) and cumulative host time.
+
+    python benchmarks/host_profile.py --shape S5 --modes ordered,native --steps 20 --out prof/
+
+Uses the bench's ``LayerRunner`` (fp32 parameters, bf16 ``u``/``dout``, autocast bf16 on CUDA). A measuring
+tool, not a test: it asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from ordered_ssd.bench import SHAPES, LayerRunner, parse_modes, parse_shape  # noqa: E402
+
+
+def profile_mode(runner, mode, steps, top):
+    cuda = runner.cuda
+    for _ in range(5):  # warm-up (compilation, native autotuning)
+        runner.step(mode)
+    if cuda:
+        torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(steps):
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+        t0 = time.perf_counter()
+        runner.step(mode)
+        host.append((time.perf_counter() - t0) * 1e3)
+        if cuda:
+            e1.record()
+            torch.cuda.synchronize()
+            gpu.append(e0.elapsed_time(e1))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(steps):
+        runner.step(mode)
+    if cuda:
+        torch.cuda.synchronize()
+    pr.disable()
+    text = {}
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        st = pstats.Stats(pr, stream=s)
+        st.sort_stats(key).print_stats(top)
+        text[key] = s.getvalue()
+    med = lambda v: sorted(v)[len(v) // 2] if v else None  # noqa: E731
+    return {"host_ms_median": med(host), "gpu_ms_median": med(gpu), "profile": text}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="S5", help="a named bench shape or B,L,d_model,N,G[,headdim,chunk]")
+    p.add_argument("--modes", default="ordered")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--top", type=int, default=35)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for host_profile.json (optional)")
+    a = p.parse_args(argv)
+    shape = SHAPES[a.shape.upper()] if a.shape.upper() in SHAPES else parse_shape(a.shape)
+    modes = parse_modes(a.modes)
+    runner = LayerRunner(shape, modes, torch.device(a.device), a.seed)
+    res = {"shape": shape.name, "dims": shape.dims(), "steps": a.steps, "modes": {}}
+    for m in modes:
+        r = profile_mode(runner, m, a.steps, a.top)
+        res["modes"][m] = r
+        print(f"== {shape.name} {m}: host {r['host_ms_median']:.3f} ms/step, GPU "
+              f"{r['gpu_ms_median'] if r['gpu_ms_median'] is None else round(r['gpu_ms_median'], 3)} ms/step")
+        print(r["profile"]["tottime"])
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, f"host_profile_{shape.name}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
