@@ -126,8 +126,7 @@ _TRITON_FOLD = None
 
 def _triton_fold_kernels():
     """The fold and the scan as Triton kernels: one program per block of output elements, a sequential loop
-    over the partition index inside. fp32 additions in the same order as :class:`LexicalFold` (``fold_kernel``
-    loads four partials ahead of their additions; the order of the additions is unchanged)."""
+    over the partition index inside. fp32 additions in the same order as :class:`LexicalFold`."""
     global _TRITON_FOLD
     if _TRITON_FOLD is None:
         import triton
@@ -140,22 +139,8 @@ def _triton_fold_kernels():
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             if HAS_INIT:
                 acc += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            # Four partials are loaded before they are added (memory-level parallelism); the additions stay one
-            # at a time, k ascending: the same rounding as the plain loop. Row offsets in 64 bits.
-            s64 = tl.cast(stride_k, tl.int64)
-            K4 = K - K % 4
-            for k in range(0, K4, 4):
-                base = p_ptr + tl.cast(k, tl.int64) * s64 + offs
-                a0 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-                a1 = tl.load(base + s64, mask=mask, other=0.0).to(tl.float32)
-                a2 = tl.load(base + 2 * s64, mask=mask, other=0.0).to(tl.float32)
-                a3 = tl.load(base + 3 * s64, mask=mask, other=0.0).to(tl.float32)
-                acc += a0
-                acc += a1
-                acc += a2
-                acc += a3
-            for k in range(K4, K):
-                acc += tl.load(p_ptr + tl.cast(k, tl.int64) * s64 + offs, mask=mask, other=0.0).to(tl.float32)
+            for k in range(0, K):
+                acc += tl.load(p_ptr + k.to(tl.int64) * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
             tl.store(out_ptr + offs, acc, mask=mask)
 
         @triton.jit
@@ -183,7 +168,7 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     if M == 0:
         return out
     init_c = init.contiguous().view(-1) if init is not None else out
-    BLOCK = 1024  # 8 consecutive fp32 per thread at 4 warps: 16-byte loads
+    BLOCK = 256
     with torch.cuda.device(p2d.device):
         fold_kernel[(triton.cdiv(M, BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
                                               BLOCK=BLOCK, num_warps=4)
