@@ -5,7 +5,7 @@ state of torch or of those libraries.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
 from .mamba2 import GatedRMSNorm, OrderedMamba2
-from . import digest  # noqa: F401  (ordered_ssd.digest.tensor_sha256)
+from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 
 __version__ = "0.1.0.dev0"
@@ -18,5 +18,6 @@ __all__ = [
     "LexicalFold",
     "lexical_fold",
     "accumulation_dtype",
+    "digest",
     "__version__",
 ]

@@ -316,3 +316,22 @@ def test_gpu_smoke_every_mode(tmp_path):
     cats = bd["modes"]["ordered"]["categories"]
     assert cats.get("fold (ordered-ssd)", 0) > 0 and cats.get("SSD (mamba-ssm Triton)", 0) > 0, cats
     assert bd["modes"]["native"]["categories"].get("SSD (mamba-ssm Triton)", 0) > 0
+
+
+def test_host_profile_on_the_cpu(tmp_path, capsys):
+    """benchmarks/host_profile.py runs one shape on the reference path and writes what it measured: host times
+    for the mode asked for and a cProfile in which the ordered backward appears (no timing assertions)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "host_profile.py")
+    spec = importlib.util.spec_from_file_location("host_profile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--shape", TINY, "--device", "cpu", "--steps", "2", "--top", "50", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"== {TINY} ordered: host " in out
+    res = json.load(open(tmp_path / f"host_profile_{TINY}.json"))
+    assert res["dims"] == "B2 L64 d32 N16 G1 P16 cs32" and list(res["modes"]) == ["ordered"]
+    r = res["modes"]["ordered"]
+    assert r["host_ms_median"] > 0 and r["gpu_ms_median"] is None
+    assert "ordered_reference.py" in r["profile"]["cumulative"]
