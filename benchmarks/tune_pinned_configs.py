@@ -19,6 +19,11 @@ differ from the copies in ``csrc_bindings/_kernel_specs.py`` (e.g. mamba-ssm's d
 
 Example (the GPU gate):
     python benchmarks/tune_pinned_configs.py --dtypes bfloat16,float16,float32 --jobs 14 --budget-s 300
+
+The timed problems default to batch 4, 8 chunks, 16 heads; ``--batch``, ``--seqlen-chunks``, ``--problem-nheads``
+and ``--ngroups`` size them like a real layer (e.g. bench S2: ``--batch 8 --seqlen-chunks 16 --problem-nheads 64``).
+The table is keyed by the autotune key only, so one entry serves every batch and length. ``--list-jobs`` prints
+the jobs without a GPU.
 """
 from __future__ import annotations
 
@@ -90,26 +95,41 @@ def _cfg_dict(cand):
     return d
 
 
-def _problem(kernel, key, dt, cache):
+def problem_sizes(args):
+    """The timed problem's sizes besides the autotune key (the key's own sizes win, e.g. chunk-cumsum's nheads)."""
+    return {"batch": args.batch, "seqlen_chunks": args.seqlen_chunks, "nheads": args.problem_nheads,
+            "ngroups": args.ngroups}
+
+
+def describe_sizes(sizes):
+    return (f"batch {sizes['batch']}, seqlen {sizes['seqlen_chunks']} * chunk_size, nheads {sizes['nheads']} "
+            f"(unless keyed), ngroups {sizes['ngroups']}")
+
+
+def _problem(kernel, key, dt, cache, sizes):
     from csrc_bindings._examples import problem_for_key
     tag = (kernel, tuple(sorted(key.items())), dt)
     if tag not in cache:
         cache.clear()  # one problem alive at a time
-        cache[tag] = problem_for_key(kernel, key, DTYPES[dt], "cuda")
+        cs = int(key.get("chunk_size", 256))
+        cache[tag] = problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
+                                     seqlen=sizes["seqlen_chunks"] * cs, nheads=sizes["nheads"],
+                                     ngroups=sizes["ngroups"])
     return cache[tag]
 
 
 # ------------------------------------------------------------------------------------------- phase 1 worker
 def worker_compile(tasks_file, out_file, deadline):
     from csrc_bindings._examples import run_kernel
-    tasks = json.loads(Path(tasks_file).read_text())
+    spec = json.loads(Path(tasks_file).read_text())
+    tasks, sizes = spec["tasks"], spec["sizes"]
     cache, results = {}, []
     for kernel, key, dt, idx, cand in tasks:
         if time.time() > deadline:
             results.append([kernel, key, dt, idx, "skipped: budget"])
             continue
         try:
-            p = _problem(kernel, key, dt, cache)
+            p = _problem(kernel, key, dt, cache, sizes)
             run_kernel(kernel, p, config=_cfg_dict(cand))
             torch.cuda.synchronize()
             results.append([kernel, key, dt, idx, "ok"])
@@ -140,7 +160,7 @@ def phase1(jobs, cands, args, deadline):
     for s, shard in enumerate(shards):
         shard.sort(key=lambda t: (t[0], json.dumps(t[1], sort_keys=True), t[2], t[3]))
         tf, of = tmp / f"tasks{s}.json", tmp / f"out{s}.json"
-        tf.write_text(json.dumps(shard))
+        tf.write_text(json.dumps({"sizes": problem_sizes(args), "tasks": shard}))
         procs.append((subprocess.Popen([sys.executable, __file__, "--worker-compile", str(tf), str(of),
                                         str(deadline)], cwd=str(ROOT)), of))
     status = {}
@@ -168,7 +188,7 @@ def _time(fn, reps=10, trials=3):
     return best
 
 
-def phase2(jobs, cands, status, deadline):
+def phase2(jobs, cands, status, deadline, sizes):
     from csrc_bindings._configs import device_arch, rule_config, table_key
     from csrc_bindings._examples import run_kernel
     arch = device_arch("cuda")
@@ -180,7 +200,7 @@ def phase2(jobs, cands, status, deadline):
             row = {"candidate": _cfg_dict(c), "compile": st}
             if st == "ok" and time.time() < deadline:
                 try:
-                    p = _problem(kernel, key, dt, cache)
+                    p = _problem(kernel, key, dt, cache, sizes)
                     cfg = _cfg_dict(c)
                     o1 = run_kernel(kernel, p, config=cfg)
                     o2 = run_kernel(kernel, p, config=cfg)
@@ -236,11 +256,28 @@ def main():
     ap.add_argument("--report", default=None, help="write all timings here (JSON)")
     ap.add_argument("--replace", action="store_true", help="do not merge with the existing table")
     ap.add_argument("--skip-existing", action="store_true", help="only tune keys that the table does not have yet")
+    ap.add_argument("--batch", type=int, default=4, help="batch of the timed problems")
+    ap.add_argument("--seqlen-chunks", type=int, default=8, help="sequence length of the timed problems, in chunks")
+    ap.add_argument("--problem-nheads", type=int, default=16,
+                    help="nheads of the timed problems (keys that contain nheads use their own)")
+    ap.add_argument("--ngroups", type=int, default=1, help="ngroups of the timed problems")
+    ap.add_argument("--list-jobs", action="store_true",
+                    help="print the (kernel, key, dtype) jobs and the problem sizes, then exit (no GPU needed)")
     ap.add_argument("--worker-compile", nargs=3, metavar=("TASKS", "OUT", "DEADLINE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_compile:
         tf, of, dl = args.worker_compile
         worker_compile(tf, of, float(dl))
+        return
+    for name in ("batch", "seqlen_chunks", "problem_nheads", "ngroups"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.problem_nheads % args.ngroups:
+        ap.error(f"--problem-nheads ({args.problem_nheads}) must be a multiple of --ngroups ({args.ngroups})")
+    if args.list_jobs:
+        for kernel, key, dt in build_jobs(args):
+            print(kernel, json.dumps(key, sort_keys=True), dt)
+        print("problem:", describe_sizes(problem_sizes(args)))
         return
     if not torch.cuda.is_available():
         raise SystemExit("tune_pinned_configs.py needs a CUDA GPU")
@@ -257,12 +294,12 @@ def main():
     _log(f"tuning {len(jobs)} (kernel, key, dtype) jobs on {torch.cuda.get_device_name(0)} "
          f"({cb._configs.device_arch('cuda')}); versions {versions}")
     status = phase1(jobs, cands, args, t0 + 0.8 * args.budget_s)
-    table, report = phase2(jobs, cands, status, deadline)
+    table, report = phase2(jobs, cands, status, deadline, problem_sizes(args))
     meta = {"generated_by": "benchmarks/tune_pinned_configs.py",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
-            "timing": "best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 8 * chunk_size, nheads 16"}
+            "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
     out = Path(args.out)
     write_table(out, table, meta, merge=not args.replace)
     if args.report:

@@ -54,3 +54,31 @@ def test_bool_and_int_key_values_are_not_confused():
 
 def test_device_arch_off_cuda():
     assert device_arch("cpu") == "cpu" and device_arch(torch.device("meta")) == "meta"
+
+
+def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
+    """benchmarks/tune_pinned_configs.py --list-jobs: the (kernel, key, dtype) jobs of a layer shape and the
+    sizes of the timed problems, no GPU needed; bad sizes are usage errors (exit 2) naming the option."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "tune_pinned_configs.py")
+    cmd = [sys.executable, script, "--list-jobs", "--shapes", "256x64x64", "--nheads", "24", "--dtypes", "bfloat16",
+           "--batch", "64", "--seqlen-chunks", "2", "--problem-nheads", "24"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[-1] == "problem: batch 64, seqlen 2 * chunk_size, nheads 24 (unless keyed), ngroups 1"
+    jobs = [ln.split(" ", 1)[0] for ln in lines[:-1]]
+    assert len(jobs) == len(set(jobs)) == 13  # one job per bf16 kernel of the layer for this one key
+    assert "chunk_cumsum_fwd" in jobs and "chunk_scan_chunk_state_bwd_dx" in jobs
+    keys = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1].rsplit(" ", 1)[0]) for ln in lines[:-1]}
+    assert keys["chunk_state_fwd"] == {"chunk_size": 256, "dstate": 64, "hdim": 64}
+    assert keys["chunk_cumsum_fwd"] == {"chunk_size": 256, "nheads": 24}
+    for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups")):
+        res = subprocess.run([sys.executable, script, "--list-jobs", *bad], capture_output=True, text=True,
+                             timeout=120, cwd=root)
+        assert res.returncode == 2 and needle in res.stderr, res.stderr
