@@ -82,3 +82,46 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
         res = subprocess.run([sys.executable, script, "--list-jobs", *bad], capture_output=True, text=True,
                              timeout=120, cwd=root)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path, monkeypatch):
+    """The tuner's compile worker and timing phase build their problems with the requested sizes (fake kernels on
+    the CPU: the GPU path itself runs on the GPU machine)."""
+    import argparse
+    import importlib.util
+    import json
+    import os
+
+    import csrc_bindings._examples as ex
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("tuner", os.path.join(root, "benchmarks", "tune_pinned_configs.py"))
+    tuner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tuner)
+    built = []
+
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen, nheads, ngroups):
+        built.append((kernel, batch, seqlen, nheads, ngroups))
+        return {"x": torch.ones(3)}
+
+    ran = []
+
+    def fake_run(kernel, p, config=None):
+        ran.append((kernel, config["num_warps"]))
+        return (p["x"] * config["num_warps"],)
+
+    monkeypatch.setattr(ex, "problem_for_key", fake_problem)
+    monkeypatch.setattr(ex, "run_kernel", fake_run)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    args = argparse.Namespace(batch=8, seqlen_chunks=16, problem_nheads=64, ngroups=2)
+    sizes = tuner.problem_sizes(args)
+    key = {"chunk_size": 128, "hdim": 64, "dstate": 128}
+    cands = [({"BLOCK_SIZE_M": 64}, 4, 3), ({"BLOCK_SIZE_M": 128}, 8, 2)]
+    tasks = [["chunk_state_fwd", key, "bfloat16", i, list(c)] for i, c in enumerate(cands)]
+    tf, of = tmp_path / "tasks.json", tmp_path / "out.json"
+    tf.write_text(json.dumps({"sizes": sizes, "tasks": tasks}))
+    tuner.worker_compile(str(tf), str(of), deadline=float("inf"))
+    assert [r[-1] for r in json.loads(of.read_text())] == ["ok", "ok"]
+    assert built == [("chunk_state_fwd", 8, 16 * 128, 64, 2)]
+    assert ran == [("chunk_state_fwd", 4), ("chunk_state_fwd", 8)]
+    assert tuner.describe_sizes(sizes) == "batch 8, seqlen 16 * chunk_size, nheads 64 (unless keyed), ngroups 2"
