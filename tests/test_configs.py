@@ -85,43 +85,96 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
 
 
 def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path, monkeypatch):
-    """The tuner's compile worker and timing phase build their problems with the requested sizes (fake kernels on
-    the CPU: the GPU path itself runs on the GPU machine)."""
+    """Phase 1 (compile workers, run here in-process through a fake ``Popen``) and phase 2 (timing) of the tuner
+    build every problem with the requested sizes and time every valid candidate (fake kernels and events on the
+    CPU: the GPU path itself runs on the GPU machine)."""
     import argparse
     import importlib.util
-    import json
     import os
 
+    import csrc_bindings._configs as cfgs
     import csrc_bindings._examples as ex
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("tuner", os.path.join(root, "benchmarks", "tune_pinned_configs.py"))
     tuner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tuner)
-    built = []
+    built, ran, spawned = [], [], []
 
     def fake_problem(kernel, key, dtype, device, *, batch, seqlen, nheads, ngroups):
         built.append((kernel, batch, seqlen, nheads, ngroups))
         return {"x": torch.ones(3)}
 
-    ran = []
-
     def fake_run(kernel, p, config=None):
         ran.append((kernel, config["num_warps"]))
         return (p["x"] * config["num_warps"],)
 
+    class FakePopen:  # runs the worker in this process, from the command line phase 1 built
+        def __init__(self, cmd, cwd=None):
+            assert cmd[2] == "--worker-compile"
+            spawned.append(cmd)
+            tuner.worker_compile(cmd[3], cmd[4], float(cmd[5]))
+
+        def wait(self):
+            return 0
+
+    class FakeEvent:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):  # 10 launches of the candidate just run: 8 warps is the faster one
+            return 10.0 if ran[-1][1] == 8 else 50.0
+
     monkeypatch.setattr(ex, "problem_for_key", fake_problem)
     monkeypatch.setattr(ex, "run_kernel", fake_run)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    args = argparse.Namespace(batch=8, seqlen_chunks=16, problem_nheads=64, ngroups=2)
+    monkeypatch.setattr(cfgs, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(tuner.subprocess, "Popen", FakePopen)
+    args = argparse.Namespace(batch=8, seqlen_chunks=16, problem_nheads=64, ngroups=2, jobs=2)
     sizes = tuner.problem_sizes(args)
     key = {"chunk_size": 128, "hdim": 64, "dstate": 128}
-    cands = [({"BLOCK_SIZE_M": 64}, 4, 3), ({"BLOCK_SIZE_M": 128}, 8, 2)]
-    tasks = [["chunk_state_fwd", key, "bfloat16", i, list(c)] for i, c in enumerate(cands)]
-    tf, of = tmp_path / "tasks.json", tmp_path / "out.json"
-    tf.write_text(json.dumps({"sizes": sizes, "tasks": tasks}))
-    tuner.worker_compile(str(tf), str(of), deadline=float("inf"))
-    assert [r[-1] for r in json.loads(of.read_text())] == ["ok", "ok"]
+    jobs = [("chunk_state_fwd", key, "bfloat16")]
+    cands = {"chunk_state_fwd": [({"BLOCK_SIZE_M": 64}, 4, 3), ({"BLOCK_SIZE_M": 128}, 8, 2)]}
+    status = tuner.phase1(jobs, cands, args, deadline=float("inf"))
+    assert len(spawned) == 2 and sorted(status.values()) == ["ok", "ok"]
+    assert built == [("chunk_state_fwd", 8, 16 * 128, 64, 2)]  # one problem per (kernel, key, dtype) group
+    assert sorted(ran) == [("chunk_state_fwd", 4), ("chunk_state_fwd", 8)]
+    built.clear()
+    table, report = tuner.phase2(jobs, cands, status, float("inf"), sizes)
     assert built == [("chunk_state_fwd", 8, 16 * 128, 64, 2)]
-    assert ran == [("chunk_state_fwd", 4), ("chunk_state_fwd", 8)]
+    (row,) = report
+    assert [r["ms"] for r in row["rows"]] == [5.0, 1.0] and all(r["bitwise_repeat"] for r in row["rows"])
+    assert table == {cfgs.table_key("sm_90", "bfloat16", "chunk_state_fwd", key):
+                     {"BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 2}}  # the faster candidate
     assert tuner.describe_sizes(sizes) == "batch 8, seqlen 16 * chunk_size, nheads 64 (unless keyed), ngroups 2"
+
+
+def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):
+    """Merging into an existing table keeps its entries and its META (under ``earlier``); replacing drops both."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("tuner", os.path.join(root, "benchmarks", "tune_pinned_configs.py"))
+    tuner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tuner)
+    path = tmp_path / "table.py"
+
+    def load():
+        ns = {}
+        exec(path.read_text(), ns)
+        return ns["META"], ns["TABLE"]
+
+    tuner.write_table(path, {"a": {"num_warps": 4}}, {"run": 1})
+    tuner.write_table(path, {"b": {"num_warps": 8}}, {"run": 2})
+    meta, table = load()
+    assert table == {"a": {"num_warps": 4}, "b": {"num_warps": 8}}
+    assert meta == {"run": 2, "earlier": {"run": 1}}
+    tuner.write_table(path, {"a": {"num_warps": 2}, "b": {"num_warps": 2}}, {"run": 3})  # nothing kept
+    assert load() == ({"run": 3}, {"a": {"num_warps": 2}, "b": {"num_warps": 2}})
+    tuner.write_table(path, {"c": {"num_warps": 1}}, {"run": 4}, merge=False)
+    assert load() == ({"run": 4}, {"c": {"num_warps": 1}})

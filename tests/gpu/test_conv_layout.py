@@ -1,10 +1,11 @@
 """GPU: the grouped copies and folds of the per-example backward pieces give the old bits.
 
 ``launch_causal_conv1d_bwd_per_example`` copies a group of examples at a time with one tiled Triton launch
-(``csrc_bindings/_layout.py``). A copy does no arithmetic, so the outputs must equal, bit for bit, the algorithm it
-replaced: one fresh contiguous ``[1, D, L]`` copy per example, made by torch, handed to causal-conv1d's channel-first
-backward (for every length, 1 included: the algorithm on 0.x main sent length-1 slices to the channel-last kernel
-through a stride quirk; see CHANGELOG). Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
+(``csrc_bindings/_layout.py``). A copy does no arithmetic, so the outputs must equal, bit for bit, the per-example
+algorithm: one fresh canonical channel-first ``[1, D, L]`` buffer per example, filled by torch, handed to
+causal-conv1d's channel-first backward. That is the algorithm it replaced for every length except 1: the old code's
+``.contiguous()`` kept a length-1 slice's strides, which causal-conv1d reads as channel-last (see CHANGELOG); the
+reference here takes the channel-first kernel for length 1 too, as the library now does. Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
 (a channel-last slice of ``zxbcdt``). Likewise ``ordered_linear_weight_grad``'s grouped GEMM slots and fold launches
 against one GEMM and one add per example; and a double backward through the ordered Functions raises.
 """
