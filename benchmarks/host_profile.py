@@ -2,10 +2,10 @@
 """Where the host time of one layer step goes: ``cProfile`` over training steps of one bench shape.
 
 Launch-bound shapes (small ``L``, large ``B``) run at the speed of the Python and launch path, not the GPU; the
-per-kernel breakdown of ``ordered-ssd bench --breakdown`` cannot see that. This script times the host side of
-``steps`` steps of each mode asked for (``perf_counter`` from the first launch to the return of ``backward``,
-no synchronisation inside a step), the GPU side with CUDA events, and prints the functions with the largest own
-(``tottime``) and cumulative host time.
+per-kernel breakdown of ``ordered-ssd bench --breakdown`` cannot see that. This script times ``steps`` steps of each mode
+asked for with the bench's own timing (:func:`ordered_ssd.bench.time_interleaved`: host time to enqueue a step,
+GPU time between CUDA events, no synchronisation between steps), then prints the functions with the largest own
+(``tottime``) and cumulative host time over another ``steps`` steps under ``cProfile``.
 
     python benchmarks/host_profile.py --shape S5 --modes ordered,native --steps 20 --out prof/
 
@@ -20,34 +20,22 @@ import io
 import json
 import os
 import pstats
+import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from ordered_ssd.bench import SHAPES, LayerRunner, parse_modes, parse_shape  # noqa: E402
+from ordered_ssd.bench import LayerRunner, named_or_parsed_shape, parse_modes, time_interleaved  # noqa: E402
 
 
 def profile_mode(runner, mode, steps, top):
     cuda = runner.cuda
     for _ in range(5):  # warm-up (compilation, native autotuning)
         runner.step(mode)
-    if cuda:
-        torch.cuda.synchronize()
-    host, gpu = [], []
-    for _ in range(steps):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-        t0 = time.perf_counter()
-        runner.step(mode)
-        host.append((time.perf_counter() - t0) * 1e3)
-        if cuda:
-            e1.record()
-            torch.cuda.synchronize()
-            gpu.append(e0.elapsed_time(e1))
+    host = {}
+    times = time_interleaved(runner.step, [mode], steps, runner.device, host=host)  # the bench's timing
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(steps):
@@ -61,8 +49,8 @@ def profile_mode(runner, mode, steps, top):
         st = pstats.Stats(pr, stream=s)
         st.sort_stats(key).print_stats(top)
         text[key] = s.getvalue()
-    med = lambda v: sorted(v)[len(v) // 2] if v else None  # noqa: E731
-    return {"host_ms_median": med(host), "gpu_ms_median": med(gpu), "profile": text}
+    return {"host_ms_median": statistics.median(host[mode]),
+            "gpu_ms_median": statistics.median(times[mode]) if cuda else None, "profile": text}
 
 
 def main(argv=None):
@@ -75,7 +63,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="directory for host_profile.json (optional)")
     a = p.parse_args(argv)
-    shape = SHAPES[a.shape.upper()] if a.shape.upper() in SHAPES else parse_shape(a.shape)
+    shape = named_or_parsed_shape(a.shape)
     modes = parse_modes(a.modes)
     runner = LayerRunner(shape, modes, torch.device(a.device), a.seed)
     res = {"shape": shape.name, "dims": shape.dims(), "steps": a.steps, "modes": {}}

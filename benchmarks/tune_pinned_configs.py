@@ -111,9 +111,8 @@ def _problem(kernel, key, dt, cache, sizes):
     tag = (kernel, tuple(sorted(key.items())), dt)
     if tag not in cache:
         cache.clear()  # one problem alive at a time
-        cs = int(key.get("chunk_size", 256))
         cache[tag] = problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
-                                     seqlen=sizes["seqlen_chunks"] * cs, nheads=sizes["nheads"],
+                                     seqlen_chunks=sizes["seqlen_chunks"], nheads=sizes["nheads"],
                                      ngroups=sizes["ngroups"])
     return cache[tag]
 

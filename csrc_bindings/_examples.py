@@ -79,13 +79,15 @@ def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, b
     return p
 
 
-def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, nheads=16, ngroups=1, seed=0):
-    """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: cs 256, P 64, N 128)."""
+def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, seqlen_chunks=8, nheads=16, ngroups=1,
+                    seed=0):
+    """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: cs 256, P 64, N 128).
+    ``seqlen`` defaults to ``seqlen_chunks * chunk_size``; ``nheads`` is overridden by a key that has it."""
     cs = int(key.get("chunk_size", 256))
     P = int(key.get("hdim", 64))
     N = int(key.get("dstate", key.get("K", 128)))
     H = int(key.get("nheads", nheads))
-    L = seqlen if seqlen is not None else 8 * cs
+    L = seqlen if seqlen is not None else seqlen_chunks * cs
     return make_problem(chunk_size=cs, headdim=P, dstate=N, nheads=H, ngroups=ngroups, batch=batch, seqlen=L,
                         dtype=dtype, device=device, seed=seed, state_dim=key.get("dim"),
                         swiglu_cols=int(key.get("ncols", 48)),

@@ -143,6 +143,12 @@ def parse_shape(text: str, name: Optional[str] = None) -> Shape:
     return shape if name else Shape(shape.spec(), B, L, d, N, G, P, cs)
 
 
+def named_or_parsed_shape(text: str) -> Shape:
+    """A named shape (``"S2"``, any case) or a :func:`parse_shape` spec. Raises ``ValueError`` as that does."""
+    key = text.strip().upper()
+    return SHAPES[key] if key in SHAPES else parse_shape(text)
+
+
 def parse_shape_list(text: str) -> List[Shape]:
     """``"S1,S3"`` -> the named shapes, in the order given. Raises ``ValueError`` for an unknown or empty name."""
     names = [n.strip() for n in text.split(",")]
@@ -1044,7 +1050,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
     if args.breakdown:
         name = args.breakdown_shape.strip()
         try:
-            bd_shape = SHAPES[name.upper()] if name.upper() in SHAPES else parse_shape(name)
+            bd_shape = named_or_parsed_shape(name)
         except ValueError as e:
             raise BenchError(str(e).replace("--shape", "--breakdown-shape", 1)) from None
     if device.type == "cuda":

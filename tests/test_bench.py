@@ -34,6 +34,10 @@ def test_parse_shape():
     t = bench.parse_shape(TINY, name="T")
     assert (t.name, t.headdim, t.chunk, t.nheads) == ("T", 16, 32, 4)
     assert bench.parse_shape(t.spec()) == bench.Shape(t.spec(), 2, 64, 32, 16, 1, 16, 32)
+    assert bench.named_or_parsed_shape(" s2 ") is bench.SHAPES["S2"]
+    assert bench.named_or_parsed_shape(TINY) == bench.parse_shape(TINY)
+    with pytest.raises(ValueError, match="unknown|5 or 7"):
+        bench.named_or_parsed_shape("S9")
 
 
 @pytest.mark.parametrize("text,needle", [

@@ -101,8 +101,8 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     spec.loader.exec_module(tuner)
     built, ran, spawned = [], [], []
 
-    def fake_problem(kernel, key, dtype, device, *, batch, seqlen, nheads, ngroups):
-        built.append((kernel, batch, seqlen, nheads, ngroups))
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+        built.append((kernel, batch, seqlen_chunks, nheads, ngroups))
         return {"x": torch.ones(3)}
 
     def fake_run(kernel, p, config=None):
@@ -141,11 +141,11 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     cands = {"chunk_state_fwd": [({"BLOCK_SIZE_M": 64}, 4, 3), ({"BLOCK_SIZE_M": 128}, 8, 2)]}
     status = tuner.phase1(jobs, cands, args, deadline=float("inf"))
     assert len(spawned) == 2 and sorted(status.values()) == ["ok", "ok"]
-    assert built == [("chunk_state_fwd", 8, 16 * 128, 64, 2)]  # one problem per (kernel, key, dtype) group
+    assert built == [("chunk_state_fwd", 8, 16, 64, 2)]  # one problem per (kernel, key, dtype) group
     assert sorted(ran) == [("chunk_state_fwd", 4), ("chunk_state_fwd", 8)]
     built.clear()
     table, report = tuner.phase2(jobs, cands, status, float("inf"), sizes)
-    assert built == [("chunk_state_fwd", 8, 16 * 128, 64, 2)]
+    assert built == [("chunk_state_fwd", 8, 16, 64, 2)]
     (row,) = report
     assert [r["ms"] for r in row["rows"]] == [5.0, 1.0] and all(r["bitwise_repeat"] for r in row["rows"])
     assert table == {cfgs.table_key("sm_90", "bfloat16", "chunk_state_fwd", key):
@@ -178,3 +178,19 @@ def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):
     assert load() == ({"run": 3}, {"a": {"num_warps": 2}, "b": {"num_warps": 2}})
     tuner.write_table(path, {"c": {"num_warps": 1}}, {"run": 4}, merge=False)
     assert load() == ({"run": 4}, {"c": {"num_warps": 1}})
+
+
+def test_problem_for_key_sizes_the_sequence_in_chunks_of_the_key():
+    """The tuner's problems: ``seqlen_chunks`` chunks of the key's chunk size (256 when the key has none); an
+    explicit ``seqlen`` wins; a key's own ``nheads`` wins over the argument (built on the CPU, no kernel run)."""
+    from csrc_bindings._examples import problem_for_key
+
+    p = problem_for_key("chunk_state_fwd", {"chunk_size": 64, "hdim": 16, "dstate": 8}, torch.float32, "cpu",
+                        batch=2, seqlen_chunks=3, nheads=4, ngroups=2)
+    assert (p["seqlen"], p["nchunks"], p["batch"], p["nheads"], p["ngroups"]) == (192, 3, 2, 4, 2)
+    assert tuple(p["x"].shape) == (2, 192, 4, 16) and tuple(p["Bm"].shape) == (2, 192, 2, 8)
+    p = problem_for_key("bmm_chunk_fwd", {"K": 8}, torch.float32, "cpu", batch=1, seqlen_chunks=1, nheads=2)
+    assert (p["chunk_size"], p["seqlen"]) == (256, 256)
+    p = problem_for_key("chunk_cumsum_fwd", {"chunk_size": 32, "nheads": 6}, torch.float32, "cpu", batch=1,
+                        seqlen=40, seqlen_chunks=5, nheads=2)
+    assert (p["seqlen"], p["nchunks"], p["nheads"]) == (40, 2, 6)
