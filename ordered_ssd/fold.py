@@ -18,7 +18,8 @@ from typing import Iterable, Optional
 
 import torch
 
-__all__ = ["accumulation_dtype", "LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum"]
+__all__ = ["accumulation_dtype", "LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum",
+           "fold_example_gemms"]
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -153,7 +154,49 @@ def _triton_fold_kernels():
                 acc += tl.load(p_ptr + rows * N + j, mask=mask, other=0.0).to(tl.float32)
                 tl.store(out_ptr + rows * N + j, acc, mask=mask)
 
-        _TRITON_FOLD = (triton, fold_kernel, scan_kernel)
+        @triton.jit
+        def gemm_fold_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
+                             HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                             BK: tl.constexpr, GROUP_M: tl.constexpr):
+            # one program per [BM, BN] tile of out; grouped tile order for L2 reuse (changes no value)
+            pid = tl.program_id(0)
+            num_m = tl.cdiv(M, BM)
+            num_n = tl.cdiv(N, BN)
+            width = GROUP_M * num_n
+            first_m = (pid // width) * GROUP_M
+            gsz = min(num_m - first_m, GROUP_M)
+            pid_m = first_m + (pid % width) % gsz
+            pid_n = (pid % width) // gsz
+            rm = pid_m * BM + tl.arange(0, BM)
+            rn = pid_n * BN + tl.arange(0, BN)
+            rk = tl.arange(0, BK)
+            out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+            out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            if HAS_INIT:
+                acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+            a_e = a_ptr  # example e's base pointers (pointer arithmetic is 64-bit)
+            b_e = b_ptr
+            for _ in range(0, NB):
+                # the partial of example e: K blocks of BK positions in order, fp32 accumulation
+                a_ptrs = a_e + rm[:, None] * s_am + rk[None, :] * s_al
+                b_ptrs = b_e + rk[:, None] * s_bl + rn[None, :] * s_bn
+                p = tl.zeros((BM, BN), dtype=tl.float32)
+                for k0 in range(0, L, BK):
+                    a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
+                    b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
+                    if IEEE:
+                        p = tl.dot(a, b, p, input_precision="ieee")
+                    else:
+                        p = tl.dot(a, b, p)
+                    a_ptrs += BK * s_al
+                    b_ptrs += BK * s_bl
+                acc += p  # the lexical fold: one fp32 addition per example, example 0 first
+                a_e += s_ab
+                b_e += s_bb
+            tl.store(out_ptr + out_offs, acc, mask=out_mask)
+
+        _TRITON_FOLD = (triton, fold_kernel, scan_kernel, gemm_fold_kernel)
     return _TRITON_FOLD
 
 
@@ -161,7 +204,7 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     """``out[m] = fold(+, p2d[k, m] for k)`` (starting from ``init`` or +0.0), in ``acc_dtype``."""
     if p2d.device.type != "cuda" or acc_dtype != torch.float32:
         return _fold_rows_loop(p2d, init, acc_dtype)
-    triton, fold_kernel, _ = _triton_fold_kernels()
+    triton, fold_kernel, _, _ = _triton_fold_kernels()
     K, M = p2d.shape
     p2d = p2d if p2d.stride(1) == 1 else p2d.contiguous()
     out = torch.empty(M, dtype=torch.float32, device=p2d.device)
@@ -224,7 +267,7 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
     x2 = x.reshape(-1, shape[-1]).contiguous()
     R, N = x2.shape
     if t.device.type == "cuda" and acc_dtype == torch.float32 and R * N > 0:
-        triton, _, scan_kernel = _triton_fold_kernels()
+        triton, _, scan_kernel, _ = _triton_fold_kernels()
         out = torch.empty(R, N, dtype=torch.float32, device=t.device)
         BLOCK = 128
         with torch.cuda.device(t.device):
@@ -237,3 +280,81 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
             acc.add_(x2[:, j].to(acc_dtype))
             out[:, j] = acc
     return out.to(dtype).reshape(shape).movedim(-1, dim)
+
+
+# ------------------------------------------------------------------------------------ fused GEMM partials
+#: Pinned launch configuration of :func:`fold_example_gemms`'s kernel per input dtype:
+#: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``. ``BK`` fixes how the positions of an example are blocked
+#: (and so the bits of its partial); the others change speed only. Fixed, never timed.
+GEMM_FOLD_CONFIGS = {  # bf16/fp16: the fastest of 7 tried on an H200 at the bench shapes (docs/performance.md)
+    torch.bfloat16: (128, 128, 64, 8, 8, 4),
+    torch.float16: (128, 128, 64, 8, 8, 4),
+    torch.float32: (64, 64, 32, 8, 4, 2),
+}
+
+
+def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``out = fold_e(a[e]^T @ b[e])``: the lexical fold over examples of per-example GEMM partials.
+
+    The weight gradient of a linear layer ``y = x W^T`` is ``fold_e(dy[e]^T @ x[e])`` with ``a = dy``, ``b = x``.
+
+    Args:
+        a: ``[E, L, M]``, b: ``[E, L, N]``; the same dtype (bf16, fp16 or fp32 on CUDA; any float dtype
+            elsewhere), any strides.
+        init: optional ``[M, N]`` accumulator to continue from (any float dtype).
+
+    Returns:
+        ``[M, N]`` in fp32 (fp64 for fp64 inputs).
+
+    Raises:
+        TypeError: ``a``/``b`` not tensors, or of different or non-float dtypes.
+        ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, or different devices.
+
+    On CUDA (bf16/fp16/fp32) this is one Triton launch: each program owns a tile of ``out`` and loops over the
+    examples in order; for example ``e`` it computes the partial from example ``e`` alone (blocks of ``BK``
+    positions in order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs), then adds
+    it to the tile's running sum, one fp32 addition per example starting from +0.0: the bits of
+    :class:`LexicalFold` over the partials. A partial's bits depend on ``L`` and :data:`GEMM_FOLD_CONFIGS`
+    only, not on ``E`` or on the other examples. Elsewhere each partial is one ``torch.mm`` in the accumulation
+    dtype, folded by :class:`LexicalFold`.
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-d tensor [E, L, *], got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype or not a.dtype.is_floating_point:
+        raise TypeError(f"b: expected the float dtype of a ({a.dtype}), got {b.dtype}")
+    if a.shape[:2] != b.shape[:2]:
+        raise ValueError(f"b: expected [E, L] = {tuple(a.shape[:2])} as in a, got {tuple(b.shape[:2])}")
+    if a.device != b.device:
+        raise ValueError(f"b: expected device {a.device} as a, got {b.device}")
+    E, L, M = a.shape
+    N = b.shape[2]
+    if init is not None and tuple(init.shape) != (M, N):
+        raise ValueError(f"init: expected shape {(M, N)}, got {tuple(init.shape)}")
+    acc_dtype = accumulation_dtype(a.dtype)
+    if a.device.type != "cuda" or a.dtype not in GEMM_FOLD_CONFIGS:
+        folder = LexicalFold(acc_dtype)
+        if init is not None:
+            folder.add(init)
+        for ae, be in zip(a.unbind(0), b.unbind(0)):
+            folder.add(torch.mm(ae.t().to(acc_dtype), be.to(acc_dtype)))
+        return folder.result(like=torch.empty(M, N, device=a.device))
+    out = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    if M * N == 0:
+        return out
+    triton, _, _, gemm_fold_kernel = _triton_fold_kernels()
+    BM, BN, BK, GROUP_M, num_warps, num_stages = GEMM_FOLD_CONFIGS[a.dtype]
+    # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
+    if (M - 1) * abs(a.stride(2)) + BK * abs(a.stride(1)) >= 2 ** 31:
+        a = a.contiguous()
+    if (N - 1) * abs(b.stride(2)) + BK * abs(b.stride(1)) >= 2 ** 31:
+        b = b.contiguous()
+    init_c = init.to(device=a.device).contiguous() if init is not None else out
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    with torch.cuda.device(a.device):
+        gemm_fold_kernel[grid](a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0),
+                               b.stride(1), b.stride(2), HAS_INIT=init is not None, IEEE=a.dtype == torch.float32,
+                               BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
+    return out

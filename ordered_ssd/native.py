@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum
+from .fold import GEMM_FOLD_CONFIGS, LexicalFold, accumulation_dtype, fold_dims, fold_example_gemms, lexical_cumsum
 
 _NO_LIMIT = (0.0, float("inf"))
 
@@ -197,9 +197,16 @@ def _rows_per_program(seqlen: int, chunk_size: int) -> int:
 
 
 #: Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that
-#: :func:`ordered_linear_weight_grad` folds in one launch (at least one example; the group size depends on the
-#: shape alone and never changes a value).
+#: :func:`ordered_linear_weight_grad` folds in one launch when it runs one GEMM per example (at least one example;
+#: the group size depends on the shape alone and never changes a value).
 LINEAR_GROUP_BYTES = 64 << 20
+
+#: Sequence length from which :func:`ordered_linear_weight_grad` runs one cuBLAS GEMM per example instead of the
+#: fused one-launch fold (:func:`~ordered_ssd.fold.fold_example_gemms`). Short sequences: the per-example launches
+#: cost more host time than the GPU work they do (bench S5: 128 GEMMs, 5.7 ms of host time per step); long ones:
+#: a per-example GEMM is long enough, and cuBLAS splits it over the GPU where the fused kernel's tiles are too few
+#: (bench S4, L 65536: 1.3 ms fused against 0.75 ms). Measured with ``benchmarks/linear_grad_bench.py``.
+LINEAR_FUSED_BELOW_L = 8192
 
 
 def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
@@ -210,12 +217,19 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
     Args: dy [B, L, out]; x [B, L, in]; ``weight_dtype`` / ``bias_dtype``: dtypes of the results (no bias
     gradient when ``bias_dtype`` is None); ``group_bytes``: see :data:`LINEAR_GROUP_BYTES`.
 
-    Each per-example weight partial is one cuBLAS GEMM with fp32 output (``torch.mm(..., out_dtype=torch.float32)``;
-    a plain fp32 GEMM for fp32 inputs and off CUDA) written into a slot of a group buffer (slots 256-byte aligned);
-    each full group is folded into the running sum by one :func:`~ordered_ssd.fold.fold_dims` launch, which adds
-    the partials one at a time, example 0 first: the bits of :class:`~ordered_ssd.fold.LexicalFold` over the
-    examples, whatever the group size. cuBLAS picks its algorithm per GPU model, so these bits are fixed per GPU
-    model (the scope of the guarantee). The bias partial of an example is a fold over its positions in order.
+    Two algorithms, chosen by :func:`linear_weight_grad_is_fused` from the shape and dtypes alone; both give the
+    bits of :class:`~ordered_ssd.fold.LexicalFold` over per-example fp32 partials, example 0 first:
+
+    - fused (CUDA, ``L <`` :data:`LINEAR_FUSED_BELOW_L`): :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton
+      launch at a pinned configuration; each program computes its tile's partial of one example at a time and
+      adds it to the running sum;
+    - per example (long sequences, fp64, off CUDA): one cuBLAS GEMM with fp32 output per example
+      (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs and off CUDA) into a slot of a
+      group buffer (slots 256-byte aligned), each group folded into the running sum by one
+      :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
+      algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee).
+
+    The bias partial of an example is a fold over its positions in order.
     Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
     once-differentiable).
 
@@ -226,7 +240,32 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
         return _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes)
 
 
+def linear_weight_grad_is_fused(dy: torch.Tensor, weight_dtype: torch.dtype) -> bool:
+    """Whether :func:`ordered_linear_weight_grad` runs :func:`~ordered_ssd.fold.fold_example_gemms` (one launch)
+    rather than one cuBLAS GEMM per example: on CUDA, bf16/fp16/fp32 inputs, an fp32 accumulator and sequences
+    shorter than :data:`LINEAR_FUSED_BELOW_L`. Depends on the shape and dtypes only (never on the batch size), so
+    an example's partial has the same bits alone or in any batch."""
+    return (dy.device.type == "cuda" and dy.dtype in GEMM_FOLD_CONFIGS and dy.shape[1] < LINEAR_FUSED_BELOW_L
+            and accumulation_dtype(weight_dtype) == torch.float32)
+
+
 def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
+    if linear_weight_grad_is_fused(dy, weight_dtype):
+        dW = fold_example_gemms(dy, x).to(weight_dtype)
+    else:
+        dW = _weight_grad_grouped(dy, x, weight_dtype, group_bytes)
+    db = None
+    if bias_dtype is not None:
+        fb = LexicalFold(bias_dtype)
+        for b in range(dy.shape[0]):
+            fb.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
+        db = fb.result(like=torch.empty(dy.shape[-1], device=dy.device))
+    return dW, db
+
+
+def _weight_grad_grouped(dy, x, weight_dtype, group_bytes):
+    """The weight gradient off CUDA (and for fp64): one GEMM per example into a slot of a group buffer, one fold
+    launch per group."""
     Bsz, _, out_f = dy.shape
     in_f = x.shape[-1]
     acc_w = accumulation_dtype(weight_dtype)
@@ -249,14 +288,7 @@ def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
                     torch.mm(a.float(), b.float(), out=part)
             acc = fold_dims(buf[:g1 - g0, :n], 0, dtype=acc_w, init=acc)
     dW = (acc.view(out_f, in_f) if acc is not None else torch.zeros(out_f, in_f, dtype=acc_w, device=dy.device))
-    dW = dW.to(weight_dtype)
-    db = None
-    if bias_dtype is not None:
-        fb = LexicalFold(bias_dtype)
-        for b in range(Bsz):
-            fb.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
-        db = fb.result(like=torch.empty(out_f, device=dy.device))
-    return dW, db
+    return dW.to(weight_dtype)
 
 
 def _autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:

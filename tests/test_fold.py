@@ -122,3 +122,36 @@ def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
         assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
     dW, db = ordered_linear_weight_grad(dy, x, torch.bfloat16, None)
     assert db is None and bits_equal(dW, ref_w.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fold_example_gemms_off_cuda_is_the_per_example_fold(dtype):
+    from ordered_ssd.fold import fold_example_gemms
+
+    g = torch.Generator().manual_seed(3)
+    dy = torch.randn(4, 11, 6, generator=g).to(dtype)
+    x = torch.randn(4, 11, 5, generator=g).to(dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    fold = LexicalFold(acc)
+    for e in range(4):
+        fold.add(torch.mm(dy[e].t().to(acc), x[e].to(acc)))
+    got = fold_example_gemms(dy, x)
+    assert got.dtype == acc and bits_equal(got, fold.result())
+    assert bits_equal(fold_example_gemms(dy[2:], x[2:], init=fold_example_gemms(dy[:2], x[:2])), got)
+    assert bits_equal(fold_example_gemms(dy[:0], x[:0]), torch.zeros(6, 5, dtype=acc))
+
+
+def test_fold_example_gemms_rejects_bad_input():
+    from ordered_ssd.fold import fold_example_gemms
+
+    a, b = torch.zeros(2, 3, 4), torch.zeros(2, 3, 5)
+    with pytest.raises(ValueError, match="a: expected a 3-d"):
+        fold_example_gemms(a[0], b)
+    with pytest.raises(TypeError, match="b: expected the float dtype"):
+        fold_example_gemms(a, b.double())
+    with pytest.raises(ValueError, match=r"b: expected \[E, L\] = \(2, 3\)"):
+        fold_example_gemms(a, b[:, :2])
+    with pytest.raises(ValueError, match=r"init: expected shape \(4, 5\)"):
+        fold_example_gemms(a, b, init=torch.zeros(5, 4))
+    with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
+        fold_example_gemms([1], b)

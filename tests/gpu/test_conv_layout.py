@@ -6,8 +6,7 @@ algorithm: one fresh canonical channel-first ``[1, D, L]`` buffer per example, f
 causal-conv1d's channel-first backward. That is the algorithm it replaced for every length except 1: the old code's
 ``.contiguous()`` kept a length-1 slice's strides, which causal-conv1d reads as channel-last (see CHANGELOG); the
 reference here takes the channel-first kernel for length 1 too, as the library now does. Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
-(a channel-last slice of ``zxbcdt``). Likewise ``ordered_linear_weight_grad``'s grouped GEMM slots and fold launches
-against one GEMM and one add per example; and a double backward through the ordered Functions raises.
+(a channel-last slice of ``zxbcdt``). And a double backward through the ordered Functions raises.
 """
 import os
 import sys
@@ -94,30 +93,6 @@ def test_channel_first_input_without_copies():
     got = conv1d.launch_causal_conv1d_bwd_per_example(x, w, None, dout)  # dx allocated channel-first
     assert got[0].stride() == x.stride() and got[2] is None
     assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1])
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_linear_weight_grad_groups_equal_the_per_example_fold_on_cuda(dtype):
-    """Grouped slots + one fold launch per group: the bits of one fp32-output GEMM and one add per example."""
-    from ordered_ssd.fold import LexicalFold, fold_dims
-    from ordered_ssd.native import ordered_linear_weight_grad
-
-    g = torch.Generator(device="cuda").manual_seed(5)
-    B, L, out_f, in_f = 9, 300, 136, 1000  # 136 * 1000 elements: slots padded to a multiple of 64
-    dy = torch.randn(B, L, out_f, device="cuda", generator=g).to(dtype)
-    x = torch.randn(B, L, in_f, device="cuda", generator=g).to(dtype)
-    fw, fb = LexicalFold(torch.float32), LexicalFold(torch.float32)
-    for b in range(B):
-        if dtype == torch.float32:
-            fw.add(torch.mm(dy[b].t(), x[b]))
-        else:
-            fw.add(torch.mm(dy[b].t(), x[b], out_dtype=torch.float32))
-        fb.add(fold_dims(dy[b], 0, dtype=torch.float32))
-    ref_w, ref_b = fw.result(), fb.result()
-    slot = -(-out_f * in_f // 64) * 64
-    for group_bytes in (1, 4 * slot * 2, 4 * slot * 4, 1 << 40):  # groups of 1, 2, 4 and all 9
-        dW, db = ordered_linear_weight_grad(dy, x, torch.float32, torch.float32, group_bytes=group_bytes)
-        assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
 
 
 def test_double_backward_raises():

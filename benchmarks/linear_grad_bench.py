@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""Time the ordered projection weight gradient against native's single GEMM, at the bench shapes' in_proj and
+out_proj sizes (bf16 inputs, as under autocast).
+
+For each shape and projection:
+- ``native``: one bf16 GEMM over all ``B * L`` positions, what ``Mamba2``'s backward does (not ordered);
+- ``grouped``: one fp32-output cuBLAS GEMM per example into group slots plus fold launches (the path before
+  :func:`ordered_ssd.fold.fold_example_gemms`; still the path off CUDA);
+- ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch.
+
+GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.bench.time_interleaved`), host ms to enqueue.
+It also checks the fused result's bits against a :class:`~ordered_ssd.fold.LexicalFold` over its own
+single-example results (per-example independence) and reports the error of both ordered paths against an fp64
+reference. A measuring tool, not a test.
+
+    python benchmarks/linear_grad_bench.py --shapes S1,S2,S3,S4,S5 --repeats 20 --out results.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from ordered_ssd.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
+import ordered_ssd.fold as fold_mod  # noqa: E402
+from ordered_ssd.fold import LexicalFold, fold_example_gemms  # noqa: E402
+from ordered_ssd.native import LINEAR_GROUP_BYTES, _weight_grad_grouped  # noqa: E402
+
+
+def projections(shape):
+    """``(name, E, L, M, N)``: the weight gradient is ``[M, N]`` from ``dy [E, L, M]`` and ``x [E, L, N]``."""
+    d_inner = 2 * shape.d_model
+    d_in_proj = 2 * d_inner + 2 * shape.G * shape.N + shape.nheads
+    return [("in_proj", shape.B, shape.L, d_in_proj, shape.d_model),
+            ("out_proj", shape.B, shape.L, shape.d_model, d_inner)]
+
+
+def _with_config(cfg):
+    """``fold_example_gemms`` at another bf16 launch configuration (for choosing the pinned one)."""
+    def run(dy, x):
+        saved = fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16]
+        fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16] = cfg
+        try:
+            return fold_example_gemms(dy, x)
+        finally:
+            fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16] = saved
+    return run
+
+
+def bench_one(E, L, M, N, repeats, device, check, configs=()):
+    g = torch.Generator(device=device).manual_seed(0)
+    dy = torch.randn(E, L, M, device=device, generator=g).to(torch.bfloat16)
+    x = torch.randn(E, L, N, device=device, generator=g).to(torch.bfloat16)
+    dy2, x2 = dy.view(-1, M), x.view(-1, N)
+    steps = {
+        "native": lambda: torch.mm(dy2.t(), x2),
+        "grouped": lambda: _weight_grad_grouped(dy, x, torch.float32, LINEAR_GROUP_BYTES),
+        "fused": lambda: fold_example_gemms(dy, x),
+    }
+    for cfg in configs:
+        steps["fused" + "x".join(map(str, cfg))] = (lambda f: (lambda: f(dy, x)))(_with_config(cfg))
+    for f in steps.values():  # warm-up (compilation)
+        for _ in range(3):
+            f()
+    host = {}
+    times = time_interleaved(lambda m: steps[m](), list(steps), repeats, device, host=host)
+    res = {m: {"ms": statistics.median(times[m]), "host_ms": statistics.median(host[m])} for m in steps}
+    res["configs_ms"] = {m: res[m]["ms"] for m in steps if m.startswith("fused")}
+    res["fused_vs_grouped"] = res["fused"]["ms"] / res["grouped"]["ms"]
+    res["fused_vs_native"] = res["fused"]["ms"] / res["native"]["ms"]
+    if check:
+        fused = fold_example_gemms(dy, x)
+        fold = LexicalFold(torch.float32)
+        for e in range(E):
+            fold.add(fold_example_gemms(dy[e:e + 1], x[e:e + 1]))
+        res["fused_equals_fold_of_single_examples"] = torch.equal(fused, fold.result())
+        ref = torch.mm(dy2.t().double(), x2.double())
+        scale = ref.abs().max().item()
+        res["fused_max_rel_err"] = (fused.double() - ref).abs().max().item() / scale
+        res["grouped_max_rel_err"] = (steps["grouped"]().double() - ref).abs().max().item() / scale
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--no-check", action="store_true", help="skip the bit and error checks")
+    ap.add_argument("--out", default=None, help="write the results here (JSON)")
+    ap.add_argument("--configs", default="", help="more bf16 launch configurations to time, ';'-separated "
+                    "BM,BN,BK,GROUP_M,num_warps,num_stages")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("linear_grad_bench.py: needs CUDA")
+    device = torch.device("cuda")
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c.strip()]
+    results = {}
+    print("| shape | proj | E x L | M x N | native ms | grouped ms | fused ms | fused/grouped | fused/native | "
+          "host ms grouped / fused | bits | rel err fused / grouped |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|")
+    for name in args.shapes.split(","):
+        shape = named_or_parsed_shape(name)
+        for proj, E, L, M, N in projections(shape):
+            r = bench_one(E, L, M, N, args.repeats, device, not args.no_check, configs)
+            results[f"{shape.name}/{proj}"] = r
+            torch.cuda.empty_cache()
+            print(f"| {shape.name} | {proj} | {E} x {L} | {M} x {N} | {r['native']['ms']:.3f} | "
+                  f"{r['grouped']['ms']:.3f} | {r['fused']['ms']:.3f} | {r['fused_vs_grouped']:.2f} | "
+                  f"{r['fused_vs_native']:.2f} | {r['grouped']['host_ms']:.2f} / {r['fused']['host_ms']:.2f} | "
+                  f"{r.get('fused_equals_fold_of_single_examples', '-')} | "
+                  f"{r.get('fused_max_rel_err', float('nan')):.1e} / {r.get('grouped_max_rel_err', float('nan')):.1e} |",
+                  flush=True)
+            if configs:
+                print("  configs ms: " + ", ".join(f"{k} {v:.3f}" for k, v in r["configs_ms"].items()), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

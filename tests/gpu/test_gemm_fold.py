@@ -1,0 +1,88 @@
+"""GPU: ``fold_example_gemms`` (one Triton launch for a projection's weight gradient) is the lexical fold of
+per-example partials that do not depend on the rest of the batch.
+
+Checked bit for bit: the batch result against a :class:`LexicalFold` over the kernel's own single-example results
+(so an example's partial is the same alone or in any batch, and the examples are added one at a time, example 0
+first); continuing from ``init`` against the whole batch; repeats; strided inputs. And by value against fp64.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import bits_equal  # noqa: E402
+
+CASES = [  # E, L, M, N: unaligned M/N/L, L below one K block, a single example, S5's in_proj width
+    (9, 300, 136, 1000),
+    (3, 37, 5, 260),
+    (1, 1000, 300, 129),
+    (4, 20, 3224, 96),
+]
+
+
+def _inputs(E, L, M, N, dtype, seed=5):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dy = torch.randn(E, L, M, device="cuda", generator=g).to(dtype)
+    x = torch.randn(E, L, N, device="cuda", generator=g).to(dtype)
+    return dy, x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("E,L,M,N", CASES)
+def test_fold_example_gemms_is_the_fold_of_single_example_partials(dtype, E, L, M, N):
+    from ordered_ssd.fold import LexicalFold, fold_example_gemms
+
+    dy, x = _inputs(E, L, M, N, dtype)
+    got = fold_example_gemms(dy, x)
+    assert got.dtype == torch.float32 and got.shape == (M, N)
+    fold = LexicalFold(torch.float32)
+    for e in range(E):
+        fold.add(fold_example_gemms(dy[e:e + 1], x[e:e + 1]))
+    assert bits_equal(got, fold.result())
+    for _ in range(5):
+        assert bits_equal(fold_example_gemms(dy, x), got)
+    if E > 1:
+        k = E // 2
+        assert bits_equal(fold_example_gemms(dy[k:], x[k:], init=fold_example_gemms(dy[:k], x[:k])), got)
+    ref = torch.einsum("elm,eln->mn", dy.double(), x.double())
+    # fp32 sums (bf16/fp16 products are exact; fp32 ones must not be TF32, which would miss this by ~10x)
+    assert (got.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_fold_example_gemms_strided_inputs_and_the_linear_grad():
+    """Transposed and sliced inputs give the bits of contiguous copies; ``ordered_linear_weight_grad`` on CUDA
+    is this fold cast to the weight dtype."""
+    from ordered_ssd.fold import fold_example_gemms
+    from ordered_ssd.native import ordered_linear_weight_grad
+
+    dy, x = _inputs(5, 200, 130, 70, torch.bfloat16, seed=9)
+    ref = fold_example_gemms(dy, x)
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)  # [E, L, N] with stride(2) = L
+    wide = torch.zeros(5, 200, 150, device="cuda", dtype=torch.bfloat16)
+    wide[..., 10:140] = dy  # a slice with row stride 150
+    assert bits_equal(fold_example_gemms(wide[..., 10:140], xt), ref)
+    dW, db = ordered_linear_weight_grad(dy, x, torch.bfloat16, torch.float32)
+    assert bits_equal(dW, ref.to(torch.bfloat16))
+    assert torch.allclose(db.double(), dy.double().sum((0, 1)), rtol=1e-5, atol=1e-4)
+
+
+def test_long_sequences_take_one_cublas_gemm_per_example():
+    """From ``LINEAR_FUSED_BELOW_L`` positions the weight gradient is one fp32-output cuBLAS GEMM per example,
+    folded in groups: the bits of one GEMM and one add per example, for any group size."""
+    from ordered_ssd.fold import LexicalFold
+    from ordered_ssd.native import LINEAR_FUSED_BELOW_L, linear_weight_grad_is_fused, ordered_linear_weight_grad
+
+    E, L, M, N = 3, LINEAR_FUSED_BELOW_L, 72, 40
+    dy, x = _inputs(E, L, M, N, torch.bfloat16, seed=11)
+    assert not linear_weight_grad_is_fused(dy, torch.float32)
+    assert linear_weight_grad_is_fused(dy[:, :L - 1], torch.float32)
+    fold = LexicalFold(torch.float32)
+    for e in range(E):
+        fold.add(torch.mm(dy[e].t(), x[e], out_dtype=torch.float32))
+    ref = fold.result()
+    slot = -(-M * N // 64) * 64
+    for group_bytes in (1, 4 * slot * 2, 1 << 40):  # groups of 1, 2 and all 3
+        dW, _ = ordered_linear_weight_grad(dy, x, torch.float32, group_bytes=group_bytes)
+        assert bits_equal(dW, ref), group_bytes
