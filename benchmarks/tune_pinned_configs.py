@@ -63,6 +63,8 @@ def build_jobs(args):
                     if role == "fp32" and dt != "float32":
                         continue
                     tag = (kernel, tuple(sorted(key.items())), dt)
+                    if args.kernels and kernel not in args.kernels.split(","):
+                        continue
                     if tag not in seen:
                         seen.add(tag)
                         jobs.append((kernel, dict(key), dt))
@@ -197,7 +199,9 @@ def phase2(jobs, cands, status, deadline, sizes):
         for i, c in enumerate(cands[kernel]):
             st = status.get((kernel, json.dumps(key, sort_keys=True), dt, i), "not compiled")
             row = {"candidate": _cfg_dict(c), "compile": st}
-            if st == "ok" and time.time() < deadline:
+            if st == "ok" and time.time() >= deadline:
+                row["timing"] = "skipped: budget"
+            elif st == "ok":
                 try:
                     p = _problem(kernel, key, dt, cache, sizes)
                     cfg = _cfg_dict(c)
@@ -214,7 +218,10 @@ def phase2(jobs, cands, status, deadline, sizes):
             rows.append(row)
         valid = [r for r in rows if "ms" in r]
         tk = table_key(arch, dt, kernel, key)
-        if valid:
+        cut = sum(1 for r in rows if r.get("timing") == "skipped: budget")
+        if cut:  # a partial search would replace a complete one with its first candidates: keep it out
+            _log(f"{tk}: {cut} of {len(rows)} candidates not timed (budget): not written")
+        elif valid:
             best = min(valid, key=lambda r: r["ms"])
             table[tk] = best["candidate"]
             rule = rule_config(kernel).as_dict()
@@ -262,6 +269,7 @@ def main():
     ap.add_argument("--problem-nheads", type=int, default=16,
                     help="nheads of the timed problems (keys that contain nheads use their own)")
     ap.add_argument("--ngroups", type=int, default=1, help="ngroups of the timed problems")
+    ap.add_argument("--kernels", default="", help="comma list: tune only these kernels (default: all)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="print the (kernel, key, dtype) jobs and the problem sizes, then exit (no GPU needed; "
                          "lists every job: --skip-existing needs the GPU's arch)")

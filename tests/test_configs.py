@@ -78,6 +78,10 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
     keys = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1].rsplit(" ", 1)[0]) for ln in lines[:-1]}
     assert keys["chunk_state_fwd"] == {"chunk_size": 256, "dstate": 64, "hdim": 64}
     assert keys["chunk_cumsum_fwd"] == {"chunk_size": 256, "nheads": 24}
+    res = subprocess.run(cmd + ["--kernels", "chunk_state_fwd,chunk_cumsum_bwd"], capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert [ln.split(" ", 1)[0] for ln in res.stdout.strip().splitlines()[:-1]] == ["chunk_cumsum_bwd",
+                                                                                  "chunk_state_fwd"]
     for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups")):
         res = subprocess.run([sys.executable, script, "--list-jobs", *bad], capture_output=True, text=True,
                              timeout=120, cwd=root)
@@ -151,6 +155,8 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     assert table == {cfgs.table_key("sm_90", "bfloat16", "chunk_state_fwd", key):
                      {"BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 2}}  # the faster candidate
     assert tuner.describe_sizes(sizes) == "batch 8, seqlen 16 * chunk_size, nheads 64 (unless keyed), ngroups 2"
+    table, report = tuner.phase2(jobs, cands, status, 0.0, sizes)  # past the deadline: the search is cut short
+    assert table == {} and [r.get("timing") for r in report[0]["rows"]] == ["skipped: budget"] * 2
 
 
 def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):
