@@ -33,8 +33,8 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
     Args:
         device: the compute device.
         world_size: number of data-parallel ranks.
-        native: include the native-kernel configuration (mamba-ssm / causal-conv1d versions and the
-            ``csrc_bindings`` table fingerprint). ``None`` (default): exactly when ``OrderedMamba2`` would take
+        native: include the native-kernel configuration (mamba-ssm / causal-conv1d versions, the
+            ``csrc_bindings`` table fingerprint and ordered-ssd's reduction algorithms, ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
             the native path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
     """
     device = torch.device(device)
@@ -58,6 +58,9 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
             info["mamba-ssm"] = v["mamba-ssm"]
             info["causal-conv1d"] = v["causal-conv1d"]
             info["pinned_configs"] = csrc_bindings.fingerprint()
+            from .native import reduction_fingerprint
+
+            info["reduction"] = reduction_fingerprint()
     return info
 
 

@@ -13,6 +13,8 @@ Source: mamba-ssm 2.3.2.post1 ``ssd_combined._mamba_chunk_scan_combined_fwd/_bwd
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Dict, Optional, Tuple
 
@@ -207,6 +209,21 @@ LINEAR_GROUP_BYTES = 64 << 20
 #: a per-example GEMM is long enough, and cuBLAS splits it over the GPU where the fused kernel's tiles are too few
 #: (bench S4, L 65536: 1.3 ms fused against 0.75 ms). Measured with ``benchmarks/linear_grad_bench.py``.
 LINEAR_FUSED_BELOW_L = 8192
+
+
+#: Version of ordered-ssd's own reduction algorithms on the native path; raised whenever a change gives other bits
+#: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
+#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`.
+REDUCTION_VERSION = 2
+
+
+def reduction_fingerprint() -> str:
+    """``"v{REDUCTION_VERSION} gemm={hash}"``: the native path's reduction algorithms and their pinned settings
+    (:data:`~ordered_ssd.fold.GEMM_FOLD_CONFIGS`, :data:`LINEAR_FUSED_BELOW_L`); part of the determinism
+    fingerprint."""
+    settings = json.dumps({"configs": {str(k): list(v) for k, v in GEMM_FOLD_CONFIGS.items()},
+                           "fused_below_l": LINEAR_FUSED_BELOW_L}, sort_keys=True)
+    return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
 
 def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,

@@ -155,3 +155,30 @@ def test_fold_example_gemms_rejects_bad_input():
         fold_example_gemms(a, b, init=torch.zeros(5, 4))
     with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
         fold_example_gemms([1], b)
+
+
+def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
+    import ordered_ssd.fold as fold
+    import ordered_ssd.native as native
+
+    base = native.reduction_fingerprint()
+    assert base.startswith(f"v{native.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
+    monkeypatch.setattr(native, "LINEAR_FUSED_BELOW_L", native.LINEAR_FUSED_BELOW_L * 2)
+    longer = native.reduction_fingerprint()
+    monkeypatch.setattr(fold, "GEMM_FOLD_CONFIGS", {**fold.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
+    monkeypatch.setattr(native, "GEMM_FOLD_CONFIGS", fold.GEMM_FOLD_CONFIGS)
+    assert len({base, longer, native.reduction_fingerprint()}) == 3
+
+
+def test_native_fingerprint_includes_the_reduction(monkeypatch):
+    """The CUDA branch of the determinism fingerprint, with the device queries faked (no GPU needed)."""
+    import csrc_bindings
+    from ordered_ssd.fingerprint import determinism_fingerprint
+    from ordered_ssd.native import reduction_fingerprint
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
+    monkeypatch.setattr(csrc_bindings, "fingerprint", lambda: "csrc_bindings/fake")
+    info = determinism_fingerprint("cuda:0", native=True)
+    assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
+    assert "reduction" not in determinism_fingerprint("cuda:0", native=False)
