@@ -5,7 +5,8 @@ out_proj sizes (bf16 inputs, as under autocast).
 For each shape and projection:
 - ``native``: one bf16 GEMM over all ``B * L`` positions, what ``Mamba2``'s backward does (not ordered);
 - ``grouped``: one fp32-output cuBLAS GEMM per example into group slots plus fold launches (the path before
-  :func:`ordered_ssd.fold.fold_example_gemms`; still the path off CUDA);
+  :func:`ordered_ssd.fold.fold_example_gemms`; still the path for ``L >= LINEAR_FUSED_BELOW_L``, fp64 and off
+  CUDA);
 - ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch.
 
 GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.bench.time_interleaved`), host ms to enqueue.
@@ -114,7 +115,8 @@ def main():
                   f"{r['grouped']['ms']:.3f} | {r['fused']['ms']:.3f} | {r['fused_vs_grouped']:.2f} | "
                   f"{r['fused_vs_native']:.2f} | {r['grouped']['host_ms']:.2f} / {r['fused']['host_ms']:.2f} | "
                   f"{r.get('fused_equals_fold_of_single_examples', '-')} | "
-                  f"{r.get('fused_max_rel_err', float('nan')):.1e} / {r.get('grouped_max_rel_err', float('nan')):.1e} |",
+                  f"{r.get('fused_max_rel_err', float('nan')):.1e} / "
+                  f"{r.get('grouped_max_rel_err', float('nan')):.1e} |",
                   flush=True)
             if configs:
                 print("  configs ms: " + ", ".join(f"{k} {v:.3f}" for k, v in r["configs_ms"].items()), flush=True)

@@ -218,9 +218,12 @@ def phase2(jobs, cands, status, deadline, sizes):
             rows.append(row)
         valid = [r for r in rows if "ms" in r]
         tk = table_key(arch, dt, kernel, key)
-        cut = sum(1 for r in rows if r.get("timing") == "skipped: budget")
-        if cut:  # a partial search would replace a complete one with its first candidates: keep it out
-            _log(f"{tk}: {cut} of {len(rows)} candidates not timed (budget): not written")
+        # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
+        # candidates it reached: keep it out
+        cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
+                  or r["compile"] in ("skipped: budget", "not compiled"))
+        if cut:
+            _log(f"{tk}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
         elif valid:
             best = min(valid, key=lambda r: r["ms"])
             table[tk] = best["candidate"]
@@ -282,6 +285,15 @@ def main():
     for name in ("batch", "seqlen_chunks", "problem_nheads", "ngroups"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+    if args.kernels:
+        from csrc_bindings._configs import layer_keys
+        known = {k for k, _, _ in layer_keys(chunk_size=256, headdim=64, dstate=128, nheads=64,
+                                             d_nonssm=args.swiglu_cols or 1)}
+        asked = [k.strip() for k in args.kernels.split(",") if k.strip()]
+        unknown = [k for k in asked if k not in known]
+        if unknown or not asked:
+            ap.error(f"--kernels: expected names from {sorted(known)}, got {unknown or args.kernels!r}")
+        args.kernels = ",".join(asked)
     if args.problem_nheads % args.ngroups:
         ap.error(f"--problem-nheads ({args.problem_nheads}) must be a multiple of --ngroups ({args.ngroups})")
     if args.list_jobs:

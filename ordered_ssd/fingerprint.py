@@ -34,7 +34,8 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
         device: the compute device.
         world_size: number of data-parallel ranks.
         native: include the native-kernel configuration (mamba-ssm / causal-conv1d versions, the
-            ``csrc_bindings`` table fingerprint and ordered-ssd's reduction algorithms, ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
+            ``csrc_bindings`` table fingerprint and ordered-ssd's reduction algorithms,
+            ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
             the native path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
     """
     device = torch.device(device)

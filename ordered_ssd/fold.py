@@ -284,13 +284,21 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
 
 # ------------------------------------------------------------------------------------ fused GEMM partials
 #: Pinned launch configuration of :func:`fold_example_gemms`'s kernel per input dtype:
-#: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``. ``BK`` fixes how the positions of an example are blocked
-#: (and so the bits of its partial); the others change speed only. Fixed, never timed.
-GEMM_FOLD_CONFIGS = {  # bf16/fp16: the fastest of 7 tried on an H200 at the bench shapes (docs/performance.md)
+#: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``; ``BK`` is how many positions of an example one tensor-core
+#: step takes. Fixed, never timed. The bits of the partials are those of this configuration: it is hashed into
+#: the determinism fingerprint (:func:`ordered_ssd.native.reduction_fingerprint`).
+GEMM_FOLD_CONFIGS = {  # bf16/fp16: of 7 tried on an H200, the fastest in total over the bench shapes that take
+    # this path (S1, S2, S3, S5; docs/performance.md)
     torch.bfloat16: (128, 128, 64, 8, 8, 4),
     torch.float16: (128, 128, 64, 8, 8, 4),
     torch.float32: (64, 64, 32, 8, 4, 2),
 }
+
+
+def _tile_offsets_overflow(t: torch.Tensor, BK: int) -> bool:
+    """Whether the largest in-tile element offset of ``t`` [E, L, W] (``(W - 1) * stride(2) + BK * stride(1)``)
+    exceeds the 32-bit range of the kernel's tile offsets."""
+    return (t.shape[2] - 1) * abs(t.stride(2)) + BK * abs(t.stride(1)) >= 2 ** 31
 
 
 def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -307,8 +315,9 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
         ``[M, N]`` in fp32 (fp64 for fp64 inputs).
 
     Raises:
-        TypeError: ``a``/``b`` not tensors, or of different or non-float dtypes.
-        ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, or different devices.
+        TypeError: ``a``/``b``/``init`` not tensors, of non-float dtypes, or ``a`` and ``b`` of different dtypes.
+        ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, different devices, or (CUDA) a
+            width so large that ``BK`` rows of it overflow 32-bit offsets.
 
     On CUDA (bf16/fp16/fp32) this is one Triton launch: each program owns a tile of ``out`` and loops over the
     examples in order; for example ``e`` it computes the partial from example ``e`` alone (blocks of ``BK``
@@ -323,16 +332,25 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name}: expected a 3-d tensor [E, L, *], got shape {tuple(t.shape)}")
-    if a.dtype != b.dtype or not a.dtype.is_floating_point:
-        raise TypeError(f"b: expected the float dtype of a ({a.dtype}), got {b.dtype}")
+    if not a.dtype.is_floating_point:
+        raise TypeError(f"a: expected a float dtype, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
     if a.shape[:2] != b.shape[:2]:
         raise ValueError(f"b: expected [E, L] = {tuple(a.shape[:2])} as in a, got {tuple(b.shape[:2])}")
     if a.device != b.device:
         raise ValueError(f"b: expected device {a.device} as a, got {b.device}")
     E, L, M = a.shape
     N = b.shape[2]
-    if init is not None and tuple(init.shape) != (M, N):
-        raise ValueError(f"init: expected shape {(M, N)}, got {tuple(init.shape)}")
+    if init is not None:
+        if not isinstance(init, torch.Tensor):
+            raise TypeError(f"init: expected a torch.Tensor or None, got {type(init).__name__}")
+        if not init.dtype.is_floating_point:
+            raise TypeError(f"init: expected a float dtype, got {init.dtype}")
+        if tuple(init.shape) != (M, N):
+            raise ValueError(f"init: expected shape {(M, N)}, got {tuple(init.shape)}")
+        if init.device != a.device:
+            raise ValueError(f"init: expected device {a.device} as a, got {init.device}")
     acc_dtype = accumulation_dtype(a.dtype)
     if a.device.type != "cuda" or a.dtype not in GEMM_FOLD_CONFIGS:
         folder = LexicalFold(acc_dtype)
@@ -347,11 +365,13 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     triton, _, _, gemm_fold_kernel = _triton_fold_kernels()
     BM, BN, BK, GROUP_M, num_warps, num_stages = GEMM_FOLD_CONFIGS[a.dtype]
     # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
-    if (M - 1) * abs(a.stride(2)) + BK * abs(a.stride(1)) >= 2 ** 31:
-        a = a.contiguous()
-    if (N - 1) * abs(b.stride(2)) + BK * abs(b.stride(1)) >= 2 ** 31:
-        b = b.contiguous()
-    init_c = init.to(device=a.device).contiguous() if init is not None else out
+    a = a.contiguous() if _tile_offsets_overflow(a, BK) else a
+    b = b.contiguous() if _tile_offsets_overflow(b, BK) else b
+    for name, t in (("a", a), ("b", b)):
+        if _tile_offsets_overflow(t, BK):
+            raise ValueError(f"{name}: expected BK * width < 2**31 elements for 32-bit tile offsets, got width "
+                             f"{t.shape[2]}")
+    init_c = init.contiguous() if init is not None else out
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
     with torch.cuda.device(a.device):
         gemm_fold_kernel[grid](a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0),

@@ -43,7 +43,8 @@ def _not_supported(**kwargs) -> None:
 
 # ------------------------------------------------------------------------------------------- linear
 class OrderedLinearFunction(torch.autograd.Function):
-    """``y = x W^T + b`` with ``dW``, ``db`` lexical fp32 folds of per-example cuBLAS GEMMs (fp32 output)."""
+    """``y = x W^T + b`` with ``dW``, ``db`` lexical fp32 folds over examples
+    (:func:`~ordered_ssd.native.ordered_linear_weight_grad`)."""
 
     @staticmethod
     @custom_fwd

@@ -205,9 +205,9 @@ LINEAR_GROUP_BYTES = 64 << 20
 
 #: Sequence length from which :func:`ordered_linear_weight_grad` runs one cuBLAS GEMM per example instead of the
 #: fused one-launch fold (:func:`~ordered_ssd.fold.fold_example_gemms`). Short sequences: the per-example launches
-#: cost more host time than the GPU work they do (bench S5: 128 GEMMs, 5.7 ms of host time per step); long ones:
-#: a per-example GEMM is long enough, and cuBLAS splits it over the GPU where the fused kernel's tiles are too few
-#: (bench S4, L 65536: 1.3 ms fused against 0.75 ms). Measured with ``benchmarks/linear_grad_bench.py``.
+#: cost host time (bench S5: 128 GEMM launches per step) and the fused kernel was faster on the GPU too at
+#: L = 4096 (S2, S3); long ones: the fused kernel's tiles are too few for the long loop (bench S4, L 65536: in_proj
+#: 1.82 ms fused against 0.75 ms). Nothing between 4096 and 65536 was timed (``benchmarks/linear_grad_bench.py``).
 LINEAR_FUSED_BELOW_L = 8192
 
 

@@ -78,11 +78,12 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
     keys = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1].rsplit(" ", 1)[0]) for ln in lines[:-1]}
     assert keys["chunk_state_fwd"] == {"chunk_size": 256, "dstate": 64, "hdim": 64}
     assert keys["chunk_cumsum_fwd"] == {"chunk_size": 256, "nheads": 24}
-    res = subprocess.run(cmd + ["--kernels", "chunk_state_fwd,chunk_cumsum_bwd"], capture_output=True, text=True,
+    res = subprocess.run(cmd + ["--kernels", "chunk_state_fwd, chunk_cumsum_bwd"], capture_output=True, text=True,
                          timeout=120, cwd=root)
     assert [ln.split(" ", 1)[0] for ln in res.stdout.strip().splitlines()[:-1]] == ["chunk_cumsum_bwd",
                                                                                   "chunk_state_fwd"]
-    for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups")):
+    for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups"),
+                        (["--kernels", "chunk_state_fwd,no_such_kernel"], "got ['no_such_kernel']")):
         res = subprocess.run([sys.executable, script, "--list-jobs", *bad], capture_output=True, text=True,
                              timeout=120, cwd=root)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
@@ -157,6 +158,12 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     assert tuner.describe_sizes(sizes) == "batch 8, seqlen 16 * chunk_size, nheads 64 (unless keyed), ngroups 2"
     table, report = tuner.phase2(jobs, cands, status, 0.0, sizes)  # past the deadline: the search is cut short
     assert table == {} and [r.get("timing") for r in report[0]["rows"]] == ["skipped: budget"] * 2
+    for lost in ("skipped: budget", "not compiled"):  # phase 1 cut short: the faster candidate never compiled
+        cut = {k: (lost if k[3] == 1 else v) for k, v in status.items()}
+        if lost == "not compiled":
+            cut = {k: v for k, v in status.items() if k[3] != 1}
+        table, report = tuner.phase2(jobs, cands, cut, float("inf"), sizes)
+        assert table == {} and "ms" in report[0]["rows"][0] and "ms" not in report[0]["rows"][1], lost
 
 
 def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):

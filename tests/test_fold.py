@@ -147,14 +147,33 @@ def test_fold_example_gemms_rejects_bad_input():
     a, b = torch.zeros(2, 3, 4), torch.zeros(2, 3, 5)
     with pytest.raises(ValueError, match="a: expected a 3-d"):
         fold_example_gemms(a[0], b)
-    with pytest.raises(TypeError, match="b: expected the float dtype"):
+    with pytest.raises(TypeError, match=r"b: expected the dtype of a \(torch.float32\), got torch.float64"):
         fold_example_gemms(a, b.double())
+    with pytest.raises(TypeError, match="a: expected a float dtype, got torch.int64"):
+        fold_example_gemms(a.long(), b.long())
+    with pytest.raises(ValueError, match="b: expected device cpu as a, got meta"):
+        fold_example_gemms(a, b.to("meta"))
+    with pytest.raises(ValueError, match="init: expected device cpu as a, got meta"):
+        fold_example_gemms(a, b, init=torch.zeros(4, 5, device="meta"))
+    with pytest.raises(TypeError, match="init: expected a torch.Tensor or None, got list"):
+        fold_example_gemms(a, b, init=[0.0])
+    with pytest.raises(TypeError, match="init: expected a float dtype, got torch.int32"):
+        fold_example_gemms(a, b, init=torch.zeros(4, 5, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"b: expected \[E, L\] = \(2, 3\)"):
         fold_example_gemms(a, b[:, :2])
     with pytest.raises(ValueError, match=r"init: expected shape \(4, 5\)"):
         fold_example_gemms(a, b, init=torch.zeros(5, 4))
     with pytest.raises(TypeError, match="a: expected a torch.Tensor"):
         fold_example_gemms([1], b)
+
+
+def test_tile_offset_guard():
+    from ordered_ssd.fold import _tile_offsets_overflow
+
+    assert not _tile_offsets_overflow(torch.empty(2, 3, 5), 64)
+    wide = torch.empty(1, 4, 2 ** 25, device="meta")  # rows of 2**25 elements: 64 rows reach 2**31
+    assert _tile_offsets_overflow(wide, 64) and not _tile_offsets_overflow(wide, 63)
+    assert _tile_offsets_overflow(torch.empty(1, 2 ** 25, 65, device="meta").transpose(1, 2), 1)  # (W-1) * stride
 
 
 def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
