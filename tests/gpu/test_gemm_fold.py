@@ -68,19 +68,35 @@ def test_fold_example_gemms_strided_inputs_and_the_linear_grad():
     assert torch.allclose(db.double(), dy.double().sum((0, 1)), rtol=1e-5, atol=1e-4)
 
 
-def test_long_sequences_take_one_cublas_gemm_per_example():
+def test_empty_batch_and_negative_zero_init():
+    """No example: the result is +0.0 + init (a -0.0 init comes back as +0.0, as LexicalFold's start value gives)."""
+    from ordered_ssd.fold import fold_example_gemms
+
+    dy, x = _inputs(0, 50, 130, 70, torch.bfloat16)
+    assert bits_equal(fold_example_gemms(dy, x), torch.zeros(130, 70, device="cuda"))
+    init = torch.full((130, 70), -0.0, device="cuda")
+    assert bits_equal(fold_example_gemms(dy, x, init=init), torch.zeros(130, 70, device="cuda"))
+    dy1, x1 = _inputs(1, 50, 130, 70, torch.bfloat16)
+    assert bits_equal(fold_example_gemms(dy1, x1, init=init), fold_example_gemms(dy1, x1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_long_sequences_take_one_cublas_gemm_per_example(dtype):
     """From ``LINEAR_FUSED_BELOW_L`` positions the weight gradient is one fp32-output cuBLAS GEMM per example,
     folded in groups: the bits of one GEMM and one add per example, for any group size."""
     from ordered_ssd.fold import LexicalFold
     from ordered_ssd.native import LINEAR_FUSED_BELOW_L, linear_weight_grad_is_fused, ordered_linear_weight_grad
 
     E, L, M, N = 3, LINEAR_FUSED_BELOW_L, 72, 40
-    dy, x = _inputs(E, L, M, N, torch.bfloat16, seed=11)
+    dy, x = _inputs(E, L, M, N, dtype, seed=11)
     assert not linear_weight_grad_is_fused(dy, torch.float32)
     assert linear_weight_grad_is_fused(dy[:, :L - 1], torch.float32)
     fold = LexicalFold(torch.float32)
     for e in range(E):
-        fold.add(torch.mm(dy[e].t(), x[e], out_dtype=torch.float32))
+        if dtype == torch.float32:
+            fold.add(torch.mm(dy[e].t(), x[e]))
+        else:
+            fold.add(torch.mm(dy[e].t(), x[e], out_dtype=torch.float32))
     ref = fold.result()
     slot = -(-M * N // 64) * 64
     for group_bytes in (1, 4 * slot * 2, 1 << 40):  # groups of 1, 2 and all 3
