@@ -54,6 +54,7 @@ def build_jobs(args):
     """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order."""
     from csrc_bindings._configs import layer_keys
     jobs, seen = [], set()
+    wanted = set(args.kernels.split(",")) if args.kernels else None
     for shape in args.shapes.split(","):
         cs, p, n = (int(v) for v in shape.split("x"))
         for nh in (int(v) for v in args.nheads.split(",")):
@@ -63,7 +64,7 @@ def build_jobs(args):
                     if role == "fp32" and dt != "float32":
                         continue
                     tag = (kernel, tuple(sorted(key.items())), dt)
-                    if args.kernels and kernel not in args.kernels.split(","):
+                    if wanted is not None and kernel not in wanted:
                         continue
                     if tag not in seen:
                         seen.add(tag)

@@ -281,8 +281,8 @@ def _linear_weight_grad(dy, x, weight_dtype, bias_dtype, group_bytes):
 
 
 def _weight_grad_grouped(dy, x, weight_dtype, group_bytes):
-    """The weight gradient off CUDA (and for fp64): one GEMM per example into a slot of a group buffer, one fold
-    launch per group."""
+    """The weight gradient where it is not fused (sequences of ``LINEAR_FUSED_BELOW_L`` positions or more, fp64,
+    off CUDA): one GEMM per example into a slot of a group buffer, one fold launch per group."""
     Bsz, _, out_f = dy.shape
     in_f = x.shape[-1]
     acc_w = accumulation_dtype(weight_dtype)
