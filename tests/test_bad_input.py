@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import make_layer
+from tests.helpers import make_layer
 from ordered_ssd import OrderedMamba2
 
 BASE = dict(d_model=16, d_state=8, headdim=8, chunk_size=8)

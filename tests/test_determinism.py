@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from helpers import bits_equal, grads_of, make_layer, sha256
+from tests.helpers import bits_equal, grads_of, make_layer, sha256
 from ordered_ssd.fold import lexical_fold
 from ordered_ssd.ordered_reference import ordered_reference_mamba2_bwd
 
@@ -45,9 +45,9 @@ def test_gradients_identical_in_a_fresh_process():
     """The same step in a new interpreter gives the same SHA-256 of every gradient."""
     script = textwrap.dedent(f"""
         import json, sys, torch
-        sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from helpers import make_layer, sha256
-        from test_determinism import _step, CFG
+        sys.path.insert(0, {ROOT!r})
+        from tests.helpers import make_layer, sha256
+        from tests.test_determinism import _step, CFG
         layer = make_layer(seed=11, dtype=torch.float32, **CFG)
         torch.manual_seed(12)
         u = torch.randn(4, 37, CFG["d_model"], dtype=torch.float32)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import bits_equal
+from tests.helpers import bits_equal
 from ordered_ssd.fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum, lexical_fold
 
 

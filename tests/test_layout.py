@@ -14,11 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import bits_equal  # noqa: E402
+from tests.helpers import bits_equal
 
-import csrc_bindings.conv1d as conv1d  # noqa: E402
-from csrc_bindings import _layout  # noqa: E402
+import csrc_bindings.conv1d as conv1d
+from csrc_bindings import _layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

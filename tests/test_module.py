@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import make_layer
+from tests.helpers import make_layer
 from ordered_ssd import OrderedMamba2
 from ordered_ssd.reference import reference_mamba2_layer
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import make_layer, rel_err
+from tests.helpers import make_layer, rel_err
 from ordered_ssd.reference import (
     reference_causal_conv1d,
     reference_chunk_scan,

@@ -181,9 +181,7 @@ def _compare_kernels(with_conv=True):
 
 def _fp64_reference(kernel, p):
     """The fp64 oracle (``tests/gpu/fp64_refs.py``) for ``kernel`` on the same values as ``p``."""
-    if str(THIS.parent) not in sys.path:
-        sys.path.insert(0, str(THIS.parent))
-    from fp64_refs import reference
+    from tests.gpu.fp64_refs import reference
     sidx = _seq_idx(p) if kernel.endswith("seq_idx") else None
     return reference(kernel, p, seq_idx=sidx)
 

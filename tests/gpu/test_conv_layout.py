@@ -8,14 +8,11 @@ causal-conv1d's channel-first backward. That is the algorithm it replaced for ev
 reference here takes the channel-first kernel for length 1 too, as the library now does. Checked for every group size, aligned and unaligned ``D * L``, packed sequences, and the layer's layout
 (a channel-last slice of ``zxbcdt``). And a double backward through the ordered Functions raises.
 """
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import bits_equal  # noqa: E402
+from tests.helpers import bits_equal
 
 
 def _old_algorithm(x, w, b, dout, segments, silu=True):

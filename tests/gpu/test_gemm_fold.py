@@ -5,14 +5,11 @@ Checked bit for bit: the batch result against a :class:`LexicalFold` over the ke
 (so an example's partial is the same alone or in any batch, and the examples are added one at a time, example 0
 first); continuing from ``init`` against the whole batch; repeats; strided inputs. And by value against fp64.
 """
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import bits_equal  # noqa: E402
+from tests.helpers import bits_equal
 
 CASES = [  # E, L, M, N: unaligned M/N/L, L below one K block, a single example, S5's in_proj width
     (9, 300, 136, 1000),

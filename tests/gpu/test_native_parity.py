@@ -3,17 +3,14 @@
 Also checks the recorded CPU layouts of tests/test_module.py against the real native module. Outputs and
 gradients against native are in test_ordered_native.py.
 """
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import bits_equal  # noqa: E402
-from test_module import RECORDED  # noqa: E402
+from tests.helpers import bits_equal
+from tests.test_module import RECORDED
 
-from ordered_ssd import OrderedMamba2  # noqa: E402
+from ordered_ssd import OrderedMamba2
 
 CONFIGS = [
     dict(d_model=256, d_state=64, headdim=32, chunk_size=64),

@@ -9,10 +9,9 @@ import textwrap
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import bits_equal, rel_err, sha256  # noqa: E402
+from tests.helpers import bits_equal, rel_err, sha256
 
-from ordered_ssd import OrderedMamba2  # noqa: E402
+from ordered_ssd import OrderedMamba2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPEATS = 100
@@ -196,9 +195,9 @@ def test_training_leaves_native_modules_untouched():
 def test_bits_equal_in_two_fresh_processes(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys, torch
-        sys.path.insert(0, {os.path.join(ROOT, 'tests')!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests', 'gpu')!r})
-        from test_ordered_native import _make, _inputs, _step, GRID
-        from helpers import sha256
+        sys.path.insert(0, {ROOT!r})
+        from tests.gpu.test_ordered_native import _make, _inputs, _step, GRID
+        from tests.helpers import sha256
         d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
         layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
         u, dout = _inputs(layer, 3, L, dtype)

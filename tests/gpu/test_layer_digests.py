@@ -1,0 +1,21 @@
+"""The CUDA path gives the bits recorded on the H200 before the renovation (tests/data/layer_digests.json).
+
+The digests are of one GPU model (the H200 of the gate, sm_90) and the versions in docs/native.md; on another GPU
+model the pinned configurations and cuBLAS choices may differ, so the test runs only on sm_90.
+"""
+import pytest
+import torch
+
+from tests.layer_digests import CONFIGS, load_fixture, step_digests
+
+CUDA = [name for name, cfg in CONFIGS.items() if cfg[0] == "cuda"]
+
+
+@pytest.mark.parametrize("name", CUDA)
+def test_cuda_step_matches_recorded_digests(name):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("digests recorded on an sm_90 GPU (H200)")
+    recorded = load_fixture()[name]
+    got = step_digests(name)
+    assert sorted(got) == sorted(recorded)
+    assert {k: v for k, v in got.items() if recorded[k] != v} == {}

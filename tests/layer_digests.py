@@ -1,0 +1,102 @@
+"""SHA-256 digests of one OrderedMamba2 training step on fixed inputs: the bits the renovation must not change.
+
+Each configuration builds a layer from a seed (on the CPU, then moved), moves every parameter away from its
+constant initialisation, runs one forward and one backward with a fixed upstream gradient, and hashes the bytes of
+the output, the input gradient and every parameter gradient. Only the public API is used (``OrderedMamba2``,
+``ordered_ssd.digest.tensor_sha256``), so the digests survive a change of the package's layout.
+
+The committed fixture ``tests/data/layer_digests.json`` was recorded before the first move of the renovation
+(CPU: this machine kind, one thread; CUDA: the H200 of the GPU gate). Re-record with
+``python -m tests.layer_digests --device cpu|cuda --out FILE`` only when a change is meant to alter bits (and then
+bump the reduction version, see docs/native.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from ordered_ssd import OrderedMamba2
+from ordered_ssd.digest import tensor_sha256
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "layer_digests.json")
+
+_BASE = dict(d_model=64, d_state=32, d_conv=4, headdim=16, chunk_size=32)
+_B, _L = 3, 100  # L not a multiple of chunk_size: a partial last chunk
+
+# name -> (device, dtype, constructor options, with seq_idx, literal mode)
+CONFIGS = {
+    "cpu-fp64": ("cpu", torch.float64, {}, False, False),
+    "cpu-fp32": ("cpu", torch.float32, {}, False, False),
+    "cpu-fp32-ngroups2-seq_idx": ("cpu", torch.float32, dict(ngroups=2), True, False),
+    "cpu-fp64-D_has_hdim-no-rmsnorm-bias": ("cpu", torch.float64, dict(D_has_hdim=True, rmsnorm=False, bias=True),
+                                            False, False),
+    "cuda-bf16": ("cuda", torch.bfloat16, {}, False, False),
+    "cuda-fp16": ("cuda", torch.float16, {}, False, False),
+    "cuda-fp32": ("cuda", torch.float32, {}, False, False),
+    "cuda-bf16-ngroups2": ("cuda", torch.bfloat16, dict(ngroups=2), False, False),
+    "cuda-bf16-D_has_hdim": ("cuda", torch.bfloat16, dict(D_has_hdim=True), False, False),
+    "cuda-bf16-no-rmsnorm": ("cuda", torch.bfloat16, dict(rmsnorm=False), False, False),
+    "cuda-bf16-seq_idx": ("cuda", torch.bfloat16, {}, True, False),
+    "cuda-bf16-no-mem-eff-path": ("cuda", torch.bfloat16, dict(use_mem_eff_path=False), False, False),
+    "cuda-fp32-gated-mlp-bias-no-mem-eff": ("cuda", torch.float32, dict(d_ssm=96, bias=True, rmsnorm=False,
+                                                                       use_mem_eff_path=False), False, False),
+    "cuda-fp16-ngroups2-seq_idx-literal": ("cuda", torch.float16, dict(ngroups=2), True, True),
+}
+
+
+def step_digests(name: str) -> dict:
+    """``{tensor name: sha256}`` of one training step of configuration ``name`` (see :data:`CONFIGS`)."""
+    device, dtype, options, with_seq_idx, literal = CONFIGS[name]
+    threads = torch.get_num_threads()
+    rng = torch.random.get_rng_state()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        layer = OrderedMamba2(**_BASE, **options)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        layer = layer.to(device=device, dtype=dtype)
+        layer.literal = literal
+        u = torch.randn(_B, _L, _BASE["d_model"], generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+        dout = torch.randn(_B, _L, _BASE["d_model"], generator=gen).to(device=device, dtype=dtype)
+        seq_idx = None
+        if with_seq_idx:  # example 0: one sequence; 1: two; 2: three (a boundary inside a chunk)
+            seq_idx = torch.zeros(_B, _L, dtype=torch.int32)
+            seq_idx[1, 40:] = 1
+            seq_idx[2, 17:] = 1
+            seq_idx[2, 70:] = 2
+            seq_idx = seq_idx.to(device)
+        out = layer(u, seq_idx=seq_idx)
+        out.backward(dout)
+        result = {"out": tensor_sha256(out), "u.grad": tensor_sha256(u.grad)}
+        result.update({f"{n}.grad": tensor_sha256(p.grad) for n, p in layer.named_parameters()})
+        return result
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+
+
+def load_fixture() -> dict:
+    with open(FIXTURE) as f:
+        return json.load(f)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.layer_digests", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    ap.add_argument("--out", required=True, help="JSON file to write ({config: {tensor: sha256}})")
+    args = ap.parse_args(argv)
+    res = {name: step_digests(name) for name, cfg in CONFIGS.items() if cfg[0] == args.device}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    print(f"{len(res)} configurations written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
