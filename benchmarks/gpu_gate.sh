@@ -25,10 +25,10 @@ job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.lo
 case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
-    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/test_ordered_native.py -k bitwise_repeatable &
-    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/test_bindings.py tests/gpu/test_native_parity.py &
+    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/modules/test_mamba2_cuda.py -k bitwise_repeatable &
+    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/test_bindings.py tests/gpu/modules/test_parity_with_mamba2.py &
     job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/test_bindings.py \
-      --ignore=tests/gpu/test_native_parity.py -k "not bitwise_repeatable" &
+      --ignore=tests/gpu/modules/test_parity_with_mamba2.py -k "not bitwise_repeatable" &
     wait
     logs="gpu-grid gpu-bindings gpu-rest" ;;
   bench)

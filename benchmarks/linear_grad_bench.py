@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from ordered_ssd.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
 import ordered_ssd.fold as fold_mod  # noqa: E402
 from ordered_ssd.fold import LexicalFold, fold_example_gemms  # noqa: E402
-from ordered_ssd.native import LINEAR_GROUP_BYTES, _weight_grad_grouped  # noqa: E402
+from ordered_ssd.ops.linear import linear_weight_grad_per_example  # noqa: E402
 
 
 def projections(shape):
@@ -61,7 +61,7 @@ def bench_one(E, L, M, N, repeats, device, check, configs=()):
     dy2, x2 = dy.view(-1, M), x.view(-1, N)
     steps = {
         "native": lambda: torch.mm(dy2.t(), x2),
-        "grouped": lambda: _weight_grad_grouped(dy, x, torch.float32, LINEAR_GROUP_BYTES),
+        "grouped": lambda: linear_weight_grad_per_example(dy, x, torch.float32),
         "fused": lambda: fold_example_gemms(dy, x),
     }
     for cfg in configs:

@@ -1,10 +1,22 @@
 """ordered-ssd: bitwise-reproducible Mamba-2 training.
 
+Layout (each layer rests on the ones below it):
+
+* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer;
+* :mod:`ordered_ssd.ops` -- the ordered operations of its CUDA path, one file per upstream operation
+  (composition, autograd Function, public function), on the launchers of :mod:`csrc_bindings`;
+* :mod:`ordered_ssd.reference` -- the pure-PyTorch layer and its ordered backward (the path elsewhere, and the
+  oracle of the tests);
+* :mod:`ordered_ssd.fold` -- the order of every sum, and every setting that decides it;
+* :mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.digest`, :mod:`ordered_ssd.distributed` -- what the bits
+  depend on, digests of them, the rank-ordered data-parallel reduction;
+* :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
+
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
 state of torch or of those libraries.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
-from .mamba2 import GatedRMSNorm, OrderedMamba2
+from .modules import GatedRMSNorm, OrderedMamba2
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 

@@ -52,14 +52,14 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
         info["cuda"] = v["cuda"]
         info["triton"] = v["triton"]
         if native is None:
-            from .mamba2 import native_path_available
+            from .modules import cuda_path_available
 
-            native = native_path_available()[0]
+            native = cuda_path_available()[0]
         if native:
             info["mamba-ssm"] = v["mamba-ssm"]
             info["causal-conv1d"] = v["causal-conv1d"]
             info["pinned_configs"] = csrc_bindings.fingerprint()
-            from .native import reduction_fingerprint
+            from .fold import reduction_fingerprint
 
             info["reduction"] = reduction_fingerprint()
     return info

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers import bits_equal, grads_of, make_layer, sha256
 from ordered_ssd.fold import lexical_fold
-from ordered_ssd.ordered_reference import ordered_reference_mamba2_bwd
+from ordered_ssd.reference import ordered_reference_mamba2_bwd
 
 REPEATS = 20
 CFG = dict(d_model=32, d_state=16, headdim=16, chunk_size=16, ngroups=2, d_ssm=32, bias=True)
@@ -47,7 +47,7 @@ def test_gradients_identical_in_a_fresh_process():
         import json, sys, torch
         sys.path.insert(0, {ROOT!r})
         from tests.helpers import make_layer, sha256
-        from tests.test_determinism import _step, CFG
+        from tests.modules.test_determinism import _step, CFG
         layer = make_layer(seed=11, dtype=torch.float32, **CFG)
         torch.manual_seed(12)
         u = torch.randn(4, 37, CFG["d_model"], dtype=torch.float32)

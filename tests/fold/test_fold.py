@@ -105,7 +105,7 @@ def test_lexical_cumsum_matches_a_sequential_loop():
 def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
     """ordered_linear_weight_grad folds a group of GEMM partials per launch; any group size gives the bits of the
     per-example LexicalFold (the algorithm it replaced)."""
-    from ordered_ssd.native import ordered_linear_weight_grad
+    from ordered_ssd.ops.linear import ordered_linear_weight_grad
 
     g = torch.Generator().manual_seed(7)
     B, L, out_f, in_f = 7, 13, 5, 9  # out * in = 45: slots are padded to 64 elements
@@ -168,7 +168,7 @@ def test_fold_example_gemms_rejects_bad_input():
 
 
 def test_tile_offset_guard():
-    from ordered_ssd.fold import _tile_offsets_overflow
+    from ordered_ssd.fold.primitives import _tile_offsets_overflow
 
     assert not _tile_offsets_overflow(torch.empty(2, 3, 5), 64)
     wide = torch.empty(1, 4, 2 ** 25, device="meta")  # rows of 2**25 elements: 64 rows reach 2**31
@@ -177,23 +177,23 @@ def test_tile_offset_guard():
 
 
 def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
-    import ordered_ssd.fold as fold
-    import ordered_ssd.native as native
+    from ordered_ssd.fold import settings
 
-    base = native.reduction_fingerprint()
-    assert base.startswith(f"v{native.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
-    monkeypatch.setattr(native, "LINEAR_FUSED_BELOW_L", native.LINEAR_FUSED_BELOW_L * 2)
-    longer = native.reduction_fingerprint()
-    monkeypatch.setattr(fold, "GEMM_FOLD_CONFIGS", {**fold.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
-    monkeypatch.setattr(native, "GEMM_FOLD_CONFIGS", fold.GEMM_FOLD_CONFIGS)
-    assert len({base, longer, native.reduction_fingerprint()}) == 3
+    base = settings.reduction_fingerprint()
+    assert base == "v2 gemm=46cc7281be71"  # the value before the renovation (bits unchanged)
+    assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
+    monkeypatch.setattr(settings, "LINEAR_FUSED_BELOW_L", settings.LINEAR_FUSED_BELOW_L * 2)
+    longer = settings.reduction_fingerprint()
+    monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
+                        {**settings.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
+    assert len({base, longer, settings.reduction_fingerprint()}) == 3
 
 
 def test_native_fingerprint_includes_the_reduction(monkeypatch):
     """The CUDA branch of the determinism fingerprint, with the device queries faked (no GPU needed)."""
     import csrc_bindings
     from ordered_ssd.fingerprint import determinism_fingerprint
-    from ordered_ssd.native import reduction_fingerprint
+    from ordered_ssd.fold import reduction_fingerprint
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))

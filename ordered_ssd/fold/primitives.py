@@ -1,34 +1,15 @@
-"""The lexical fold: the one place where ordered-ssd decides the order of a gradient sum.
-
-Every gradient of a parameter that is shared across examples, chunks or tiles is computed as
-
-    g = fold(+, [p[k] for k in lexical order])      # k = (example b, chunk c, tile t), b slowest
-
-in the *accumulation dtype* (fp32, or fp64 for fp64 parameters), starting from +0.0, one addition
-at a time, and cast to the parameter dtype once, at the end. The partition into partials depends
-only on the problem shape (batch, sequence length, chunk size, tile sizes), never on the device or
-its SM count, so the rounding of the sum, and hence the bits of the gradient, are fixed.
-
-Both the CPU reference path and the GPU path reduce through :class:`LexicalFold` /
-:func:`lexical_fold`; nothing else in the package sums partials over a partition axis.
-"""
+"""The fold primitives: every sum over a partition axis in ordered-ssd goes through these (see
+:mod:`ordered_ssd.fold` for the order they implement)."""
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 import torch
 
-__all__ = ["accumulation_dtype", "LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum",
+from .settings import GEMM_FOLD_CONFIGS, accumulation_dtype
+
+__all__ = ["LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum",
            "fold_example_gemms"]
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32."""
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype: expected a torch.dtype, got {type(dtype).__name__}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class LexicalFold:
@@ -122,89 +103,13 @@ def _fold_rows_loop(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: 
     return acc
 
 
-_TRITON_FOLD = None
-
-
-def _triton_fold_kernels():
-    """The fold and the scan as Triton kernels: one program per block of output elements, a sequential loop
-    over the partition index inside. fp32 additions in the same order as :class:`LexicalFold`."""
-    global _TRITON_FOLD
-    if _TRITON_FOLD is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def fold_kernel(p_ptr, init_ptr, out_ptr, K, M, stride_k, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
-            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < M
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            if HAS_INIT:
-                acc += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            for k in range(0, K):
-                acc += tl.load(p_ptr + k.to(tl.int64) * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + offs, acc, mask=mask)
-
-        @triton.jit
-        def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
-            rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            mask = rows < R
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for i in range(0, N):
-                j = N - 1 - i if REVERSE else i
-                acc += tl.load(p_ptr + rows * N + j, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out_ptr + rows * N + j, acc, mask=mask)
-
-        @triton.jit
-        def gemm_fold_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
-                             HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                             BK: tl.constexpr, GROUP_M: tl.constexpr):
-            # one program per [BM, BN] tile of out; grouped tile order for L2 reuse (changes no value)
-            pid = tl.program_id(0)
-            num_m = tl.cdiv(M, BM)
-            num_n = tl.cdiv(N, BN)
-            width = GROUP_M * num_n
-            first_m = (pid // width) * GROUP_M
-            gsz = min(num_m - first_m, GROUP_M)
-            pid_m = first_m + (pid % width) % gsz
-            pid_n = (pid % width) // gsz
-            rm = pid_m * BM + tl.arange(0, BM)
-            rn = pid_n * BN + tl.arange(0, BN)
-            rk = tl.arange(0, BK)
-            out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-            out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            if HAS_INIT:
-                acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-            a_e = a_ptr  # example e's base pointers (pointer arithmetic is 64-bit)
-            b_e = b_ptr
-            for _ in range(0, NB):
-                # the partial of example e: K blocks of BK positions in order, fp32 accumulation
-                a_ptrs = a_e + rm[:, None] * s_am + rk[None, :] * s_al
-                b_ptrs = b_e + rk[:, None] * s_bl + rn[None, :] * s_bn
-                p = tl.zeros((BM, BN), dtype=tl.float32)
-                for k0 in range(0, L, BK):
-                    a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
-                    b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
-                    if IEEE:
-                        p = tl.dot(a, b, p, input_precision="ieee")
-                    else:
-                        p = tl.dot(a, b, p)
-                    a_ptrs += BK * s_al
-                    b_ptrs += BK * s_bl
-                acc += p  # the lexical fold: one fp32 addition per example, example 0 first
-                a_e += s_ab
-                b_e += s_bb
-            tl.store(out_ptr + out_offs, acc, mask=out_mask)
-
-        _TRITON_FOLD = (triton, fold_kernel, scan_kernel, gemm_fold_kernel)
-    return _TRITON_FOLD
-
-
 def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch.dtype) -> torch.Tensor:
     """``out[m] = fold(+, p2d[k, m] for k)`` (starting from ``init`` or +0.0), in ``acc_dtype``."""
     if p2d.device.type != "cuda" or acc_dtype != torch.float32:
         return _fold_rows_loop(p2d, init, acc_dtype)
-    triton, fold_kernel, _, _ = _triton_fold_kernels()
+    from . import kernels  # imports triton: only here, on CUDA
+
+    fold_kernel = kernels.fold_kernel
     K, M = p2d.shape
     p2d = p2d if p2d.stride(1) == 1 else p2d.contiguous()
     out = torch.empty(M, dtype=torch.float32, device=p2d.device)
@@ -213,7 +118,7 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     init_c = init.contiguous().view(-1) if init is not None else out
     BLOCK = 256
     with torch.cuda.device(p2d.device):
-        fold_kernel[(triton.cdiv(M, BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
+        fold_kernel[(-(-M // BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
                                               BLOCK=BLOCK, num_warps=4)
     return out
 
@@ -267,11 +172,13 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
     x2 = x.reshape(-1, shape[-1]).contiguous()
     R, N = x2.shape
     if t.device.type == "cuda" and acc_dtype == torch.float32 and R * N > 0:
-        triton, _, scan_kernel, _ = _triton_fold_kernels()
+        from . import kernels  # imports triton: only here, on CUDA
+
+        scan_kernel = kernels.scan_kernel
         out = torch.empty(R, N, dtype=torch.float32, device=t.device)
         BLOCK = 128
         with torch.cuda.device(t.device):
-            scan_kernel[(triton.cdiv(R, BLOCK),)](x2, out, R, N, REVERSE=reverse, BLOCK=BLOCK, num_warps=4)
+            scan_kernel[(-(-R // BLOCK),)](x2, out, R, N, REVERSE=reverse, BLOCK=BLOCK, num_warps=4)
     else:
         out = torch.empty(R, N, dtype=acc_dtype, device=t.device)
         acc = torch.zeros(R, dtype=acc_dtype, device=t.device)
@@ -283,18 +190,6 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
 
 
 # ------------------------------------------------------------------------------------ fused GEMM partials
-#: Pinned launch configuration of :func:`fold_example_gemms`'s kernel per input dtype:
-#: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``; ``BK`` is how many positions of an example one tensor-core
-#: step takes. Fixed, never timed. The bits of the partials are those of this configuration: it is hashed into
-#: the determinism fingerprint (:func:`ordered_ssd.native.reduction_fingerprint`).
-GEMM_FOLD_CONFIGS = {  # bf16/fp16: of 7 tried on an H200, the fastest in total over the bench shapes that take
-    # this path (S1, S2, S3, S5; docs/performance.md)
-    torch.bfloat16: (128, 128, 64, 8, 8, 4),
-    torch.float16: (128, 128, 64, 8, 8, 4),
-    torch.float32: (64, 64, 32, 8, 4, 2),
-}
-
-
 def _tile_offsets_overflow(t: torch.Tensor, BK: int) -> bool:
     """Whether the largest in-tile element offset of ``t`` [E, L, W] (``(W - 1) * stride(2) + BK * stride(1)``)
     exceeds the 32-bit range of the kernel's tile offsets."""
@@ -362,7 +257,9 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     if M * N == 0:
         return out
-    triton, _, _, gemm_fold_kernel = _triton_fold_kernels()
+    from . import kernels  # imports triton: only here, on CUDA
+
+    gemm_fold_kernel = kernels.gemm_fold_kernel
     BM, BN, BK, GROUP_M, num_warps, num_stages = GEMM_FOLD_CONFIGS[a.dtype]
     # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
     a = a.contiguous() if _tile_offsets_overflow(a, BK) else a
@@ -372,7 +269,7 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
             raise ValueError(f"{name}: expected BK * width < 2**31 elements for 32-bit tile offsets, got width "
                              f"{t.shape[2]}")
     init_c = init.contiguous() if init is not None else out
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    grid = (-(-M // BM) * -(-N // BN),)
     with torch.cuda.device(a.device):
         gemm_fold_kernel[grid](a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0),
                                b.stride(1), b.stride(2), HAS_INIT=init is not None, IEEE=a.dtype == torch.float32,

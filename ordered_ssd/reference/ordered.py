@@ -21,8 +21,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .fold import LexicalFold
-from .reference import Mamba2Dims, Mamba2Params, reference_mamba2_layer
+from ..fold import LexicalFold
+from .naive import Mamba2Dims, Mamba2Params, reference_mamba2_layer
 
 __all__ = [
     "ordered_reference_mamba2_fwd",

@@ -1,7 +1,7 @@
 """Pure-PyTorch reference of the Mamba-2 layer (any device; fp32 or fp64).
 
 This module is the oracle of the test-suite and the compute of ``OrderedMamba2``'s CPU path. It
-imports nothing from the native path. It is written from the state-space-duality (SSD) definition
+imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`). It is written from the state-space-duality (SSD) definition
 of Mamba-2 (Dao & Gu, "Transformers are SSMs", 2024, sections 3 and 6 — the chunked "block
 decomposition" of the semiseparable matrix) and checked in the tests against the plain per-time-step
 recurrence :func:`reference_sequential_scan`.
@@ -16,7 +16,7 @@ with the state reset to zero where ``seq_idx`` changes (packed sequences).
 
 Terms: ``B`` batch, ``L`` sequence length, ``H`` heads, ``P`` head dim, ``G`` groups, ``N`` state
 dim. All functions are differentiable with ordinary autograd; the *ordered* gradients are built
-on top of them in :mod:`ordered_ssd.ordered_reference`.
+on top of them in :mod:`ordered_ssd.reference.ordered`.
 """
 from __future__ import annotations
 

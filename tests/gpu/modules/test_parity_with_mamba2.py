@@ -1,14 +1,14 @@
 """OrderedMamba2 against mamba-ssm's Mamba2 on the GPU: layout, initialisation, state_dict both ways.
 
-Also checks the recorded CPU layouts of tests/test_module.py against the real native module. Outputs and
-gradients against native are in test_ordered_native.py.
+Also checks the recorded CPU layouts of tests/modules/test_mamba2.py against the real native module. Outputs and
+gradients against native are in test_mamba2_cuda.py.
 """
 
 import pytest
 import torch
 
 from tests.helpers import bits_equal
-from tests.test_module import RECORDED
+from tests.modules.test_mamba2 import RECORDED
 
 from ordered_ssd import OrderedMamba2
 

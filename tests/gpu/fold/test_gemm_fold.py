@@ -52,7 +52,7 @@ def test_fold_example_gemms_strided_inputs_and_the_linear_grad():
     """Transposed and sliced inputs give the bits of contiguous copies; ``ordered_linear_weight_grad`` on CUDA
     is this fold cast to the weight dtype."""
     from ordered_ssd.fold import fold_example_gemms
-    from ordered_ssd.native import ordered_linear_weight_grad
+    from ordered_ssd.ops.linear import ordered_linear_weight_grad
 
     dy, x = _inputs(5, 200, 130, 70, torch.bfloat16, seed=9)
     ref = fold_example_gemms(dy, x)
@@ -82,7 +82,8 @@ def test_long_sequences_take_one_cublas_gemm_per_example(dtype):
     """From ``LINEAR_FUSED_BELOW_L`` positions the weight gradient is one fp32-output cuBLAS GEMM per example,
     folded in groups: the bits of one GEMM and one add per example, for any group size."""
     from ordered_ssd.fold import LexicalFold
-    from ordered_ssd.native import LINEAR_FUSED_BELOW_L, linear_weight_grad_is_fused, ordered_linear_weight_grad
+    from ordered_ssd.fold import LINEAR_FUSED_BELOW_L, linear_weight_grad_is_fused
+    from ordered_ssd.ops.linear import ordered_linear_weight_grad
 
     E, L, M, N = 3, LINEAR_FUSED_BELOW_L, 72, 40
     dy, x = _inputs(E, L, M, N, dtype, seed=11)

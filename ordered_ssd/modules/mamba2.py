@@ -11,33 +11,32 @@ import math
 import torch
 import torch.nn as nn
 
-from . import _checks
-from .ordered_reference import ordered_reference_mamba2
-from .reference import Mamba2Dims, Mamba2Params
+from .. import _checks
+from ..reference import Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_gated_rmsnorm
 
-__all__ = ["OrderedMamba2", "GatedRMSNorm"]
+__all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
-_NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_native_status = None
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_cuda_status = None
 
 
-def native_path_available():
-    """``(True, "")`` if the native ordered path can run here (CUDA, triton, mamba-ssm 2.3.2.post1,
-    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once."""
-    global _native_status
-    if _native_status is None:
+def cuda_path_available():
+    """``(True, "")`` if the ordered CUDA path can run here (a CUDA device, triton, mamba-ssm 2.3.2.post1 and
+    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once per process."""
+    global _cuda_status
+    if _cuda_status is None:
         if not torch.cuda.is_available():
-            _native_status = (False, "no CUDA device")
+            _cuda_status = (False, "no CUDA device")
         else:
             try:
                 import csrc_bindings
 
                 csrc_bindings.check_native()
-                _native_status = (True, "")
+                _cuda_status = (True, "")
             except (ImportError, RuntimeError) as e:
-                _native_status = (False, str(e))
-    return _native_status
+                _cuda_status = (False, str(e))
+    return _cuda_status
 
 
 class GatedRMSNorm(nn.Module):
@@ -61,8 +60,6 @@ class GatedRMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x, z=None):
-        from .reference import reference_gated_rmsnorm
-
         group = self.group_size if self.group_size is not None else x.shape[-1]
         return reference_gated_rmsnorm(x, z, self.weight, self.eps, group, self.norm_before_gate)
 
@@ -90,11 +87,11 @@ class OrderedMamba2(nn.Module):
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
     same inputs give the same bits, and the partial of an example does not depend on the rest of
     the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
-    Compute path (:meth:`backend_for`): on CUDA with the native extras installed, mamba-ssm's Triton
-    SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations
-    (:mod:`ordered_ssd.functions`); elsewhere (CPU, or CUDA without the extras) the pure-PyTorch
-    reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run the native
-    backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
+    Compute path (:meth:`backend_for`): ``"cuda"``, on CUDA with the native extras installed:
+    mamba-ssm's Triton SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations
+    (:mod:`ordered_ssd.ops`); ``"reference"`` elsewhere (CPU, fp64, or CUDA without the extras): the
+    pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run
+    the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
     """
 
     def __init__(
@@ -236,8 +233,10 @@ class OrderedMamba2(nn.Module):
         """Apply the layer.
 
         Args:
-            u: [B, L, d_model] (or [B * L, d_model] with ``seqlen=L``), fp32 or fp64, the dtype and
-                device of ``in_proj.weight``.
+            u: [B, L, d_model] (or [B * L, d_model] with ``seqlen=L``) on the device of ``in_proj.weight``.
+                Dtype: on the CUDA path fp32, bf16 or fp16, the dtype of ``in_proj.weight`` (or any of those
+                under CUDA autocast, which then decides the compute dtype); on the reference path fp32 or fp64,
+                the dtype of ``in_proj.weight``.
             seqlen: None, or L when ``u`` is flattened to [B * L, d_model].
             seq_idx: None or [B, L] integer ids of packed sequences, non-decreasing along L; the
                 conv and the SSM state do not cross a change of id.
@@ -269,11 +268,11 @@ class OrderedMamba2(nn.Module):
         backend = self.backend_for(u)
         autocast = u.device.type == "cuda" and torch.is_autocast_enabled("cuda")
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
-                                  allowed_dtypes=_NATIVE_DTYPES if backend == "native" else _REFERENCE_DTYPES)
+                                  allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
-        if backend == "native":
-            out = self._forward_native(u, seq_idx)
+        if backend == "cuda":
+            out = self._forward_cuda(u, seq_idx)
         else:
             params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
                                     for p in self.layer_params()))
@@ -283,24 +282,24 @@ class OrderedMamba2(nn.Module):
         return out
 
     def backend_for(self, u: torch.Tensor) -> str:
-        """``"native"`` for CUDA tensors of dtype fp32/bf16/fp16 when :func:`native_path_available`, else
-        ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
-        if u.device.type == "cuda" and u.dtype != torch.float64 and native_path_available()[0]:
-            return "native"
+        """``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 when
+        :func:`cuda_path_available`, else ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
+        if u.device.type == "cuda" and u.dtype != torch.float64 and cuda_path_available()[0]:
+            return "cuda"
         return "reference"
 
-    def _forward_native(self, u, seq_idx):
+    def _forward_cuda(self, u, seq_idx):
         from einops import rearrange
 
-        from . import functions as fn
+        from .. import ops
 
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
-        zxbcdt = fn.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
+        zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
         A = -torch.exp(self.A_log.float())
         D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
         conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
         if self.use_mem_eff_path:
-            return fn.ordered_mamba_split_conv1d_scan_combined(
+            return ops.ordered_mamba_split_conv1d_scan_combined(
                 zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
                 activation=self.activation, rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
                 rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6, outproj_weight=self.out_proj.weight,
@@ -310,10 +309,10 @@ class OrderedMamba2(nn.Module):
         d_mlp = self.d_inner - self.d_ssm
         z0, x0, z, xBC, dt = torch.split(
             zxbcdt, [d_mlp, d_mlp, self.d_ssm, self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads], dim=-1)
-        xBC = fn.ordered_causal_conv1d(xBC.transpose(1, 2), conv_w, self.conv1d.bias, seq_idx=seq_idx,
+        xBC = ops.ordered_causal_conv1d(xBC.transpose(1, 2), conv_w, self.conv1d.bias, seq_idx=seq_idx,
                                        activation=self.activation).transpose(1, 2)
         x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
-        y = fn.ordered_mamba_chunk_scan_combined(
+        y = ops.ordered_mamba_chunk_scan_combined(
             rearrange(x, "b l (h p) -> b l h p", p=self.headdim), dt, A,
             rearrange(B, "b l (g n) -> b l g n", g=self.ngroups), rearrange(C, "b l (g n) -> b l g n", g=self.ngroups),
             chunk_size=self.chunk_size, D=D,
@@ -321,11 +320,11 @@ class OrderedMamba2(nn.Module):
             dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal)
         y = rearrange(y, "b l h p -> b l (h p)")
         if self.rmsnorm:
-            y = fn.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
+            y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
                                          norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)
         if d_mlp > 0:
             y = torch.cat([torch.nn.functional.silu(z0) * x0, y], dim=-1)
-        return fn.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
+        return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
     def step(self, *args, **kwargs):
         raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")

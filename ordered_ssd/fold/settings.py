@@ -1,0 +1,84 @@
+"""Every setting of ordered-ssd's own code that decides the bits of a sum, with the reduction version.
+
+The launch configurations of mamba-ssm's and causal-conv1d's kernels live in :mod:`csrc_bindings` (its pinned
+table and rule, hashed by :func:`csrc_bindings.fingerprint`); this module holds the rest: the configurations of
+ordered-ssd's own fold kernels and the shape rules that choose an algorithm or a partition. A change to a value
+marked *order-deciding* gives other bits: raise :data:`REDUCTION_VERSION`, document the new order in
+``docs/native.md``, and keep the literal path equal to the fast path. Values marked *bit-neutral* only change
+speed or memory.
+
+:func:`reduction_fingerprint` hashes the order-deciding values into the determinism fingerprint
+(:func:`ordered_ssd.fingerprint.determinism_fingerprint`, field ``reduction``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import torch
+
+__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
+           "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype, got {type(dtype).__name__}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype: expected a floating-point dtype, got {dtype}")
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+#: Order-deciding. Pinned launch configuration of :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel per input
+#: dtype: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``; ``BK`` is how many positions of an example one
+#: tensor-core step takes. Fixed, never timed. bf16/fp16: of 7 tried on an H200, the fastest in total over the
+#: bench shapes that take this path (S1, S2, S3, S5; docs/performance.md).
+GEMM_FOLD_CONFIGS = {
+    torch.bfloat16: (128, 128, 64, 8, 8, 4),
+    torch.float16: (128, 128, 64, 8, 8, 4),
+    torch.float32: (64, 64, 32, 8, 4, 2),
+}
+
+#: Order-deciding. Sequence length from which :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs one
+#: cuBLAS GEMM per example instead of the fused one-launch fold (:func:`~ordered_ssd.fold.fold_example_gemms`).
+#: Short sequences: the per-example launches cost host time (bench S5: 128 GEMM launches per step) and the fused
+#: kernel was faster on the GPU too at L = 4096 (S2, S3); long ones: the fused kernel's tiles are too few for the
+#: long loop (bench S4, L 65536: in_proj 1.82 ms fused against 0.75 ms). Nothing between 4096 and 65536 was timed
+#: (``benchmarks/linear_grad_bench.py``).
+LINEAR_FUSED_BELOW_L = 8192
+
+#: Bit-neutral. Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that the per-example
+#: GEMM path of :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` folds in one launch (at least one
+#: example; the group size depends on the shape alone and never changes a value).
+LINEAR_GROUP_BYTES = 64 << 20
+
+#: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
+#: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
+#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`.
+REDUCTION_VERSION = 2
+
+
+def reduction_fingerprint() -> str:
+    """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their pinned settings
+    (:data:`GEMM_FOLD_CONFIGS`, :data:`LINEAR_FUSED_BELOW_L`); part of the determinism fingerprint."""
+    settings = json.dumps({"configs": {str(k): list(v) for k, v in GEMM_FOLD_CONFIGS.items()},
+                           "fused_below_l": LINEAR_FUSED_BELOW_L}, sort_keys=True)
+    return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
+
+
+def linear_weight_grad_is_fused(dy: torch.Tensor, weight_dtype: torch.dtype) -> bool:
+    """Order-deciding rule: whether :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs
+    :func:`~ordered_ssd.fold.fold_example_gemms` (one launch) rather than one cuBLAS GEMM per example: on CUDA,
+    bf16/fp16/fp32 inputs, an fp32 accumulator and sequences shorter than :data:`LINEAR_FUSED_BELOW_L`. Depends on
+    the shape and dtypes only (never on the batch size), so an example's partial has the same bits alone or in any
+    batch."""
+    return (dy.device.type == "cuda" and dy.dtype in GEMM_FOLD_CONFIGS and dy.shape[1] < LINEAR_FUSED_BELOW_L
+            and accumulation_dtype(weight_dtype) == torch.float32)
+
+
+def rmsnorm_rows_per_program(seqlen: int, chunk_size: int) -> int:
+    """Order-deciding rule: the row block of the gated-RMSNorm weight-gradient partials, ``gcd(L, chunk_size)``
+    rows: the largest divisor of ``L`` that divides ``chunk_size``, so every partial lies inside one example (and
+    one chunk) and the partition depends only on the shape."""
+    return math.gcd(seqlen, chunk_size)

@@ -1,0 +1,118 @@
+"""Gated RMSNorm (``mamba_ssm.ops.triton.layernorm_gated``) with an ordered weight gradient.
+
+Layers: composition (:func:`ordered_rmsnorm_gated_fwd`, :func:`ordered_rmsnorm_gated_bwd`; plain functions on
+rows [M, N], no autograd) → :class:`OrderedGatedRMSNormFunction` → :func:`ordered_gated_rmsnorm`.
+
+Determinism: the backward kernel writes one fp32 weight-gradient partial per block of
+:func:`~ordered_ssd.fold.rmsnorm_rows_per_program` rows (rows summed in order inside the block, no block straddling
+two examples), and the partials are folded in block order (:func:`ordered_ssd.fold.fold_dims`). Source:
+``_layer_norm_fwd_1pass_kernel`` / ``_layer_norm_bwd_kernel`` with ``IS_RMS_NORM=True``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+import csrc_bindings
+
+from ..fold import fold_dims, rmsnorm_rows_per_program
+from .common import require_cuda
+
+__all__ = ["ordered_rmsnorm_gated_fwd", "ordered_rmsnorm_gated_bwd", "OrderedGatedRMSNormFunction",
+           "ordered_gated_rmsnorm"]
+
+
+# ------------------------------------------------------------------------------------------------ composition
+def ordered_rmsnorm_gated_fwd(x, weight, eps, *, z=None, group_size, norm_before_gate, out=None):
+    """``(out, rstd)`` for rows ``x``/``z`` [M, N] (stride 1 last), ``weight`` [N]; ``out`` may be given."""
+    return csrc_bindings.launch_rmsnorm_gated_fwd(x, weight, eps, z=z, group_size=group_size,
+                                                  norm_before_gate=norm_before_gate, out=out)
+
+
+def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=None, group_size, norm_before_gate,
+                              recompute_output=False, dz=None, out=None, examples: Optional[int] = None):
+    """Backward on rows [M, N]: ``(dx, dweight, dz, out, dweight_partial)``.
+
+    ``dweight`` is the fp32 fold of ``dweight_partial`` [R, N] (one row per block of ``rows_per_program`` rows, in
+    row order), cast once to ``weight.dtype``. ``dz``/``out`` (the recomputed forward output, with
+    ``recompute_output``) are written into the given buffers. ``examples``: None for one launch over all rows, or
+    the number of examples ``E`` (``M = E * L``) to launch once per example (the literal mode: the same partials,
+    the same bits).
+    """
+    common = dict(rows_per_program=rows_per_program, group_size=group_size, norm_before_gate=norm_before_gate,
+                  recompute_output=recompute_output)
+    if examples is None:
+        dx, dweight_partial, _, dz, out = csrc_bindings.launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, z=z, dz=dz,
+                                                                                 out=out, **common)
+    else:
+        rows = dy.shape[0] // examples if examples else 0
+        dx = torch.empty_like(dy)
+        pieces = []
+        norm_groups = rstd.shape[0] // dy.shape[0] if dy.shape[0] else 1
+        rstd_by_group = rstd.view(norm_groups, dy.shape[0]) if norm_groups > 1 else rstd.view(1, dy.shape[0])
+        for b in range(examples):
+            r = slice(b * rows, (b + 1) * rows)
+            dx_b, dweight_b, _, _, _ = csrc_bindings.launch_rmsnorm_gated_bwd(
+                dy[r], x[r], weight, eps, rstd_by_group[:, r].reshape(-1).contiguous(), z=None if z is None else z[r],
+                dz=None if dz is None else dz[r], out=None if out is None else out[r], **common)
+            dx[r].copy_(dx_b)
+            pieces.append(dweight_b)
+        dweight_partial = torch.cat(pieces, 0)
+    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype)
+    return dx, dweight, dz, out, dweight_partial
+
+
+# ----------------------------------------------------------------------------------------------- autograd
+def _rows(t):
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+class OrderedGatedRMSNormFunction(torch.autograd.Function):
+    """Gated RMSNorm with the weight gradient folded over per-row-block partials."""
+
+    @staticmethod
+    def forward(ctx, x, weight, z, eps, group_size, norm_before_gate, rows_per_program):
+        shape = x.shape
+        x_rows = _rows(x)
+        z_rows = _rows(z) if z is not None else None
+        out, rstd = ordered_rmsnorm_gated_fwd(x_rows, weight.contiguous(), eps, z=z_rows, group_size=group_size,
+                                              norm_before_gate=norm_before_gate)
+        ctx.save_for_backward(x_rows, weight, z_rows, rstd)
+        ctx.args = (eps, group_size, norm_before_gate, rows_per_program, shape)
+        return out.reshape(shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x_rows, weight, z_rows, rstd = ctx.saved_tensors
+        eps, group_size, norm_before_gate, rows_per_program, shape = ctx.args
+        dx, dweight, dz, _, _ = ordered_rmsnorm_gated_bwd(
+            _rows(dy), x_rows, weight.contiguous(), eps, rstd, rows_per_program=rows_per_program, z=z_rows,
+            group_size=group_size, norm_before_gate=norm_before_gate)
+        return dx.reshape(shape), dweight, (dz.reshape(shape) if z_rows is not None else None), None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------- public function
+def ordered_gated_rmsnorm(x, weight, z=None, eps=1e-6, group_size=None, norm_before_gate=True, chunk_size=256):
+    """``rmsnorm_fn`` (``layernorm_gated``) with an ordered weight gradient.
+
+    Args:
+        x, z: [B, L, D] CUDA tensors (``z`` the gate, or None). weight: [D]. eps: float. group_size: the norm's
+            group (default D). norm_before_gate: as upstream. chunk_size: the layer's chunk size; the row blocks
+            of the weight-gradient partials are ``gcd(L, chunk_size)`` rows, so no block straddles two examples.
+
+    Returns:
+        [B, L, D], the dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor. ValueError: ``x`` not on CUDA or not 3-d; shapes the kernel rejects.
+    """
+    require_cuda("x", x)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected a 3-d tensor [B, L, D], got shape {tuple(x.shape)}")
+    rows_per_program = rmsnorm_rows_per_program(x.shape[1], chunk_size)
+    return OrderedGatedRMSNormFunction.apply(x, weight, z, eps, group_size or x.shape[-1], norm_before_gate,
+                                             rows_per_program)

@@ -1,0 +1,166 @@
+"""The linear layers of Mamba2 (``in_proj``, ``out_proj``) with ordered weight and bias gradients.
+
+Layers: composition (:func:`ordered_linear_fwd`, :func:`ordered_linear_bwd`, :func:`ordered_linear_weight_grad`;
+plain functions, no autograd) → :class:`OrderedLinearFunction` → :func:`ordered_linear`.
+
+Determinism: ``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))``, fp32 lexical folds over examples
+(example 0 first, :mod:`ordered_ssd.fold`), cast once; bitwise identical across repeats, processes and restarts
+for the same inputs, GPU model and versions. Source: ``torch.nn.functional.linear`` forward; the input gradient
+is the plain GEMM ``dy W`` (no sum across examples).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, accumulation_dtype, fold_dims, fold_example_gemms,
+                    linear_weight_grad_is_fused)
+from .common import autocast_dtype, custom_bwd, custom_fwd
+
+__all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "linear_weight_grad_per_example",
+           "OrderedLinearFunction", "ordered_linear"]
+
+
+# ------------------------------------------------------------------------------------------------ composition
+def ordered_linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+    """``y = x W^T + b``, computed in the CUDA autocast dtype when autocast is on (like ``F.linear``).
+
+    Returns ``(y, x, weight)``: the output and the (possibly cast) operands the backward needs.
+    """
+    autocast = autocast_dtype(x)
+    if autocast is not None:
+        x, weight = x.to(autocast), weight.to(autocast)
+        bias = bias.to(autocast) if bias is not None else None
+    return F.linear(x, weight, bias), x, weight
+
+
+def ordered_linear_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, need_dx: bool = True,
+                       need_dweight: bool = True, has_bias: bool = False):
+    """``(dx, dW, db)``: ``dx = dy W`` (None unless ``need_dx``); ``dW``, ``db`` fp32 ordered folds
+    (:func:`ordered_linear_weight_grad`; None unless ``need_dweight``; ``db`` None without a bias)."""
+    dx = F.linear(dy, weight.t()) if need_dx else None
+    dW = db = None
+    if need_dweight:
+        dW, db = ordered_linear_weight_grad(dy, x, torch.float32, torch.float32 if has_bias else None)
+    return dx, dW, db
+
+
+def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
+                               bias_dtype: Optional[torch.dtype] = None, *,
+                               group_bytes: int = LINEAR_GROUP_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))`` over examples, example 0 first.
+
+    Args: dy [B, L, out]; x [B, L, in]; ``weight_dtype`` / ``bias_dtype``: dtypes of the results (no bias
+    gradient when ``bias_dtype`` is None); ``group_bytes``: see :data:`~ordered_ssd.fold.LINEAR_GROUP_BYTES`.
+
+    Two algorithms, chosen by :func:`~ordered_ssd.fold.linear_weight_grad_is_fused` from the shape and dtypes
+    alone; both give the bits of :class:`~ordered_ssd.fold.LexicalFold` over per-example fp32 partials, example 0
+    first:
+
+    - fused (CUDA, ``L <`` :data:`~ordered_ssd.fold.LINEAR_FUSED_BELOW_L`):
+      :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton launch at a pinned configuration; each program
+      computes its tile's partial of one example at a time and adds it to the running sum;
+    - per example (long sequences, fp64, off CUDA): one cuBLAS GEMM with fp32 output per example
+      (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs and off CUDA) into a slot of a
+      group buffer (slots 256-byte aligned), each group folded into the running sum by one
+      :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
+      algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee).
+
+    The bias partial of an example is a fold over its positions in order.
+    Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
+    once-differentiable).
+
+    Returns:
+        ``(dW [out, in] in weight_dtype, db [out] in bias_dtype or None)``.
+    """
+    with torch.no_grad():  # a backward helper; ``mm(out=...)`` refuses inputs that require grad
+        if linear_weight_grad_is_fused(dy, weight_dtype):
+            dW = fold_example_gemms(dy, x).to(weight_dtype)
+        else:
+            dW = linear_weight_grad_per_example(dy, x, weight_dtype, group_bytes)
+        db = None
+        if bias_dtype is not None:
+            bias_fold = LexicalFold(bias_dtype)
+            for b in range(dy.shape[0]):
+                bias_fold.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
+            db = bias_fold.result(like=torch.empty(dy.shape[-1], device=dy.device))
+        return dW, db
+
+
+def linear_weight_grad_per_example(dy, x, weight_dtype, group_bytes=LINEAR_GROUP_BYTES):
+    """``dW`` [out, in] in ``weight_dtype`` by the per-example algorithm of :func:`ordered_linear_weight_grad` (the
+    one taken where the fused fold is not: sequences of ``LINEAR_FUSED_BELOW_L`` positions or more, fp64, off
+    CUDA): one GEMM per example into a slot of a group buffer, one fold launch per group."""
+    batch, _, out_features = dy.shape
+    in_features = x.shape[-1]
+    acc_dtype = accumulation_dtype(weight_dtype)
+    numel = out_features * in_features
+    acc = None
+    if batch > 0 and numel > 0:
+        slot = -(-numel // 64) * 64  # 256-byte aligned slots, as a fresh allocation would be
+        group = max(1, min(batch, group_bytes // (4 * slot)))
+        buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
+        fp32_out_of_half = dy.device.type == "cuda" and dy.dtype != torch.float32
+        dy_t = dy.transpose(1, 2)  # dy_t[b] is dy[b].t()
+        for first in range(0, batch, group):
+            last = min(batch, first + group)
+            # the per-example views made in one call each (host time at large B)
+            parts = buf[:last - first, :numel].view(last - first, out_features, in_features).unbind(0)
+            for part, a, b in zip(parts, dy_t[first:last].unbind(0), x[first:last].unbind(0)):
+                if fp32_out_of_half:
+                    torch.mm(a, b, out_dtype=torch.float32, out=part)
+                else:
+                    torch.mm(a.float(), b.float(), out=part)
+            acc = fold_dims(buf[:last - first, :numel], 0, dtype=acc_dtype, init=acc)
+    dW = (acc.view(out_features, in_features) if acc is not None
+          else torch.zeros(out_features, in_features, dtype=acc_dtype, device=dy.device))
+    return dW.to(weight_dtype)
+
+
+# ----------------------------------------------------------------------------------------------- autograd
+class OrderedLinearFunction(torch.autograd.Function):
+    """``y = x W^T + b`` with ``dW``, ``db`` lexical fp32 folds over examples (:func:`ordered_linear_bwd`)."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, x, weight, bias):
+        y, x, weight = ordered_linear_fwd(x, weight, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @custom_bwd
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        return ordered_linear_bwd(dy, x, weight, need_dx=ctx.needs_input_grad[0],
+                                  need_dweight=ctx.needs_input_grad[1] or ctx.needs_input_grad[2],
+                                  has_bias=ctx.has_bias)
+
+
+# --------------------------------------------------------------------------------------------- public function
+def ordered_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Linear layer with ordered weight/bias gradients.
+
+    Args:
+        x: [B, L, in] (the example axis first), any float dtype, on the device of ``weight``.
+        weight: [out, in]. bias: [out] or None.
+
+    Returns:
+        [B, L, out]. Under CUDA autocast, computed in the autocast dtype like ``F.linear``; the gradients come back
+        in fp32 and autograd casts them to the parameters' dtype.
+
+    Raises:
+        TypeError: ``x`` is not a tensor. ValueError: ``x`` is not 3-d.
+
+    Determinism: ``dW``/``db`` are fp32 lexical folds over examples (:func:`ordered_linear_weight_grad`).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor [B, L, in], got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x: expected a 3-d tensor [B, L, in], got shape {tuple(x.shape)}")
+    return OrderedLinearFunction.apply(x, weight, bias)
