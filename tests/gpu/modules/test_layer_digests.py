@@ -1,4 +1,5 @@
-"""The CUDA path gives the bits recorded on the H200 before the renovation (tests/data/layer_digests.json).
+"""The CUDA path gives the bits recorded on the H200 before the renovation (tests/data/layer_digests.json), also
+when every fresh buffer starts full of NaN (the launchers write every entry they return and zero what they sum into).
 
 The digests are of one GPU model (the H200 of the gate, sm_90) and the versions in docs/native.md; on another GPU
 model the pinned configurations and cuBLAS choices may differ, so the test runs only on sm_90.
@@ -11,11 +12,20 @@ from tests.layer_digests import CONFIGS, load_fixture, step_digests
 CUDA = [name for name, cfg in CONFIGS.items() if cfg[0] == "cuda"]
 
 
-@pytest.mark.parametrize("name", CUDA)
-def test_cuda_step_matches_recorded_digests(name):
+def _check(name):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("digests recorded on an sm_90 GPU (H200)")
     recorded = load_fixture()[name]
     got = step_digests(name)
     assert sorted(got) == sorted(recorded)
     assert {k: v for k, v in got.items() if recorded[k] != v} == {}
+
+
+@pytest.mark.parametrize("name", CUDA)
+def test_cuda_step_matches_recorded_digests(name):
+    _check(name)
+
+
+@pytest.mark.parametrize("name", CUDA)
+def test_cuda_step_matches_recorded_digests_with_nan_filled_fresh_buffers(name, nan_fresh_buffers):
+    _check(name)

@@ -1,0 +1,28 @@
+"""Fixtures of the GPU tests."""
+import pytest
+import torch
+
+
+@pytest.fixture
+def nan_fresh_buffers():
+    """Fill every fresh ``torch.empty*`` allocation with NaN (integers with their maximum) during the test.
+
+    The launchers promise that every entry of an output they allocate is written, and that the buffers the
+    autotuner's pre-hook zeroed are zeroed first; with fresh memory full of NaN, a missed entry or a missed zeroing
+    shows up as NaN or as other bits in a result. Uses torch's own switch
+    (``torch.utils.deterministic.fill_uninitialized_memory``, which acts under
+    ``torch.use_deterministic_algorithms``; ``warn_only=True`` so no op is refused); both global settings are put
+    back afterwards.
+    """
+    was_enabled = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        probe = torch.empty(4, device="cuda")
+        assert bool(torch.isnan(probe).all()), "fresh CUDA buffers are not NaN-filled: the fixture does not work"
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was_enabled, warn_only=was_warn_only)
