@@ -102,29 +102,6 @@ def test_lexical_cumsum_matches_a_sequential_loop():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
-    """ordered_linear_weight_grad folds a group of GEMM partials per launch; any group size gives the bits of the
-    per-example LexicalFold (the algorithm it replaced)."""
-    from ordered_ssd.ops.linear import ordered_linear_weight_grad
-
-    g = torch.Generator().manual_seed(7)
-    B, L, out_f, in_f = 7, 13, 5, 9  # out * in = 45: slots are padded to 64 elements
-    dy = (torch.randn(B, L, out_f, generator=g) * torch.logspace(-3, 3, L)[:, None]).to(dtype)
-    x = torch.randn(B, L, in_f, generator=g).to(dtype)
-    wd = torch.float64 if dtype == torch.float64 else torch.float32
-    fw, fb = LexicalFold(wd), LexicalFold(wd)
-    for b in range(B):
-        fw.add(torch.mm(dy[b].t().float(), x[b].float()))
-        fb.add(fold_dims(dy[b], 0, dtype=torch.float32))
-    ref_w, ref_b = fw.result(), fb.result()
-    for group_bytes in (1, 4 * 64 * 2, 4 * 64 * 3, 1 << 30):  # groups of 1, 2, 3 and all 7
-        dW, db = ordered_linear_weight_grad(dy, x, wd, wd, group_bytes=group_bytes)
-        assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
-    dW, db = ordered_linear_weight_grad(dy, x, torch.bfloat16, None)
-    assert db is None and bits_equal(dW, ref_w.to(torch.bfloat16))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_fold_example_gemms_off_cuda_is_the_per_example_fold(dtype):
     from ordered_ssd.fold import fold_example_gemms
 
