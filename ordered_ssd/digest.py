@@ -14,6 +14,9 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
     Two tensors have the same digest iff they have the same bytes; dtype and shape are not hashed,
     so compare them separately where it matters.
+
+    Raises:
+        TypeError: ``t`` is not a tensor.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")

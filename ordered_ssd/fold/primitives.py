@@ -24,6 +24,11 @@ class LexicalFold:
 
     Determinism: for the same sequence of partials (same bits, same order) the result has the
     same bits on any device, in any process. Source: ordered-ssd design, "The contract", item 3.
+
+    Raises:
+        TypeError: ``dtype`` is not a floating-point ``torch.dtype``; :meth:`add` of a non-tensor.
+        ValueError: :meth:`add` of a partial whose shape differs from the first one's; :meth:`result` with no
+            partial and no ``like``.
     """
 
     def __init__(self, dtype: torch.dtype):
@@ -140,6 +145,9 @@ def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
 
     The result has the same bits as :func:`lexical_fold` over ``t`` with those axes moved to the front and
     flattened; on CUDA the fold runs as one Triton kernel (one sequential loop per output element).
+
+    Raises:
+        ValueError: ``dims`` names an axis twice. IndexError: an axis out of range.
     """
     if isinstance(dims, int):
         dims = (dims,)

@@ -22,7 +22,11 @@ __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "L
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32."""
+    """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32.
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype``, or not a floating-point one.
+    """
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype, got {type(dtype).__name__}")
     if not dtype.is_floating_point:

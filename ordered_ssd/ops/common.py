@@ -20,7 +20,11 @@ custom_bwd = torch.amp.custom_bwd(device_type="cuda")
 
 
 def require_cuda(name: str, t) -> None:
-    """Raise ``TypeError`` if ``t`` is not a tensor, ``ValueError`` if it is not on a CUDA device."""
+    """Check that ``t`` is a CUDA tensor.
+
+    Raises:
+        TypeError: ``t`` is not a tensor. ValueError: it is not on a CUDA device (the message names ``name``).
+    """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
@@ -28,7 +32,11 @@ def require_cuda(name: str, t) -> None:
 
 
 def not_supported(**kwargs) -> None:
-    """Raise ``NotImplementedError`` naming the first argument that is set (not None / False)."""
+    """Raise ``NotImplementedError`` naming the first argument that is set (not None / False).
+
+    Raises:
+        NotImplementedError: as said.
+    """
     for name, value in kwargs.items():
         if value is not None and value is not False:
             raise NotImplementedError(f"{name} is not supported by the ordered path yet; pass None/False")

@@ -1,8 +1,8 @@
 """Pure-PyTorch reference of the Mamba-2 layer (any device; fp32 or fp64).
 
 This module is the oracle of the test-suite and the compute of ``OrderedMamba2``'s CPU path. It
-imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`). It is written from the state-space-duality (SSD) definition
-of Mamba-2 (Dao & Gu, "Transformers are SSMs", 2024, sections 3 and 6 — the chunked "block
+imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`). It is written from the
+state-space-duality (SSD) definition of Mamba-2 (Dao & Gu, "Transformers are SSMs", 2024, sections 3 and 6 — the chunked "block
 decomposition" of the semiseparable matrix) and checked in the tests against the plain per-time-step
 recurrence :func:`reference_sequential_scan`.
 
@@ -129,6 +129,9 @@ def reference_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optiona
 
     Returns:
         [B, L, C]: ``out[b, t, c] = bias[c] + sum_k weight[c, k] * x[b, t - (W - 1) + k, c]``.
+
+    Raises:
+        ValueError: ``activation`` is not "silu", "swish" or None.
     """
     if weight.dim() == 3:
         weight = weight.squeeze(1)
@@ -189,9 +192,9 @@ def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
     """
     Bsz, L, H, P = x.shape
     N = B.shape[-1]
-    cs = int(chunk_size)
-    nc = -(-L // cs)
-    pad = nc * cs - L
+    chunk_size = int(chunk_size)
+    nchunks = -(-L // chunk_size)
+    pad = nchunks * chunk_size - L
     dt = discretize_dt(dt, dt_bias, dt_softplus, dt_limit)
     Bh = _heads_from_groups(B, H)
     Ch = _heads_from_groups(C, H)
@@ -202,48 +205,48 @@ def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
         Ch = F.pad(Ch, (0, 0, 0, 0, 0, pad))
     else:
         x_p = x
-    xc = x_p.reshape(Bsz, nc, cs, H, P)
-    Bc = Bh.reshape(Bsz, nc, cs, H, N)
-    Cc = Ch.reshape(Bsz, nc, cs, H, N)
-    dtc = dt.reshape(Bsz, nc, cs, H)
-    dA_cumsum = torch.cumsum(dtc * A, dim=2)  # [B, nc, cs, H]
+    xc = x_p.reshape(Bsz, nchunks, chunk_size, H, P)
+    Bc = Bh.reshape(Bsz, nchunks, chunk_size, H, N)
+    Cc = Ch.reshape(Bsz, nchunks, chunk_size, H, N)
+    dtc = dt.reshape(Bsz, nchunks, chunk_size, H)
+    dA_cumsum = torch.cumsum(dtc * A, dim=2)  # [B, nchunks, chunk_size, H]
 
-    causal = torch.ones(cs, cs, dtype=torch.bool, device=x.device).tril()  # [t, s], t >= s
-    intra_mask = causal.view(1, 1, cs, cs, 1)
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()  # [t, s], t >= s
+    intra_mask = causal.view(1, 1, chunk_size, chunk_size, 1)
     if seq_idx is not None:
         seq_p = F.pad(seq_idx, (0, pad), mode="replicate") if pad else seq_idx
-        sc = seq_p.reshape(Bsz, nc, cs)
+        sc = seq_p.reshape(Bsz, nchunks, chunk_size)
         intra_mask = intra_mask & (sc.unsqueeze(-1) == sc.unsqueeze(-2)).unsqueeze(-1)
     # Intra-chunk (diagonal blocks): y[t] = sum_{s<=t} (C_t . B_s) exp(cs_t - cs_s) dt_s x_s
-    seg = dA_cumsum.unsqueeze(3) - dA_cumsum.unsqueeze(2)  # [B, nc, t, s, H]
+    seg = dA_cumsum.unsqueeze(3) - dA_cumsum.unsqueeze(2)  # [B, nchunks, t, s, H]
     decay = torch.exp(seg.masked_fill(~intra_mask, float("-inf")))
     CB = torch.einsum("bcthn,bcshn->bctsh", Cc, Bc)
     y = torch.einsum("bctsh,bcsh,bcshp->bcthp", CB * decay, dtc, xc)
 
     # Chunk states: S_c = sum_s exp(cs_last - cs_s) dt_s x_s B_s^T (only positions of the last sequence)
-    decay_states = torch.exp(dA_cumsum[:, :, -1:, :] - dA_cumsum)  # [B, nc, cs, H]
+    decay_states = torch.exp(dA_cumsum[:, :, -1:, :] - dA_cumsum)  # [B, nchunks, chunk_size, H]
     if seq_idx is not None:
-        last = sc[:, :, -1]  # [B, nc] sequence id at each chunk end
+        last = sc[:, :, -1]  # [B, nchunks] sequence id at each chunk end
         decay_states = decay_states * (sc == last.unsqueeze(-1)).unsqueeze(-1).to(decay_states.dtype)
     states = torch.einsum("bcsh,bcsh,bcshn,bcshp->bchpn", decay_states, dtc, Bc, xc)
 
-    if nc > 1:
+    if nchunks > 1:
         # State entering chunk c' = sum_{c < c'} exp(sum of chunk totals c+1 .. c'-1) S_c
-        chunk_cumsum = torch.cumsum(dA_cumsum[:, :, -1, :], dim=1)  # [B, nc, H]
+        chunk_cumsum = torch.cumsum(dA_cumsum[:, :, -1, :], dim=1)  # [B, nchunks, H]
         prev = F.pad(chunk_cumsum[:, :-1, :], (0, 0, 1, 0))  # cumsum through chunk c'-1
         seg_c = prev.unsqueeze(2) - chunk_cumsum.unsqueeze(1)  # [B, c', c, H]
-        cmask = torch.ones(nc, nc, dtype=torch.bool, device=x.device).tril(-1).view(1, nc, nc, 1)
+        cmask = torch.ones(nchunks, nchunks, dtype=torch.bool, device=x.device).tril(-1).view(1, nchunks, nchunks, 1)
         if seq_idx is not None:
             last_prev = F.pad(last[:, :-1], (1, 0), value=0)  # id at the end of chunk c'-1
             cmask = cmask & (last_prev.unsqueeze(2) == last.unsqueeze(1)).unsqueeze(-1)
         w = torch.exp(seg_c.masked_fill(~cmask, float("-inf")))
-        entering = torch.einsum("bxch,bchpn->bxhpn", w, states)  # [B, nc, H, P, N]
-        out_decay = torch.exp(dA_cumsum)  # [B, nc, cs, H]
+        entering = torch.einsum("bxch,bchpn->bxhpn", w, states)  # [B, nchunks, H, P, N]
+        out_decay = torch.exp(dA_cumsum)  # [B, nchunks, chunk_size, H]
         if seq_idx is not None:
             out_decay = out_decay * (sc == last_prev.unsqueeze(-1)).unsqueeze(-1).to(out_decay.dtype)
         y = y + torch.einsum("bcthn,bchpn,bcth->bcthp", Cc, entering, out_decay)
 
-    y = y.reshape(Bsz, nc * cs, H, P)[:, :L]
+    y = y.reshape(Bsz, nchunks * chunk_size, H, P)[:, :L]
     return _apply_D_and_gate(y, x, D, z)
 
 
@@ -309,24 +312,28 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
 
     Returns:
         [B, L, d_model].
+
+    Raises:
+        ValueError: ``scan`` is not "chunked" or "sequential". Shapes are not checked here (``OrderedMamba2``
+        checks them); wrong ones fail in the torch ops.
     """
     Bsz, L, _ = u.shape
     H, P, G, N = dims.nheads, dims.headdim, dims.ngroups, dims.d_state
     zxbcdt = F.linear(u, params.in_proj_weight, params.in_proj_bias)
     z0, x0, z, xBC, dt = torch.split(zxbcdt, [dims.d_mlp, dims.d_mlp, dims.d_ssm, dims.conv_dim, H], dim=-1)
     xBC = reference_causal_conv1d(xBC, params.conv1d_weight, params.conv1d_bias, seq_idx, activation="silu")
-    x, Bm, Cm = torch.split(xBC, [dims.d_ssm, G * N, G * N], dim=-1)
+    x, B, C = torch.split(xBC, [dims.d_ssm, G * N, G * N], dim=-1)
     x = x.reshape(Bsz, L, H, P)
-    Bm = Bm.reshape(Bsz, L, G, N)
-    Cm = Cm.reshape(Bsz, L, G, N)
+    B = B.reshape(Bsz, L, G, N)
+    C = C.reshape(Bsz, L, G, N)
     A = -torch.exp(params.A_log)
     D = params.D.reshape(H, P) if dims.D_has_hdim else params.D
-    zh = None if dims.rmsnorm else z.reshape(Bsz, L, H, P)
-    kw = dict(D=D, z=zh, dt_bias=params.dt_bias, dt_softplus=True, dt_limit=dims.dt_limit, seq_idx=seq_idx)
+    z_heads = None if dims.rmsnorm else z.reshape(Bsz, L, H, P)
+    kw = dict(D=D, z=z_heads, dt_bias=params.dt_bias, dt_softplus=True, dt_limit=dims.dt_limit, seq_idx=seq_idx)
     if scan == "chunked":
-        y = reference_chunk_scan(x, dt, A, Bm, Cm, dims.chunk_size, **kw)
+        y = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw)
     elif scan == "sequential":
-        y = reference_sequential_scan(x, dt, A, Bm, Cm, **kw)
+        y = reference_sequential_scan(x, dt, A, B, C, **kw)
     else:
         raise ValueError(f"scan: expected 'chunked' or 'sequential', got {scan!r}")
     y = y.reshape(Bsz, L, dims.d_ssm)
