@@ -4,16 +4,12 @@ Each file holds one operation's whole stack: composition (plain ``ordered_*_fwd`
 built from :mod:`csrc_bindings` launchers and :mod:`ordered_ssd.fold` folds, testable without autograd), then its
 ``torch.autograd.Function``, then its public function:
 
-============================  ==========================================  ==========================================
-file                          upstream                                    public function
-============================  ==========================================  ==========================================
-``ssd_combined.py``           ``mamba_ssm/ops/triton/ssd_combined.py``    :func:`ordered_mamba_chunk_scan_combined`,
-                                                                          :func:`ordered_mamba_split_conv1d_scan_combined`
-``causal_conv1d.py``          ``causal_conv1d.causal_conv1d_fn``          :func:`ordered_causal_conv1d`
-``layernorm_gated.py``        ``mamba_ssm/ops/triton/layernorm_gated.py`` :func:`ordered_gated_rmsnorm`
-``linear.py``                 ``torch.nn.functional.linear``              :func:`ordered_linear`
-``common.py``                 (argument checks, autocast dtype)
-============================  ==========================================  ==========================================
+* ``ssd_combined.py`` (upstream ``mamba_ssm/ops/triton/ssd_combined.py``):
+  :func:`ordered_mamba_chunk_scan_combined`, :func:`ordered_mamba_split_conv1d_scan_combined`;
+* ``causal_conv1d.py`` (upstream ``causal_conv1d.causal_conv1d_fn``): :func:`ordered_causal_conv1d`;
+* ``layernorm_gated.py`` (upstream ``mamba_ssm/ops/triton/layernorm_gated.py``): :func:`ordered_gated_rmsnorm`;
+* ``linear.py`` (``torch.nn.functional.linear``, the projections): :func:`ordered_linear`;
+* ``common.py``: argument checks and the autocast dtype, shared by the four.
 
 Importing this package imports :mod:`csrc_bindings` (which imports nothing native until its first launch).
 """
