@@ -3,8 +3,8 @@
 This module is the oracle of the test-suite and the compute of ``OrderedMamba2``'s CPU path. It
 imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`). It is written from the
 state-space-duality (SSD) definition of Mamba-2 (Dao & Gu, "Transformers are SSMs", 2024, sections 3
-and 6 — the chunked "block decomposition" of the semiseparable matrix) and checked in the tests against the plain per-time-step
-recurrence :func:`reference_sequential_scan`.
+and 6 — the chunked "block decomposition" of the semiseparable matrix) and checked in the tests against the
+plain per-time-step recurrence :func:`reference_sequential_scan`.
 
 The SSM, per example, head ``h`` (group ``g = h // (H / G)``), time ``t``::
 
