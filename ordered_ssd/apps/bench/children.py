@@ -119,14 +119,14 @@ def child_main(spec_json: str) -> int:
             meta["deterministic_mode"] = f"unknown ({e})"
     log = lambda s: print(f"[bench {spec['kind']} child] {s}", file=sys.stderr, flush=True)  # noqa: E731
     results = []
-    for sd in spec["shapes"]:
-        shape = Shape(**sd)
+    for shape_fields in spec["shapes"]:
+        shape = Shape(**shape_fields)
         if deadline is not None and time.monotonic() > deadline:
-            r = {"name": shape.name, "dims": shape.dims(), "spec": shape.spec(), "shape": sd,
+            shape_result = {"name": shape.name, "dims": shape.dims(), "spec": shape.spec(), "shape": shape_fields,
                  "rows": {mode: {"mode": mode, "error": "skipped: time budget"}}}
         else:
-            r = bench_shape(shape, [mode], spec["settings"], device, log=log)
-        results.append(r)
-        print(CHILD_MARK + json.dumps({"type": "shape", "result": r}, default=str), flush=True)
+            shape_result = bench_shape(shape, [mode], spec["settings"], device, log=log)
+        results.append(shape_result)
+        print(CHILD_MARK + json.dumps({"type": "shape", "result": shape_result}, default=str), flush=True)
     print(CHILD_MARK + json.dumps({"type": "done", "meta": meta, "shapes": results}, default=str), flush=True)
     return EXIT_OK

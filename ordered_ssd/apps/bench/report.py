@@ -27,18 +27,18 @@ def format_table(results: dict) -> str:
     """The markdown report of ``results`` (the ``bench.json`` structure): a header with the machine, versions
     and method, then one row per (shape, mode): ms/step, ratio to native, peak MiB, ratio, bitwise over N."""
     meta = results.get("meta", {})
-    v = meta.get("versions", {})
+    versions = meta.get("versions", {})
     lines = ["# ordered-ssd bench: one Mamba-2 layer, forward + backward", ""]
-    lines.append(f"{meta.get('gpu') or meta.get('device', '?')} · torch {v.get('torch')} · "
-                 f"triton {v.get('triton')} · mamba-ssm {v.get('mamba-ssm')} · "
-                 f"causal-conv1d {v.get('causal-conv1d')} · ordered-ssd {v.get('ordered-ssd')} · "
+    lines.append(f"{meta.get('gpu') or meta.get('device', '?')} · torch {versions.get('torch')} · "
+                 f"triton {versions.get('triton')} · mamba-ssm {versions.get('mamba-ssm')} · "
+                 f"causal-conv1d {versions.get('causal-conv1d')} · ordered-ssd {versions.get('ordered-ssd')} · "
                  f"{meta.get('date', '?')}")
     lines.append("")
-    s = meta.get("settings", {})
-    lines.append(f"{meta.get('precision', '')}; median of {s.get('repeats')} interleaved steps per mode after "
-                 f"{s.get('warmup')} warm-up steps ({meta.get('timer', '')}); peak = max_memory_allocated over one "
-                 f"step, per mode in its own phase; bitwise = the SHA-256 of every parameter gradient and of the "
-                 f"input gradient agree over {s.get('bit_repeats')} steps.")
+    settings = meta.get("settings", {})
+    lines.append(f"{meta.get('precision', '')}; median of {settings.get('repeats')} interleaved steps per mode "
+                 f"after {settings.get('warmup')} warm-up steps ({meta.get('timer', '')}); peak = "
+                 f"max_memory_allocated over one step, per mode in its own phase; bitwise = the SHA-256 of every "
+                 f"parameter gradient and of the input gradient agree over {settings.get('bit_repeats')} steps.")
     if meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`"]
     lines += ["", "| shape | dims | mode | ms/step | × native | × native (child) | peak MiB | × native | "

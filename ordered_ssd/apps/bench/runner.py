@@ -48,10 +48,10 @@ class LayerRunner:
             self.layers["native"] = native
         self.params = list(self.ordered.named_parameters())
         self.in_dtype = torch.bfloat16 if self.cuda else torch.float32
-        g = torch.Generator(device=device).manual_seed(seed + 1)
+        generator = torch.Generator(device=device).manual_seed(seed + 1)
         shp = (shape.B, shape.L, shape.d_model)
-        self.u = torch.randn(shp, generator=g, device=device).to(self.in_dtype).requires_grad_(True)
-        self.dout = torch.randn(shp, generator=g, device=device).to(self.in_dtype)
+        self.u = torch.randn(shp, generator=generator, device=device).to(self.in_dtype).requires_grad_(True)
+        self.dout = torch.randn(shp, generator=generator, device=device).to(self.in_dtype)
 
     def zero_grads(self) -> None:
         for _, p in self.params:
@@ -71,9 +71,9 @@ class LayerRunner:
         out.backward(self.dout)
 
     def grad_digests(self) -> Dict[str, str]:
-        d = {name: (tensor_sha256(p.grad) if p.grad is not None else "none") for name, p in self.params}
-        d["input"] = tensor_sha256(self.u.grad) if self.u.grad is not None else "none"
-        return d
+        digests = {name: (tensor_sha256(p.grad) if p.grad is not None else "none") for name, p in self.params}
+        digests["input"] = tensor_sha256(self.u.grad) if self.u.grad is not None else "none"
+        return digests
 
 
 def sync(device: torch.device) -> None:

@@ -54,9 +54,9 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
     try:
         import csrc_bindings
 
-        d = csrc_bindings.describe_launch(chunk_size=shape.chunk, headdim=shape.headdim, dstate=shape.N,
+        launch = csrc_bindings.describe_launch(chunk_size=shape.chunk, headdim=shape.headdim, dstate=shape.N,
                                           nheads=shape.nheads, ngroups=shape.G, dtype=torch.bfloat16, device=device)
-        return {k: {"config": v.get("config"), "source": v.get("source")} for k, v in d["kernels"].items()}
+        return {k: {"config": v.get("config"), "source": v.get("source")} for k, v in launch["kernels"].items()}
     except Exception as e:  # noqa: BLE001
         return {"error": error_text(e)}
 
@@ -122,8 +122,8 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
                 by_name[s.name]["rows"].update({m: {"mode": m, "error": "skipped: time budget"} for m in in_modes})
                 continue
             log(f"{s.name} ({s.dims()}): {', '.join(in_modes)}")
-            r = bench_shape(s, in_modes, settings, device, log=log)
-            by_name[s.name]["rows"].update(r["rows"])
+            measured = bench_shape(s, in_modes, settings, device, log=log)
+            by_name[s.name]["rows"].update(measured["rows"])
             save()
     if breakdown_shape is not None:
         breakdown_modes = [m for m in ("native", "ordered") if m in modes] or [m for m in in_modes[:1]]

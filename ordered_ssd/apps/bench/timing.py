@@ -82,12 +82,12 @@ def _bit_check(runner: LayerRunner, mode: str, repeats: int) -> dict:
     first, distinct, differing = None, set(), set()
     for _ in range(repeats):
         runner.step(mode)
-        d = runner.grad_digests()
-        distinct.add(json.dumps(d, sort_keys=True))
+        digests = runner.grad_digests()
+        distinct.add(json.dumps(digests, sort_keys=True))
         if first is None:
-            first = d
+            first = digests
         else:
-            differing.update(k for k in d if d[k] != first[k])
+            differing.update(k for k in digests if digests[k] != first[k])
     runner.zero_grads()
     return {"bitwise": len(distinct) == 1, "bit_repeats": repeats, "distinct_digest_sets": len(distinct),
             "differing": sorted(differing), "digests": first,
