@@ -1,6 +1,6 @@
 """One Mamba-2 layer's training step: native Mamba2, upstream-det, OrderedMamba2 literal and ordered.
 
-A thin wrapper around :mod:`ordered_ssd.bench` (the same suite as ``ordered-ssd bench``); see
+A thin wrapper around :mod:`ordered_ssd.apps.bench` (the same suite as ``ordered-ssd bench``); see
 ``docs/performance.md`` for the method. Needs a CUDA GPU and ``pip install ordered-ssd[cuda]``::
 
     python benchmarks/bench_layer.py --out bench-out                      # S1-S5, all four modes
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from ordered_ssd.bench import main  # noqa: E402
+from ordered_ssd.apps.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(prog="benchmarks/bench_layer.py"))

@@ -150,10 +150,10 @@ def _collective(a, ctx, world):
 def _model_step(a, ctx, world):
     from torch.nn.parallel import DistributedDataParallel
 
-    from ordered_ssd.check import _build
-    from ordered_ssd.cli import DEFAULTS
+    from ordered_ssd.apps.check.spec import DEFAULTS
+    from ordered_ssd.apps.check.train import build_model
+    from ordered_ssd.apps.lm import lm_loss
     from ordered_ssd.distributed import register_ordered_hook, shard_rows
-    from ordered_ssd.lm import lm_loss
 
     d = DEFAULTS[ctx.device.type]
     pick = lambda v, k: d[k] if v is None else v  # noqa: E731
@@ -171,7 +171,7 @@ def _model_step(a, ctx, world):
     steps = a.steps or a.iters
     out = {"model": model_cfg, "global_batch": batch, "seq_len": seq_len, "bucket_cap_mb": a.bucket_cap_mb}
     for name in ("allreduce", "ordered"):
-        model, opt = _build(spec, ctx.device)
+        model, opt = build_model(spec, ctx.device)
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                                       bucket_cap_mb=a.bucket_cap_mb)
         if name == "ordered":

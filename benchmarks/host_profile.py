@@ -1,84 +1,17 @@
 #!/usr/bin/env python
-"""Where the host time of one layer step goes: ``cProfile`` over training steps of one bench shape.
-
-Launch-bound shapes (small ``L``, large ``B``) run at the speed of the Python and launch path, not the GPU; the
-per-kernel breakdown of ``ordered-ssd bench --breakdown`` cannot see that. This script times ``steps`` steps of each mode
-asked for with the bench's own timing (:func:`ordered_ssd.bench.time_interleaved`: host time to enqueue a step,
-GPU time between CUDA events, no synchronisation between steps), then prints the functions with the largest own
-(``tottime``) and cumulative host time over another ``steps`` steps under ``cProfile``.
+"""Where the host time of one layer step goes: a thin wrapper around :mod:`ordered_ssd.apps.bench.host_profile`
+(the same as ``python -m ordered_ssd.apps.bench.host_profile``; see it for the method)::
 
     python benchmarks/host_profile.py --shape S5 --modes ordered,native --steps 20 --out prof/
-
-Uses the bench's ``LayerRunner`` (fp32 parameters, bf16 ``u``/``dout``, autocast bf16 on CUDA). A measuring
-tool, not a test: it asserts nothing.
 """
-from __future__ import annotations
-
-import argparse
-import cProfile
-import io
-import json
 import os
-import pstats
-import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
-
-from ordered_ssd.bench import LayerRunner, named_or_parsed_shape, parse_modes, time_interleaved  # noqa: E402
-
-
-def profile_mode(runner, mode, steps, top):
-    cuda = runner.cuda
-    for _ in range(5):  # warm-up (compilation, native autotuning)
-        runner.step(mode)
-    host = {}
-    times = time_interleaved(runner.step, [mode], steps, runner.device, host=host)  # the bench's timing
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(steps):
-        runner.step(mode)
-    if cuda:
-        torch.cuda.synchronize()
-    pr.disable()
-    text = {}
-    for key in ("tottime", "cumulative"):
-        s = io.StringIO()
-        st = pstats.Stats(pr, stream=s)
-        st.sort_stats(key).print_stats(top)
-        text[key] = s.getvalue()
-    return {"host_ms_median": statistics.median(host[mode]),
-            "gpu_ms_median": statistics.median(times[mode]) if cuda else None, "profile": text}
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="S5", help="a named bench shape or B,L,d_model,N,G[,headdim,chunk]")
-    p.add_argument("--modes", default="ordered")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--top", type=int, default=35)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for host_profile.json (optional)")
-    a = p.parse_args(argv)
-    shape = named_or_parsed_shape(a.shape)
-    modes = parse_modes(a.modes)
-    runner = LayerRunner(shape, modes, torch.device(a.device), a.seed)
-    res = {"shape": shape.name, "dims": shape.dims(), "steps": a.steps, "modes": {}}
-    for m in modes:
-        r = profile_mode(runner, m, a.steps, a.top)
-        res["modes"][m] = r
-        print(f"== {shape.name} {m}: host {r['host_ms_median']:.3f} ms/step, GPU "
-              f"{r['gpu_ms_median'] if r['gpu_ms_median'] is None else round(r['gpu_ms_median'], 3)} ms/step")
-        print(r["profile"]["tottime"])
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"host_profile_{shape.name}.json"), "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
-
+from ordered_ssd.apps.bench.host_profile import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

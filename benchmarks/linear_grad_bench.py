@@ -9,7 +9,7 @@ For each shape and projection:
   CUDA);
 - ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch.
 
-GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.bench.time_interleaved`), host ms to enqueue.
+GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.apps.bench.time_interleaved`), host ms to enqueue.
 It also checks the fused result's bits against a :class:`~ordered_ssd.fold.LexicalFold` over its own
 single-example results (per-example independence) and reports the error of both ordered paths against an fp64
 reference. A measuring tool, not a test.
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from ordered_ssd.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
+from ordered_ssd.apps.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
 import ordered_ssd.fold as fold_mod  # noqa: E402
 from ordered_ssd.fold import LexicalFold, fold_example_gemms  # noqa: E402
 from ordered_ssd.ops.linear import linear_weight_grad_per_example  # noqa: E402

@@ -1,4 +1,5 @@
-"""Atomic file writes (temporary file in the target directory, then a rename) and argparse value types."""
+"""What the applications share on disk and on the command line: atomic file writes (temporary file in the target
+directory, then a rename), the output directory, argparse value types."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +8,27 @@ import os
 import tempfile
 from typing import Callable
 
+from .errors import AppError
+
+
+def prepare_out_dir(path: str) -> str:
+    """Create ``path`` if needed, check it is writable and return its absolute path; raise :class:`AppError`
+    otherwise."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise AppError(f"--out: output directory {path} is not writable: {e.strerror or e}") from None
+    return os.path.abspath(path)
+
 
 def atomic_write(path: str, write: Callable[[str], None], suffix: str = "") -> None:
     """Call ``write(tmp_path)``, give the file the usual permissions (``0666 & ~umask``; mkstemp makes 0600),
     and rename it to ``path``; on any error the temporary file is removed and ``path`` is left as it was."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=suffix or os.path.basename(path))
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix or os.path.basename(path))
     os.close(fd)
     try:
         write(tmp)
@@ -56,12 +72,12 @@ def atomic_savefig(path: str, fig, dpi: int) -> None:
 
 def _integer(s: str, minimum: int, what: str) -> int:
     try:
-        v = int(s)
+        value = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a {what} integer, got {s!r}") from None
-    if v < minimum:
-        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {v}")
-    return v
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
+    return value
 
 
 def positive_int(s: str) -> int:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .digest import tensor_sha256
+from ..digest import tensor_sha256
 
 VOCAB = 256
 
@@ -51,12 +51,13 @@ class ByteLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, mixer_cls, device=None, dtype=None):
         super().__init__()
-        kw = {"device": device, "dtype": dtype}
+        factory = {"device": device, "dtype": dtype}
         self.cfg = cfg
-        self.embedding = nn.Parameter(torch.randn(VOCAB, cfg.d_model, **kw) * 0.02)
-        self.norms = nn.ModuleList([nn.RMSNorm(cfg.d_model, eps=1e-5, **kw) for _ in range(cfg.n_layers)])
-        self.mixers = nn.ModuleList([mixer_cls(**cfg.mixer_kwargs(), layer_idx=i, **kw) for i in range(cfg.n_layers)])
-        self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-5, **kw)
+        self.embedding = nn.Parameter(torch.randn(VOCAB, cfg.d_model, **factory) * 0.02)
+        self.norms = nn.ModuleList([nn.RMSNorm(cfg.d_model, eps=1e-5, **factory) for _ in range(cfg.n_layers)])
+        self.mixers = nn.ModuleList([mixer_cls(**cfg.mixer_kwargs(), layer_idx=i, **factory)
+                                     for i in range(cfg.n_layers)])
+        self.norm_f = nn.RMSNorm(cfg.d_model, eps=1e-5, **factory)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = F.one_hot(tokens, VOCAB).to(self.embedding.dtype) @ self.embedding
@@ -143,8 +144,8 @@ class ByteData:
 
     def batch(self, seed: int, step: int, batch_size: int, offset: int = 0, count: Optional[int] = None):
         """Inputs and targets ``[count, seq_len]`` of rows ``offset .. offset+count`` of step ``step``'s batch."""
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (batch_size,), generator=g)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (batch_size,), generator=generator)
         count = batch_size if count is None else count
         starts = starts[offset:offset + count]
         idx = starts[:, None] + torch.arange(self.seq_len + 1)
@@ -153,14 +154,11 @@ class ByteData:
 
     def val_batches(self, batch_size: int):
         """Consecutive non-overlapping validation windows, in order."""
-        L = self.seq_len
-        n = (len(self.val) - 1) // L
-        starts = torch.arange(n) * L
-        for i in range(0, n, batch_size):
-            idx = starts[i:i + batch_size, None] + torch.arange(L + 1)
+        seq_len = self.seq_len
+        n_windows = (len(self.val) - 1) // seq_len
+        starts = torch.arange(n_windows) * seq_len
+        for i in range(0, n_windows, batch_size):
+            idx = starts[i:i + batch_size, None] + torch.arange(seq_len + 1)
             win = self.val[idx]
             yield win[:, :-1], win[:, 1:]
 
-
-def config_dict(cfg: ModelConfig) -> dict:
-    return asdict(cfg)

@@ -1,0 +1,13 @@
+"""The applications of ordered-ssd, resting on the library and not on each other.
+
+* :mod:`ordered_ssd.apps.cli`: the ``ordered-ssd`` command (``check``, ``env``, ``bench``, ``_train``);
+* :mod:`ordered_ssd.apps.check`: ``ordered-ssd check``, train a byte-level LM and prove the run reproducible;
+* :mod:`ordered_ssd.apps.bench`: ``ordered-ssd bench``, the cost of reproducibility for one layer;
+* :mod:`ordered_ssd.apps.lm`: the byte-level language model and its data;
+* :mod:`ordered_ssd.apps.files` / :mod:`ordered_ssd.apps.errors`: what the applications share (atomic writes,
+  the output directory, argparse types; the one-line user-facing error and its exit status).
+
+From the library they use only public names: :class:`ordered_ssd.OrderedMamba2`, :mod:`ordered_ssd.digest`,
+:mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.distributed`, ``ordered_ssd.mamba2.native_path_available``
+(imported in :mod:`ordered_ssd.apps.probe` only) and ``csrc_bindings``.
+"""

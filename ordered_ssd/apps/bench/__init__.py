@@ -1,0 +1,73 @@
+"""``ordered-ssd bench``: what does reproducibility cost? One Mamba-2 layer, four ways, side by side.
+
+One training step is the forward and the backward of a single layer: ``out = layer(u)``,
+``out.backward(dout)``, with ``u`` and ``dout`` bf16 tensors [B, L, d_model] and fp32 parameters under
+``torch.autocast("cuda", dtype=torch.bfloat16)`` (the usual mixed-precision Mamba setup; the same for every
+mode). Modes:
+
+* ``native``: ``mamba_ssm.modules.mamba2.Mamba2`` as shipped (autotuned kernels, atomic reductions);
+* ``upstream-det``: the same module in a fresh child process started with ``MAMBA_DETERMINISTIC=1`` and
+  ``CAUSAL_CONV1D_DETERMINISTIC=1`` in its environment (set for the child only, never in this process); the child
+  prints its timings, memory and bit check as JSON on stdout. A second child with the same harness and neither
+  variable set measures ``native`` in a fresh process too, so the upstream-det ratio is given both to this
+  process's native time and to that child's;
+* ``literal``: :class:`~ordered_ssd.OrderedMamba2` with ``layer.literal = True`` (one native launch per example);
+* ``ordered``: :class:`~ordered_ssd.OrderedMamba2`.
+
+All layers of a shape share the same parameter tensors (hence the same ``state_dict``); the inputs come from a
+seeded generator. Per shape, in this process:
+
+1. warm-up: ``--warmup`` steps per mode (this is where the native autotuner runs); excluded from everything;
+2. timing: ``--repeats`` rounds; each round runs one step of every mode, the order rotating from round to
+   round (interleaved A/B, so drift cancels); each step is timed with ``torch.cuda.Event``s (``time.perf_counter``
+   on the CPU); the median is reported, and the ratio to native's median;
+3. memory: per mode, in its own phase: ``torch.cuda.reset_peak_memory_stats``, one step,
+   ``torch.cuda.max_memory_allocated`` (the layer's parameters and ``u``/``dout`` are resident in every mode);
+4. bits: per mode, ``--bit-repeats`` steps on the same inputs; the SHA-256
+   (:func:`ordered_ssd.digest.tensor_sha256`) of every parameter gradient and of the input gradient must be the
+   same every time.
+
+``--breakdown`` profiles a few ``native`` and ``ordered`` steps of S2 with ``torch.profiler`` (CUDA activity) and
+aggregates the GPU time per kernel name (Triton SSD kernels, ``fold_kernel``/``scan_kernel``, cuBLAS,
+causal-conv1d, ...). Outputs under ``--out``: ``bench.md``, ``bench.json``, ``bench.png``, ``breakdown.md``,
+``breakdown.json`` (rewritten after every shape, so an interrupted run leaves what it measured).
+
+``--device cpu`` runs the same harness on the pure-PyTorch reference path (fp32, ``ordered``/``literal`` only):
+a smoke test of the harness, not a benchmark.
+
+Files: :mod:`.shapes` (shapes and modes), :mod:`.args` (the command line), :mod:`.requirements` (what it
+needs), :mod:`.runner` (one layer, one step), :mod:`.timing` (timing, memory, bits of one shape),
+:mod:`.children` (the fresh child processes), :mod:`.breakdown` (per-kernel profile), :mod:`.report` (table,
+JSON, chart, merge), :mod:`.suite` (:func:`run`), :mod:`.host_profile` (where a step's host time goes).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from ..errors import run_reporting
+from .args import build_parser, resolve_shapes
+from .breakdown import aggregate_kernels, format_breakdown, kernel_category, profile_breakdown
+from .children import child_main, run_child
+from .report import format_table, write_plot, write_results
+from .requirements import DET_ENV, BenchError, missing_requirements
+from .runner import LayerRunner
+from .shapes import MODES, SHAPES, Shape, named_or_parsed_shape, parse_modes, parse_shape, parse_shape_list
+from .suite import run
+from .timing import bench_shape, finalize_ratios, time_interleaved
+
+__all__ = ["Shape", "SHAPES", "MODES", "DET_ENV", "BenchError", "LayerRunner", "parse_shape", "parse_shape_list",
+           "parse_modes", "named_or_parsed_shape", "missing_requirements", "build_parser", "resolve_shapes",
+           "bench_shape", "time_interleaved", "finalize_ratios", "run_child", "profile_breakdown", "format_table",
+           "format_breakdown", "write_results", "write_plot", "aggregate_kernels", "kernel_category", "run", "main"]
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "ordered-ssd bench") -> int:
+    """Entry point of ``ordered-ssd bench`` / ``benchmarks/bench_layer.py``. Returns the exit status: 0 all
+    measured, 1 some rows failed or were skipped (time budget), 2 usage error or missing requirement (one line on
+    stderr naming it and the install command). Argument errors exit 2 through argparse."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(prog).parse_args(argv)
+    if args.child_spec is not None:
+        return child_main(args.child_spec)
+    return run_reporting(prog, lambda: run(args, argv, prog))  # BenchError and the out-dir error: one line, 2

@@ -1,0 +1,132 @@
+"""The bench's child processes: the same harness in a fresh interpreter, with (``upstream-det``) or without
+(``native``) mamba-ssm's deterministic switches in its environment."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Callable, Optional, Sequence
+
+import torch
+
+import ordered_ssd
+
+from ..errors import EXIT_OK
+from .requirements import DET_ENV
+from .runner import device_is_cuda, resolve_device
+from .shapes import Shape
+from .timing import bench_shape
+
+CHILD_MARK = "@@ordered-ssd-bench-child@@ "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ordered_ssd.__file__)))  # put on the child's path
+
+
+def _child_env(kind: str) -> dict:
+    env = dict(os.environ)
+    for k in DET_ENV:
+        env.pop(k, None)
+    if kind == "upstream-det":
+        env.update({k: "1" for k in DET_ENV})
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *, mode: str = "native",
+              deadline: Optional[float] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run ``mode`` for every shape in a fresh ``python -m ordered_ssd.apps.bench`` process.
+
+    ``kind`` ``"upstream-det"`` sets ``MAMBA_DETERMINISTIC=1`` and ``CAUSAL_CONV1D_DETERMINISTIC=1`` in the
+    child's environment only; ``"native"`` removes both. The child prints one JSON line per shape (marker
+    :data:`CHILD_MARK`) and a final one with everything. ``deadline`` (``time.monotonic()`` value): the child
+    starts no shape after it and is killed at it. Returns ``{"kind", "returncode", "meta", "shapes": {name:
+    shape result}, "error"}``; a shape the child did not report has ``{"error": ...}`` rows. Raises
+    ``ValueError`` for another ``kind``; a failing child is reported in ``error``, never raised.
+    """
+    if kind not in ("upstream-det", "native"):
+        raise ValueError(f"kind: expected 'upstream-det' or 'native', got {kind!r}")
+    spec = {"kind": kind, "mode": mode, "device": device, "settings": settings,
+            "shapes": [asdict(s) for s in shapes],
+            "time_budget": None if deadline is None else max(1.0, deadline - time.monotonic())}
+    cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", "--_child-spec", json.dumps(spec)]
+    out = {"kind": kind, "returncode": None, "meta": None, "shapes": {}, "error": None}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=_child_env(kind), cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=None,
+                            stdin=subprocess.DEVNULL, text=True)
+    timer = None
+    killed = threading.Event()
+    if deadline is not None:
+        def _kill():
+            killed.set()
+            proc.kill()
+        timer = threading.Timer(max(1.0, deadline - time.monotonic() + 15.0), _kill)
+        timer.daemon = True
+        timer.start()
+    try:
+        for line in proc.stdout:
+            if not line.startswith(CHILD_MARK):  # something else printed to stdout: show it, with stderr
+                sys.stderr.write(line)
+                continue
+            try:
+                msg = json.loads(line[len(CHILD_MARK):])
+            except json.JSONDecodeError:
+                continue
+            if msg.get("type") == "shape":
+                out["shapes"][msg["result"]["name"]] = msg["result"]
+                log(f"{kind} child: {msg['result']['name']} done")
+            elif msg.get("type") == "done":
+                out["meta"] = msg.get("meta")
+                out["shapes"].update({r["name"]: r for r in msg.get("shapes", [])})
+        proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out["returncode"] = proc.returncode
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    if killed.is_set():
+        out["error"] = "stopped at the time budget"
+    elif proc.returncode != 0:
+        out["error"] = f"child exited with status {proc.returncode} (its stderr is above)"
+    for s in shapes:
+        if s.name not in out["shapes"]:
+            why = out["error"] or "not reported by the child"
+            out["shapes"][s.name] = {"name": s.name, "dims": s.dims(), "spec": s.spec(), "shape": asdict(s),
+                                     "rows": {mode: {"mode": mode, "error": f"{kind} child: {why}"}}}
+    return out
+
+
+def child_main(spec_json: str) -> int:
+    spec = json.loads(spec_json)
+    deadline = None if spec.get("time_budget") is None else time.monotonic() + float(spec["time_budget"])
+    device = resolve_device(spec["device"], index=device_is_cuda(spec["device"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    mode = spec["mode"]
+    env = {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)}
+    meta = {"kind": spec["kind"], "mode": mode, "pid": os.getpid(), "env": env, "deterministic_mode": None}
+    if mode == "native" and device.type == "cuda":
+        try:
+            from mamba_ssm.utils.determinism import use_deterministic_mode
+
+            meta["deterministic_mode"] = bool(use_deterministic_mode())
+        except ImportError as e:
+            meta["deterministic_mode"] = f"unknown ({e})"
+    log = lambda s: print(f"[bench {spec['kind']} child] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    results = []
+    for shape_fields in spec["shapes"]:
+        shape = Shape(**shape_fields)
+        if deadline is not None and time.monotonic() > deadline:
+            shape_result = {"name": shape.name, "dims": shape.dims(), "spec": shape.spec(), "shape": shape_fields,
+                 "rows": {mode: {"mode": mode, "error": "skipped: time budget"}}}
+        else:
+            shape_result = bench_shape(shape, [mode], spec["settings"], device, log=log)
+        results.append(shape_result)
+        print(CHILD_MARK + json.dumps({"type": "shape", "result": shape_result}, default=str), flush=True)
+    print(CHILD_MARK + json.dumps({"type": "done", "meta": meta, "shapes": results}, default=str), flush=True)
+    return EXIT_OK

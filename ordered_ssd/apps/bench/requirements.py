@@ -1,0 +1,53 @@
+"""What the bench needs (a CUDA device, the native extras, OrderedMamba2's native path) and the error it raises."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ..errors import AppError
+
+DET_ENV = ("MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC")
+INSTALL = "pip install ordered-ssd[cuda]"
+
+
+class BenchError(AppError):
+    """A user-facing failure (bad argument, missing requirement, unwritable output): one line, exit 2."""
+
+
+def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: Optional[bool] = None,
+                         find_spec: Callable = importlib.util.find_spec,
+                         native_path: Optional[Callable] = None) -> Optional[str]:
+    """``None`` if ``modes`` can run on ``device`` here, else a one-line message naming what is missing and the
+    install command. ``cuda_available`` / ``find_spec`` / ``native_path`` override the probes (for tests)."""
+    try:
+        dev_type = torch.device(device).type
+    except (RuntimeError, TypeError):
+        return f"--device: expected cuda, cuda:N or cpu, got {device!r}"
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    absent = [n for m, n in (("mamba_ssm", "mamba-ssm"), ("causal_conv1d", "causal-conv1d"), ("triton", "triton"))
+              if find_spec(m) is None]
+    if dev_type == "cpu":
+        gpu_modes = [m for m in modes if m in ("native", "upstream-det")]
+        if gpu_modes:
+            return (f"--modes {','.join(gpu_modes)} need a CUDA device and mamba-ssm ({INSTALL}); "
+                    f"on the CPU only ordered,literal run (a smoke test of the harness)")
+        return None
+    if dev_type != "cuda":
+        return f"--device: expected cuda, cuda:N or cpu, got {device!r}"
+    problems = []
+    if not cuda_available:
+        problems.append(f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
+    if absent:
+        problems.append(", ".join(absent) + " not installed")
+    if problems:
+        return (" and ".join(problems) + f"; the benchmark needs a CUDA GPU and the native extras: {INSTALL}")
+    if any(m in modes for m in ("ordered", "literal")):
+        if native_path is None:
+            from ..probe import native_path_available as native_path
+        ok, why = native_path()
+        if not ok:
+            return f"OrderedMamba2's native path is unavailable here ({why}); {INSTALL}"
+    return None

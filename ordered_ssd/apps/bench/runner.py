@@ -1,0 +1,110 @@
+"""One shape's layers and inputs, and one training step of a mode (``LayerRunner``); the device helpers the rest of
+the bench shares."""
+from __future__ import annotations
+
+import gc
+from typing import Dict, Iterable
+
+import torch
+
+from ... import OrderedMamba2
+from ...digest import tensor_sha256
+from .requirements import BenchError
+from .shapes import Shape
+
+
+def _share_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Make ``dst`` use ``src``'s parameter tensors (same names and shapes required)."""
+    dst.load_state_dict(src.state_dict(), strict=True)  # also checks names and shapes
+    src_params = dict(src.named_parameters())
+    for name in [n for n, _ in dst.named_parameters()]:
+        if name not in src_params:
+            raise BenchError(f"internal: parameter {name} of {type(dst).__name__} has no counterpart")
+        path, _, leaf = name.rpartition(".")
+        setattr(dst.get_submodule(path) if path else dst, leaf, src_params[name])
+
+
+class LayerRunner:
+    """One shape's layers (sharing parameters) and inputs; ``step(mode)`` runs one training step.
+
+    ``mode`` is ``native`` (mamba-ssm ``Mamba2``; in an upstream-det child this is the deterministic one),
+    ``ordered`` or ``literal`` (``OrderedMamba2`` with ``literal`` False / True). On CUDA: fp32 parameters, bf16
+    ``u``/``dout`` [B, L, d_model], autocast bf16. On the CPU: fp32 everything, no autocast.
+    """
+
+    def __init__(self, shape: Shape, modes: Iterable[str], device: torch.device, seed: int):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, d_conv=4, expand=2, headdim=shape.headdim,
+                  ngroups=shape.G, chunk_size=shape.chunk)
+        torch.manual_seed(seed)
+        self.ordered = OrderedMamba2(**layer_kwargs, device=device)  # fp32 parameters
+        self.layers = {"ordered": self.ordered, "literal": self.ordered}
+        if "native" in modes:
+            from mamba_ssm.modules.mamba2 import Mamba2
+
+            native = Mamba2(**layer_kwargs, device=device)
+            _share_parameters(native, self.ordered)
+            self.layers["native"] = native
+        self.params = list(self.ordered.named_parameters())
+        self.in_dtype = torch.bfloat16 if self.cuda else torch.float32
+        generator = torch.Generator(device=device).manual_seed(seed + 1)
+        shp = (shape.B, shape.L, shape.d_model)
+        self.u = torch.randn(shp, generator=generator, device=device).to(self.in_dtype).requires_grad_(True)
+        self.dout = torch.randn(shp, generator=generator, device=device).to(self.in_dtype)
+
+    def zero_grads(self) -> None:
+        for _, p in self.params:
+            p.grad = None
+        self.u.grad = None
+
+    def step(self, mode: str) -> None:
+        layer = self.layers[mode]
+        if mode != "native":
+            layer.literal = mode == "literal"
+        self.zero_grads()
+        if self.cuda:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = layer(self.u)
+        else:
+            out = layer(self.u)
+        out.backward(self.dout)
+
+    def grad_digests(self) -> Dict[str, str]:
+        digests = {name: (tensor_sha256(p.grad) if p.grad is not None else "none") for name, p in self.params}
+        digests["input"] = tensor_sha256(self.u.grad) if self.u.grad is not None else "none"
+        return digests
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+
+
+def device_is_cuda(text: str) -> bool:
+    return str(text).strip().lower().startswith("cuda")
+
+
+def resolve_device(text: str, index: bool = False) -> torch.device:
+    """``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device (``index``: ``cuda`` becomes ``cuda:<current>``, which
+    ``torch.cuda.set_device`` needs). Raises :class:`BenchError` for anything else."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, TypeError):
+        raise BenchError(f"--device: expected cuda, cuda:N or cpu, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise BenchError(f"--device: expected cuda, cuda:N or cpu, got {text!r}")
+    if index and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -1,0 +1,175 @@
+"""What ``ordered-ssd check`` reports: the comparison of the runs' records, the table and the verdict, the loss
+plot and ``report.json``."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Optional
+
+from ..files import atomic_savefig, atomic_write_json
+
+
+def load_record(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def merge_restart(first: dict, second: dict) -> dict:
+    """Run ``c``: the record of the run stopped at step k followed by the record of its resumption."""
+    merged = dict(second)
+    merged["steps"] = first["steps"] + second["steps"]
+    merged["train_s"] = first["train_s"] + second["train_s"]
+    merged["s_per_step"] = merged["train_s"] / max(len(merged["steps"]), 1)
+    merged["label"] = "c"
+    if "rank_train_s" in first and "rank_train_s" in second:  # data-parallel runs
+        merged["rank_train_s"] = [a + b for a, b in zip(first["rank_train_s"], second["rank_train_s"])]
+        merged["rank_s_per_step"] = [t / max(len(merged["steps"]), 1) for t in merged["rank_train_s"]]
+        merged["s_per_step"] = max(merged["rank_s_per_step"])
+        merged["ranks_agree"] = first["ranks_agree"] and second["ranks_agree"]
+        merged["ranks_disagreeing"] = sorted(set(first["ranks_disagreeing"]) | set(second["ranks_disagreeing"]))
+    return merged
+
+
+def compare_runs(ref: dict, other: dict) -> dict:
+    """Where ``other`` first differs from ``ref``: loss, gradient digests, final parameters."""
+    out = {"loss_equal_steps": 0, "first_loss_diff": None, "first_grad_diff": None, "final_equal": None,
+           "steps_compared": min(len(ref["steps"]), len(other["steps"])),
+           "same_length": len(ref["steps"]) == len(other["steps"])}
+    for r, o in zip(ref["steps"], other["steps"]):
+        if r["loss"] == o["loss"]:
+            out["loss_equal_steps"] += 1
+        elif out["first_loss_diff"] is None:
+            out["first_loss_diff"] = r["step"]
+        if out["first_grad_diff"] is None:
+            bad = sorted(n for n in r["grads"] if r["grads"][n] != o["grads"].get(n))
+            if bad:
+                out["first_grad_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
+    if ref["final"] is not None and other["final"] is not None:
+        out["final_equal"] = ref["final"] == other["final"]
+    out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
+                        and out["final_equal"] is True and ref.get("val_loss") == other.get("val_loss"))
+    return out
+
+
+def _plot(path: str, runs: dict) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install ordered-ssd[plot]); loss plot skipped"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"a": "-", "b": "--", "c": ":", "native-1": "-", "native-2": "--"}
+    for label, rec in runs.items():
+        steps = [s["step"] for s in rec["steps"]]
+        losses = [float.fromhex(s["loss"]) for s in rec["steps"]]
+        ax.plot(steps, losses, styles.get(label, "-"), label=f"{label} ({rec['mixer']})", linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (nats/byte)")
+    ax.set_title("ordered-ssd check: loss of every run")
+    ax.legend()
+    atomic_savefig(path, fig, dpi=110)
+    return None
+
+
+def _describe(comparison: dict) -> str:
+    if comparison["identical"]:
+        return "identical"
+    return (f"DIFFERENT (loss from step {comparison['first_loss_diff']}, grads {comparison['first_grad_diff']}, "
+            f"final params equal: {comparison['final_equal']})")
+
+
+def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
+    labels = list(runs)
+    print_fn("")
+    print_fn(f"{'step':>5} {'loss (a)':>10}  " + "  ".join(f"{lab:>8}" for lab in labels[1:]))
+    n_steps = len(runs["a"]["steps"])
+    show = sorted(set(list(range(min(n_steps, 5))) + list(range(0, n_steps, max(1, n_steps // 10)))
+                      + [n_steps - 1, stop_at - 1, stop_at]))
+    for i in show:
+        if not 0 <= i < n_steps:
+            continue
+        ref = runs["a"]["steps"][i]
+        cells = []
+        for lab in labels[1:]:
+            other = runs[lab]["steps"][i] if i < len(runs[lab]["steps"]) else None
+            if other is None:
+                cells.append("missing")
+            elif lab.startswith("native"):
+                native_ref = runs["native-1"]["steps"][i]
+                same = other["loss"] == native_ref["loss"] and other["grads"] == native_ref["grads"]
+                cells.append(f"{float.fromhex(other['loss']):.4f}" + ("" if same or lab == "native-1" else "*"))
+            else:
+                cells.append("= bits" if other["loss"] == ref["loss"] and other["grads"] == ref["grads"] else "DIFF")
+        print_fn(f"{i:>5} {float.fromhex(ref['loss']):>10.6f}  " + "  ".join(f"{c:>8}" for c in cells))
+    print_fn("")
+
+
+def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, stop_at: int, wall: float,
+           nproc: Optional[int], print_fn: Callable = print) -> bool:
+    """Compare the runs (``a``, ``b``, ``c`` and the native control's ``native-1``/``native-2`` if present),
+    print the table, the comparisons and the verdict, write ``loss.png`` and ``report.json`` under ``out_dir``.
+    Returns whether a, b and c (and, data-parallel, every rank of each) agree bit for bit."""
+    ddp = nproc is not None
+    native = "native-1" in runs
+    cmp_b, cmp_c = compare_runs(runs["a"], runs["b"]), compare_runs(runs["a"], runs["c"])
+    cmp_native = compare_runs(runs["native-1"], runs["native-2"]) if native else None
+    ranks_agree = all(runs[lab].get("ranks_agree", True) for lab in ("a", "b", "c"))
+    ok = cmp_b["identical"] and cmp_c["identical"] and ranks_agree
+    _print_table(runs, stop_at, print_fn)
+    if ddp:
+        print_fn(f"b (fresh processes) vs a:             {_describe(cmp_b)}")
+        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {_describe(cmp_c)}")
+        print_fn("ranks agree (loss, gradient and parameter bits on every rank): " + (
+            "yes, in every run" if ranks_agree else "NO: " + ", ".join(
+                f"run {lab} ranks {runs[lab]['ranks_disagreeing']}" for lab in ("a", "b", "c")
+                if not runs[lab]["ranks_agree"])))
+    else:
+        print_fn(f"b (fresh process) vs a:               {_describe(cmp_b)}")
+        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {_describe(cmp_c)}")
+    if native:
+        print_fn("(native columns: the loss; '*' marks a step whose loss or gradient bits differ from native-1)")
+        print_fn("native Mamba2 run 1 vs run 2 (control): " + (
+            "identical" if cmp_native["identical"] else
+            f"diverged: first gradient difference at step "
+            f"{cmp_native['first_grad_diff']['step'] if cmp_native['first_grad_diff'] else '-'}, first loss "
+            f"difference at step {cmp_native['first_loss_diff']}"))
+    for lab, rec in runs.items():
+        per_rank = ("" if "rank_s_per_step" not in rec else
+                    " (per rank: " + ", ".join(f"{1000 * t:.1f}" for t in rec["rank_s_per_step"]) + ")")
+        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step{per_rank}, "
+                 f"val loss {float.fromhex(rec['val_loss']):.4f}")
+    verdict = "REPRODUCIBLE" if ok else "NOT REPRODUCIBLE"
+    n_steps = len(runs["a"]["steps"])
+    if ddp:
+        print_fn(f"verdict: {verdict}: {n_steps} steps, world size {nproc}, loss, per-parameter gradient and final "
+                 f"parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
+                 f"(fresh processes; restart at step {stop_at})")
+    else:
+        print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and final parameter digests "
+                 f"{'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step {stop_at})")
+
+    summary = {"verdict": verdict, "ok": ok, "spec": spec, "data_source": source, "n_params": n_params,
+               "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
+               "fingerprint_info": runs["a"]["fingerprint_info"],
+               "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},
+               "runs": {lab: {"mixer": rec["mixer"], "s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"],
+                              "losses": [s["loss"] for s in rec["steps"]], "final": rec["final"]}
+                        for lab, rec in runs.items()},
+               "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"]} for s in runs["a"]["steps"]]}
+    if ddp:
+        summary["world_size"] = nproc
+        summary["backend"] = spec["ddp"]["backend"]
+        summary["ranks_agree"] = ranks_agree
+        for lab, rec in runs.items():
+            summary["runs"][lab].update({k: rec[k] for k in ("rank_s_per_step", "ranks_agree", "ranks_disagreeing",
+                                                             "world_size")})
+    note = _plot(os.path.join(out_dir, "loss.png"), runs)
+    summary["plot"] = None if note else "loss.png"
+    atomic_write_json(os.path.join(out_dir, "report.json"), summary)
+    if note:
+        print_fn(f"note: {note}")
+    print_fn(f"report: {os.path.join(out_dir, 'report.json')}"
+             + ("" if note else f", plot: {os.path.join(out_dir, 'loss.png')}"))
+    return ok

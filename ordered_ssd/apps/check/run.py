@@ -1,0 +1,101 @@
+"""``ordered-ssd check``: train the same spec three times (and the native control) and report the verdict."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import torch
+
+from ..files import atomic_write_json, prepare_out_dir
+from ..lm import ByteData, load_corpus
+from .errors import CheckError
+from .launch import Launcher
+from .report import load_record, merge_restart, report
+from .train import build_model, train_run
+
+DDP_BUCKET_CAP_MB = 25.0  # set explicitly; it changes DDP's bucket layout (speed), never the bits (elementwise fold)
+
+
+def _check_nproc(spec: dict, nproc: int) -> None:
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise CheckError(f"--nproc: expected a positive integer, got {nproc!r}")
+    if spec["batch"] % nproc:
+        raise CheckError(f"--batch: the global batch {spec['batch']} is not divisible by --nproc {nproc} "
+                         f"(rank r takes rows [r*B/N, (r+1)*B/N) of every step's batch)")
+    device = torch.device(spec["device"])
+    if device.type == "cuda":
+        if device.index is not None:
+            raise CheckError(f"--device: with --nproc give cuda, not {spec['device']} (rank r uses cuda:r)")
+        if nproc > torch.cuda.device_count():
+            raise CheckError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
+                             f"{torch.cuda.device_count()} visible")
+
+
+def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress: bool = True,
+              print_fn=print, nproc: Optional[int] = None) -> int:
+    """Run a, b, c (and the native control); print the table and the verdict; write report.json and loss.png.
+
+    Run ``a`` trains in this process, ``b`` in a fresh process, ``c`` in a fresh process stopped after
+    ``stop_at`` steps and resumed from its checkpoint in another; with ``native``, ``native-1`` and ``native-2``
+    train mamba-ssm's ``Mamba2`` in two fresh processes. With ``nproc`` (an int >= 1), every run (a included) is
+    a data-parallel run of ``nproc`` processes launched through ``python -m torch.distributed.run`` (gloo on the
+    CPU, nccl on CUDA with one GPU per rank), and the verdict also requires every rank of every run to agree bit
+    for bit.
+
+    Returns the exit code: 0 if a, b and c agree bit for bit, 1 otherwise.
+
+    Raises:
+        CheckError: bad ``stop_at``, a global batch not divisible by ``nproc``, too few GPUs, unwritable output,
+            or a failed run (one-line message).
+    """
+    ddp = nproc is not None
+    if ddp:
+        _check_nproc(spec, nproc)
+    out_dir = prepare_out_dir(out_dir)
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"])
+    spec = dict(spec, data_sha256=data.sha256)
+    if ddp:
+        spec = dict(spec, nproc=nproc, ddp={"bucket_cap_mb": DDP_BUCKET_CAP_MB, "hook": "ordered_allreduce_hook",
+                                            "backend": "nccl" if torch.device(spec["device"]).type == "cuda"
+                                            else "gloo"})
+    if not 0 < stop_at < spec["steps"]:
+        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    runs_dir = os.path.join(out_dir, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    spec_path = os.path.join(runs_dir, "spec.json")
+    atomic_write_json(spec_path, spec)
+    n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
+    where = (f"{spec['device']} x {nproc} processes ({spec['ddp']['backend']}, DistributedDataParallel, ordered "
+             f"gradient hook)" if ddp else spec["device"])
+    batch_desc = (f"global batch {spec['batch']} ({spec['batch'] // nproc} rows per rank)" if ddp
+                  else f"batch {spec['batch']}")
+    print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
+             f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {where}, "
+             f"{spec['steps']} steps of {batch_desc} x {spec['seq_len']} bytes")
+    print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
+    launch = Launcher(runs_dir, progress, nproc)
+    ckpt = os.path.join(runs_dir, f"checkpoint-step{stop_at}.pt")
+
+    t0 = time.perf_counter()
+    if ddp:
+        launch(spec_path, "a", "a", [])
+        runs = {"a": load_record(launch.record("a"))}
+    else:
+        runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
+    launch(spec_path, "b", "b", [])
+    runs["b"] = load_record(launch.record("b"))
+    launch(spec_path, "c1", "c:1", ["--stop-at", str(stop_at), "--ckpt", ckpt])
+    launch(spec_path, "c2", "c:2", ["--resume", ckpt])
+    runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
+    if native:
+        native_spec_path = os.path.join(runs_dir, "spec-native.json")
+        atomic_write_json(native_spec_path, dict(spec, mixer="native"))
+        for name in ("native-1", "native-2"):
+            launch(native_spec_path, name, name, [])
+            runs[name] = load_record(launch.record(name))
+    wall = time.perf_counter() - t0
+    ok = report(runs, spec, out_dir, source=source, n_params=n_params, stop_at=stop_at, wall=wall, nproc=nproc,
+                print_fn=print_fn)
+    return 0 if ok else 1

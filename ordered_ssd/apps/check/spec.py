@@ -1,0 +1,68 @@
+"""The run spec of ``ordered-ssd check`` from its command-line arguments, and the per-device defaults."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..lm import DataError
+
+# Defaults per device: CPU finishes in about a minute; CUDA trains a larger model for longer.
+DEFAULTS = {
+    "cpu": dict(d_model=64, n_layers=2, d_state=16, headdim=16, chunk_size=32, steps=40, batch=4, seq_len=128,
+                lr=3e-3, data_bytes=2_000_000),
+    "cuda": dict(d_model=512, n_layers=8, d_state=64, headdim=64, chunk_size=128, steps=200, batch=8, seq_len=512,
+                 lr=1e-3, data_bytes=16_000_000),
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else or a missing GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DataError(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device: {name} requested but no CUDA device is available")
+    if device.type not in ("cpu", "cuda"):
+        raise DataError(f"--device: expected cpu or cuda, got {name!r}")
+    return device
+
+
+def spec_from_args(args) -> dict:
+    """The run spec of parsed ``ordered-ssd check`` arguments: the device's :data:`DEFAULTS` where an option is
+    not given. Raises DataError (one line) for an impossible combination."""
+    device = resolve_device(args.device)
+    defaults = DEFAULTS[device.type]
+    pick = lambda value, key: defaults[key] if value is None else value  # noqa: E731
+    model = dict(d_model=pick(args.d_model, "d_model"), n_layers=pick(args.n_layers, "n_layers"),
+                 d_state=pick(args.d_state, "d_state"), headdim=pick(args.headdim, "headdim"),
+                 ngroups=args.ngroups, chunk_size=pick(args.chunk_size, "chunk_size"), expand=2)
+    if (2 * model["d_model"]) % model["headdim"]:
+        raise DataError(f"--headdim: expected a divisor of 2 * d_model = {2 * model['d_model']}, "
+                        f"got {model['headdim']}")
+    if ((2 * model["d_model"]) // model["headdim"]) % model["ngroups"]:
+        raise DataError(f"--ngroups: expected a divisor of the number of heads "
+                        f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
+    if args.data is not None and not os.path.exists(args.data):
+        raise DataError(f"--data: no such file or directory: {args.data}")
+    if args.native and device.type != "cuda":
+        raise DataError("--native: the native Mamba2 control needs a CUDA device (and mamba-ssm)")
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        batch = pick(args.batch, "batch")
+        if batch % nproc:
+            raise DataError(f"--batch: the global batch {batch} is not divisible by --nproc {nproc} "
+                            f"(rank r takes rows [r*B/N, (r+1)*B/N) of every step's batch)")
+        if device.type == "cuda" and args.device not in ("auto", "cuda"):
+            raise DataError(f"--device: with --nproc give cuda (rank r uses cuda:r), not {args.device}")
+        if device.type == "cuda" and nproc > torch.cuda.device_count():
+            raise DataError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
+                            f"{torch.cuda.device_count()} visible")
+    return {"device": str(device), "mixer": "ordered", "model": model, "seed": args.seed,
+            "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
+            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
+            "data": None if args.data is None else os.path.abspath(args.data),
+            "data_bytes": pick(args.data_bytes, "data_bytes")}

@@ -1,0 +1,192 @@
+"""One training run of ``ordered-ssd check``: the model and optimizer of a spec, the progress line, and the one
+training loop that serves the 1-process run and every rank of a data-parallel run."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import List, Optional
+
+import torch
+
+from ...digest import tensor_sha256
+from ...fingerprint import fingerprint_diff, fingerprint_string
+from ..files import atomic_torch_save, atomic_write_json
+from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
+from .errors import CheckError
+from .world import world_of
+
+
+# ----------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A one-line progress display on stderr (redrawn in place on a terminal, every 10% otherwise)."""
+
+    def __init__(self, label: str, total: int, start: int = 0, enabled: bool = True):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.start = start
+        self.last_pct = -1
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        done = step + 1
+        pct = int(100 * done / max(self.total, 1))
+        rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+        width = 24
+        bar = "#" * int(width * done / max(self.total, 1))
+        line = f"[{self.label:>8}] |{bar:<{width}}| {done}/{self.total} loss {loss:.4f} {rate:.1f} step/s"
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if done == self.total else ""))
+            sys.stderr.flush()
+        elif pct // 10 != self.last_pct // 10 or done == self.total:
+            sys.stderr.write(line + "\n")
+        self.last_pct = pct
+
+
+# ----------------------------------------------------------------------------------------------- model
+def _mixer_class(kind: str):
+    if kind == "ordered":
+        from ... import OrderedMamba2
+
+        return OrderedMamba2
+    if kind == "native":
+        try:
+            from mamba_ssm.modules.mamba2 import Mamba2
+        except ImportError as e:
+            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: pip install ordered-ssd[cuda]"
+                             ) from None
+        return Mamba2
+    raise ValueError(f"mixer: expected 'ordered' or 'native', got {kind!r}")
+
+
+def build_model(spec: dict, device: torch.device):
+    """The byte-level LM of ``spec`` (seeded with ``spec["seed"]``) and its AdamW optimizer (weight decay off for
+    1-d and ``_no_weight_decay`` parameters)."""
+    torch.manual_seed(spec["seed"])
+    model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    return model, optimizer
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.random.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _check_resume_fingerprint(ckpt: dict, resume: str, fp: str, fp_info: dict, allow: bool, holder: str) -> None:
+    """Stop (CheckError naming the differing fields) if the checkpoint's fingerprint is not ``fp``, unless
+    ``allow``."""
+    if ckpt["fingerprint"] != fp and not allow:
+        diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
+        raise CheckError(f"checkpoint {resume} was written with determinism fingerprint {ckpt['fingerprint']}, "
+                         f"{holder} {fp} (differs in: {diff}); resuming would not replay the run bit for bit. "
+                         f"Pass --allow-fingerprint-mismatch to resume anyway.")
+
+
+def _val_loss(model, data: ByteData, batch: int, device: torch.device) -> str:
+    """Mean validation loss per byte over every validation window, in order, as ``float.hex``."""
+    with torch.no_grad():
+        total, count = 0.0, 0
+        for x_val, y_val in data.val_batches(batch):
+            total += float(lm_loss(model(x_val.to(device)), y_val.to(device))) * x_val.numel()
+            count += x_val.numel()
+    return (total / max(count, 1)).hex()
+
+
+# ----------------------------------------------------------------------------------------------- the loop
+def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
+               ckpt_path: Optional[str] = None, resume: Optional[str] = None,
+               allow_fingerprint_mismatch: bool = False, progress: bool = True) -> Optional[dict]:
+    """Train according to ``spec`` in ``world`` (:mod:`ordered_ssd.apps.check.world`); write (atomically, rank 0
+    only) and return the run record (None on the other ranks).
+
+    The record has ``steps`` (per step: the loss as ``float.hex`` and the SHA-256 of every parameter's gradient
+    before clipping), ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
+    ``val_loss``, timings and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
+    ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
+    bits). Stopping at ``stop_at`` writes one checkpoint (rank 0, atomically): model and optimizer (identical on
+    every rank), every rank's RNG state, data position, step and fingerprint.
+
+    Raises:
+        CheckError: the ranks' fingerprints differ, uneven batch, the data differs from the parent run's, or the
+            checkpoint does not match (format, world size, fingerprint).
+    """
+    device = world.device
+    fp_info = world.fingerprint()
+    fp = fingerprint_string(fp_info)
+    offset, count = world.rows(spec["batch"])
+    corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"])
+    if data.sha256 != spec["data_sha256"]:
+        raise CheckError(f"the data read by run {world.run_name(label)} differs from the data of the parent run")
+    model, optimizer = build_model(spec, device)
+    start = 0
+    if resume is not None:
+        ckpt = torch.load(resume, map_location="cpu", weights_only=True)  # RNG states must stay on the CPU
+        world.check_checkpoint(ckpt, resume)
+        _check_resume_fingerprint(ckpt, resume, fp, fp_info, allow_fingerprint_mismatch, world.holder)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        _set_rng_state(world.rng_of(ckpt), device)
+        start = int(ckpt["data_position"])
+    net = world.wrap(model, spec)
+    names = [name for name, _ in model.named_parameters()]
+    steps: List[dict] = []
+    bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
+    end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
+    t0 = time.perf_counter()
+    for step in range(start, end):
+        x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = lm_loss(net(x), y)  # mean over this process's rows
+        loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
+        grads = {name: tensor_sha256(p.grad) for name, p in model.named_parameters()}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
+        optimizer.step()
+        value = world.global_loss(loss)
+        steps.append({"step": step, "loss": value.hex(), "grads": grads})
+        bar.update(step, value)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    train_s = time.perf_counter() - t0
+    final = {name: tensor_sha256(p) for name, p in model.named_parameters()} if end >= spec["steps"] else None
+    every = world.gather(model, steps, final, train_s)
+    if end < spec["steps"]:
+        if ckpt_path is None:
+            raise ValueError("ckpt_path is required with stop_at")
+        if world.rank == 0:
+            atomic_torch_save(ckpt_path, {
+                "step": end, "data_position": end, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "fingerprint": fp, "fingerprint_info": json.dumps(fp_info, sort_keys=True),
+                "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
+    record = None
+    if world.rank == 0:
+        record = {"label": label, "spec": spec, "fingerprint": fp, "fingerprint_info": fp_info, "start": start,
+                  "steps": steps, "train_s": train_s, "param_names": names, "final": final, "val_loss": None,
+                  "mixer": spec["mixer"], "native": spec["mixer"] == "native",
+                  **world.record_fields(every, len(steps))}
+        if final is not None:
+            record["val_loss"] = _val_loss(model, data, spec["batch"], device)
+        atomic_write_json(record_path, record)
+    world.barrier()
+    return record
+
+
+def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
+              ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
+              progress: bool = True) -> Optional[dict]:
+    """One run of ``spec``: in this process, or (``spec["nproc"]`` set) as one rank of a data-parallel run
+    launched by torchrun. See :func:`train_loop` for the record and the errors; a data-parallel rank outside
+    torchrun, or with another world size than ``spec["nproc"]``, raises :class:`CheckError`."""
+    with world_of(spec) as world:
+        return train_loop(world, spec, record_path, label=label, stop_at=stop_at, ckpt_path=ckpt_path,
+                          resume=resume, allow_fingerprint_mismatch=allow_fingerprint_mismatch, progress=progress)

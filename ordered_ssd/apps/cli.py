@@ -1,0 +1,138 @@
+"""Command line: ``ordered-ssd {check, bench, env}`` (also ``python -m ordered_ssd``); ``_train`` is one training
+run, started by ``check`` in fresh processes."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+import torch
+
+from .errors import EXIT_OK, EXIT_USAGE, AppError, run_reporting
+from .files import positive_int
+from .lm import DataError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``ordered-ssd`` (``bench`` takes its own arguments: see :func:`main`)."""
+    parser = argparse.ArgumentParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check",
+                           help="train a byte-level Mamba-2 LM on real text and prove the run is reproducible",
+                           description="Train the same model three times (this process; a fresh process; a fresh "
+                                       "process stopped at step k and resumed from its checkpoint) and compare the "
+                                       "loss, gradient and parameter bits. Exit 0 only if all three agree.")
+    check.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
+    check.add_argument("--data", default=None,
+                       help="text file or directory to train on (default: the Python standard library's sources)")
+    check.add_argument("--data-bytes", type=positive_int, default=None, help="read at most this many bytes")
+    check.add_argument("--out", default="ordered-ssd-check", help="output directory (default: ./ordered-ssd-check)")
+    check.add_argument("--steps", type=positive_int, default=None)
+    check.add_argument("--stop-at", type=positive_int, default=None, help="step k of the restart run (default steps/2)")
+    check.add_argument("--batch", type=positive_int, default=None)
+    check.add_argument("--seq-len", type=positive_int, default=None)
+    check.add_argument("--d-model", type=positive_int, default=None)
+    check.add_argument("--n-layers", type=positive_int, default=None)
+    check.add_argument("--d-state", type=positive_int, default=None)
+    check.add_argument("--headdim", type=positive_int, default=None)
+    check.add_argument("--ngroups", type=positive_int, default=1)
+    check.add_argument("--chunk-size", type=positive_int, default=None)
+    check.add_argument("--lr", type=float, default=None)
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--native", action="store_true",
+                       help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control")
+    check.add_argument("--nproc", type=positive_int, default=None,
+                       help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
+                            "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "
+                            "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md)")
+    check.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")
+    # `ordered-ssd bench ARGS` is dispatched to ordered_ssd.apps.bench before this parser runs (see main); the
+    # subparser is here for the command list and `ordered-ssd --help`.
+    bench = sub.add_parser("bench", add_help=False,
+                           help="time and measure one layer: native Mamba2, upstream deterministic mode, "
+                                "OrderedMamba2 and its literal mode (GPU; `ordered-ssd bench --help`)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+
+    train = sub.add_parser("_train", help=argparse.SUPPRESS)  # one training run, used by `check` in fresh processes
+    train.add_argument("--spec", required=True)
+    train.add_argument("--record", required=True)
+    train.add_argument("--label", required=True)
+    train.add_argument("--stop-at", type=int, default=None)
+    train.add_argument("--ckpt", default=None)
+    train.add_argument("--resume", default=None)
+    train.add_argument("--allow-fingerprint-mismatch", action="store_true")
+    train.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def _cmd_check(args) -> int:
+    from .check import run_check
+    from .check.spec import spec_from_args
+
+    spec = spec_from_args(args)
+    stop_at = args.stop_at if args.stop_at is not None else max(1, spec["steps"] // 2)
+    return run_check(spec, args.out, stop_at=stop_at, native=args.native, progress=not args.quiet,
+                     nproc=args.nproc)
+
+
+def _cmd_train(args) -> int:
+    """One run of a spec: in this process, or as one rank of a data-parallel run (the spec has ``nproc``)."""
+    from .check import train_run
+
+    with open(args.spec) as fh:
+        spec = json.load(fh)
+    train_run(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt, resume=args.resume,
+              allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet)
+    return EXIT_OK
+
+
+def _cmd_env(args) -> int:
+    from ..fingerprint import determinism_fingerprint, fingerprint_string, package_versions
+
+    for package, version in package_versions().items():
+        print(f"{package:>14}: {version if version is not None else 'not installed'}")
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        print(f"{'gpu':>14}: {torch.cuda.get_device_name(0)} (sm_%d%d)" % torch.cuda.get_device_capability(0))
+    else:
+        device = torch.device("cpu")
+        print(f"{'gpu':>14}: none")
+    if device.type == "cuda":
+        from .probe import native_path_available
+
+        ok, why = native_path_available()
+        print(f"{'native path':>14}: {'available' if ok else 'unavailable: ' + why}")
+    info = determinism_fingerprint(device)
+    print(f"{'fingerprint':>14}: {fingerprint_string(info)}")
+    for field, value in info.items():
+        print(f"{'':>16}{field} = {value}")
+    return EXIT_OK
+
+
+def _cmd_bench(rest: List[str]) -> int:
+    """``ordered-ssd bench [args]``: the benchmark suite (:mod:`ordered_ssd.apps.bench`); prints its table. Without a
+    CUDA device or the native extras it exits 2 with one line naming what is missing and the install command."""
+    from .bench import main as bench_main
+
+    return bench_main(rest, prog="ordered-ssd bench")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``ordered-ssd``: the exit status (0 success, 1 ``check`` found a difference, 2 usage or
+    data error with one line on stderr, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":  # its own parser: REMAINDER would not take options such as --shapes
+        return _cmd_bench(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands = {"check": _cmd_check, "_train": _cmd_train, "env": _cmd_env,
+                "bench": lambda parsed: _cmd_bench(list(parsed.rest))}
+    if args.command not in commands:
+        parser.error(f"unknown command {args.command}")
+        return EXIT_USAGE
+    return run_reporting(f"ordered-ssd {args.command}", lambda: commands[args.command](args),
+                         errors=(DataError, AppError))

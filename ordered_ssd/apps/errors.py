@@ -1,0 +1,31 @@
+"""The applications' user-facing failures: one line on stderr, a documented exit status."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Tuple, Type
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+
+
+class AppError(RuntimeError):
+    """A user-facing failure (bad argument, missing requirement, unwritable output, failed run): one-line
+    message, exit status 2."""
+
+
+def run_reporting(prog: str, command: Callable[[], int],
+                  errors: Tuple[Type[BaseException], ...] = (AppError,)) -> int:
+    """``command()``'s exit status; one of ``errors`` becomes ``"<prog>: error: <message>"`` on stderr and exit
+    status 2, an interrupt ``"<prog>: interrupted"`` and 130.
+
+    The error line is one write, so that the lines of concurrent ranks (under torchrun) do not interleave.
+    """
+    try:
+        return command()
+    except errors as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        sys.stderr.flush()
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+

@@ -1,0 +1,24 @@
+"""The child processes (:mod:`ordered_ssd.apps.bench.children`)."""
+import os
+
+import pytest
+
+from ordered_ssd.apps import bench
+
+TINY = "2,64,32,16,1,16,32"
+
+
+def test_child_process_gets_the_switches_and_reports_json():
+    """The upstream-det plumbing, run on the CPU with the ordered mode: the deterministic switches are set in the
+    child's environment only, and its results come back as JSON lines."""
+    shape = bench.parse_shape(TINY, name="T")
+    settings = {"repeats": 2, "warmup": 1, "bit_repeats": 2, "seed": 0}
+    before = {k: os.environ.get(k) for k in bench.DET_ENV}
+    ch = bench.run_child("upstream-det", [shape], settings, "cpu", mode="ordered")
+    assert {k: os.environ.get(k) for k in bench.DET_ENV} == before
+    assert ch["returncode"] == 0 and ch["error"] is None, ch
+    assert ch["meta"]["env"]["MAMBA_DETERMINISTIC"] == "1" and ch["meta"]["env"]["CAUSAL_CONV1D_DETERMINISTIC"] == "1"
+    row = ch["shapes"]["T"]["rows"]["ordered"]
+    assert row.get("error") is None and row["n"] == 2 and row["bitwise"] is True
+    with pytest.raises(ValueError, match="kind"):
+        bench.run_child("other", [shape], settings, "cpu")

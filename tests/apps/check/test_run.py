@@ -1,0 +1,105 @@
+"""``ordered-ssd check`` end to end on the CPU (:mod:`ordered_ssd.apps.check.run`): 1 process and 2 (gloo)."""
+import json
+import os
+
+import pytest
+
+from ordered_ssd.apps.check import CheckError, run_check
+from ordered_ssd.apps.check.spec import spec_from_args
+from ordered_ssd.apps.cli import build_parser
+from ordered_ssd.distributed import TEST_SKEW_ENV
+from tests.apps.helpers import TINY_CHECK, cli_env, run_cli
+
+TINY = TINY_CHECK + ["--batch", "4"]
+
+
+def test_check_is_reproducible_and_reports(check_run):
+    res, out = check_run
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "verdict: REPRODUCIBLE: 6 steps" in res.stdout
+    assert "b (fresh process) vs a:               identical" in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"] is True and report["verdict"] == "REPRODUCIBLE"
+    assert report["stop_at"] == 3 and report["spec"]["steps"] == 6
+    assert "standard library" in report["data_source"]
+    runs = report["runs"]
+    assert set(runs) == {"a", "b", "c"}
+    assert runs["a"]["losses"] == runs["b"]["losses"] == runs["c"]["losses"]
+    assert len(runs["a"]["losses"]) == 6
+    losses = [float.fromhex(h) for h in runs["a"]["losses"]]
+    assert 4.0 < losses[0] < 6.5  # about log(256) = 5.55 nats for an untrained byte model
+    assert runs["a"]["final"] == runs["c"]["final"] and len(runs["a"]["final"]) == len(report["per_step"][0]["grads"])
+    assert all(len(h) == 64 for h in report["per_step"][0]["grads"].values())
+    for key in ("b_vs_a", "c_vs_a"):
+        c = report["comparisons"][key]
+        assert c["identical"] and c["loss_equal_steps"] == 6 and c["first_grad_diff"] is None
+    assert report["plot"] == "loss.png" and (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "runs" / "checkpoint-step3.pt").exists()
+    assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]
+
+
+def test_check_on_a_user_directory(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"part{i}.txt").write_text(("The quick brown fox jumps over the lazy dog. %d\n" % i) * 300)
+    out = tmp_path / "out"
+    res = run_cli("check", *TINY_CHECK, "--batch", "2", "--data", str(corpus), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"] and report["data_source"].startswith(f"directory {corpus} (3 files")
+
+
+def test_ddp_check_is_reproducible_and_reports(ddp_check):
+    res, out = ddp_check
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "on cpu x 2 processes (gloo, DistributedDataParallel, ordered gradient hook)" in res.stdout
+    assert "global batch 4 (2 rows per rank)" in res.stdout
+    assert "b (fresh processes) vs a:             identical" in res.stdout
+    assert "ranks agree (loss, gradient and parameter bits on every rank): yes, in every run" in res.stdout
+    assert "verdict: REPRODUCIBLE: 6 steps, world size 2," in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"] is True and report["world_size"] == 2 and report["backend"] == "gloo"
+    assert report["ranks_agree"] is True
+    assert report["fingerprint_info"]["world_size"] == 2
+    assert report["spec"]["nproc"] == 2 and report["spec"]["ddp"]["bucket_cap_mb"] == 25.0
+    runs = report["runs"]
+    assert set(runs) == {"a", "b", "c"}
+    assert runs["a"]["losses"] == runs["b"]["losses"] == runs["c"]["losses"] and len(runs["a"]["losses"]) == 6
+    assert runs["a"]["final"] == runs["b"]["final"] == runs["c"]["final"]
+    assert runs["a"]["val_loss"] == runs["b"]["val_loss"] == runs["c"]["val_loss"]
+    for lab in ("a", "b", "c"):
+        assert runs[lab]["world_size"] == 2 and runs[lab]["ranks_agree"] is True
+        assert runs[lab]["ranks_disagreeing"] == []
+        assert len(runs[lab]["rank_s_per_step"]) == 2 and all(t > 0 for t in runs[lab]["rank_s_per_step"])
+    for key in ("b_vs_a", "c_vs_a"):
+        c = report["comparisons"][key]
+        assert c["identical"] and c["loss_equal_steps"] == 6 and c["first_grad_diff"] is None
+    # per-step gradient digests (after the hook's reduction) for every parameter
+    names = json.loads((out / "runs" / "a.json").read_text())["param_names"]
+    assert len(report["per_step"]) == 6 and all(sorted(s["grads"]) == sorted(names) for s in report["per_step"])
+    assert all(len(h) == 64 for h in report["per_step"][0]["grads"].values())
+    # the parameters moved, and the same way in every run
+    assert report["per_step"][0]["grads"] != report["per_step"][1]["grads"]
+    assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]
+    assert not [p for p in os.listdir(out / "runs") if p.startswith(".tmp-")]
+
+
+def test_rank_fingerprint_mismatch_stops_every_rank(tmp_path):
+    out = tmp_path / "o"
+    res = run_cli("check", *TINY, "--nproc", "2", "--out", str(out), env=cli_env(**{TEST_SKEW_ENV: "1:threads=99"}))
+    assert res.returncode == 2, res.stdout + res.stderr
+    err = res.stderr
+    assert err.count("\n") == 1, err
+    assert err.startswith("ordered-ssd check: error: run a (2 processes under torchrun) failed with exit code")
+    assert "the 2 ranks do not share one determinism fingerprint: rank 1 (" in err
+    assert ") differs from rank 0 (" in err and "'threads': (" in err and "'99')" in err
+    assert "they would not compute the same bits, stopping" in err
+    assert not (out / "report.json").exists() and not (out / "runs" / "a.json").exists()
+
+
+def test_run_check_rejects_uneven_batch_before_writing(tmp_path):
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    with pytest.raises(CheckError, match=r"--batch: the global batch 4 is not divisible by --nproc 3"):
+        run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, nproc=3)
+    assert not (tmp_path / "o").exists()
