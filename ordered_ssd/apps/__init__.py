@@ -8,6 +8,6 @@
   the output directory, argparse types; the one-line user-facing error and its exit status).
 
 From the library they use only public names: :class:`ordered_ssd.OrderedMamba2`, :mod:`ordered_ssd.digest`,
-:mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.distributed`, ``ordered_ssd.mamba2.native_path_available``
-(imported in :mod:`ordered_ssd.apps.probe` only) and ``csrc_bindings``.
+:mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.distributed`, :func:`ordered_ssd.modules.cuda_path_available`
+and ``csrc_bindings``.
 """

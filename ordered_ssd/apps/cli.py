@@ -102,10 +102,10 @@ def _cmd_env(args) -> int:
         device = torch.device("cpu")
         print(f"{'gpu':>14}: none")
     if device.type == "cuda":
-        from .probe import native_path_available
+        from ..modules import cuda_path_available
 
-        ok, why = native_path_available()
-        print(f"{'native path':>14}: {'available' if ok else 'unavailable: ' + why}")
+        ok, why = cuda_path_available()
+        print(f"{'cuda path':>14}: {'available' if ok else 'unavailable: ' + why}")
     info = determinism_fingerprint(device)
     print(f"{'fingerprint':>14}: {fingerprint_string(info)}")
     for field, value in info.items():

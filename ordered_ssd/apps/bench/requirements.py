@@ -1,4 +1,4 @@
-"""What the bench needs (a CUDA device, the native extras, OrderedMamba2's native path) and the error it raises."""
+"""What the bench needs (a CUDA device, the native extras, OrderedMamba2's CUDA path) and the error it raises."""
 from __future__ import annotations
 
 import importlib.util
@@ -46,8 +46,8 @@ def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: O
         return (" and ".join(problems) + f"; the benchmark needs a CUDA GPU and the native extras: {INSTALL}")
     if any(m in modes for m in ("ordered", "literal")):
         if native_path is None:
-            from ..probe import native_path_available as native_path
+            from ...modules import cuda_path_available as native_path
         ok, why = native_path()
         if not ok:
-            return f"OrderedMamba2's native path is unavailable here ({why}); {INSTALL}"
+            return f"OrderedMamba2's CUDA path is unavailable here ({why}); {INSTALL}"
     return None

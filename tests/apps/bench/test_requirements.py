@@ -13,7 +13,7 @@ def test_missing_requirements_names_what_is_missing():
     assert msg.startswith("no CUDA device") and "pip install ordered-ssd[cuda]" in msg
     msg = bench.missing_requirements("cuda", ["ordered"], cuda_available=True, find_spec=spec(set()),
                                      native_path=lambda: (False, "mamba-ssm 2.2 is not supported"))
-    assert "native path is unavailable" in msg and "mamba-ssm 2.2" in msg
+    assert "CUDA path is unavailable" in msg and "mamba-ssm 2.2" in msg
     assert bench.missing_requirements("cuda", ["native"], cuda_available=True, find_spec=spec(set())) is None
     assert bench.missing_requirements("cpu", ["ordered", "literal"]) is None
     assert "upstream-det" in bench.missing_requirements("cpu", ["upstream-det", "ordered"])
