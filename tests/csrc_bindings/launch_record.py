@@ -44,12 +44,15 @@ class _ConvExt:
 
 
 def fake_native(log):
-    """(triton side, conv side) namespaces in the shape of ``csrc_bindings._native``'s cached ones."""
-    from csrc_bindings._kernel_specs import KERNELS
+    """(triton side, conv side) namespaces in the shape of ``csrc_bindings._native``'s cached ones, every kernel
+    already checked."""
+    from csrc_bindings._registry import CONV_OPS, KERNELS
     tl = SimpleNamespace(bfloat16="tl.bfloat16", float16="tl.float16", float32="tl.float32")
     tri = SimpleNamespace(tl=tl, triton_22=True, jit={k: _Jit(k, log) for k in KERNELS}, kernels={},
                           versions={"mamba_ssm": "fake", "triton": "fake"})
-    conv = SimpleNamespace(ext=_ConvExt(log), versions={"causal_conv1d": "fake"})
+    ext = _ConvExt(log)
+    conv = SimpleNamespace(ext=ext, ops={k: getattr(ext, s.attr) for k, s in CONV_OPS.items()},
+                           versions={"causal_conv1d": "fake"})
     return tri, conv
 
 
@@ -66,7 +69,8 @@ def _describe(v, named):
 def record_all(monkeypatch):
     """``{problem/kernel: [launch, ...]}`` for every kernel of the examples, with the natives faked."""
     from csrc_bindings import _native
-    from csrc_bindings._examples import ALL_KERNELS, make_problem, run_kernel
+    from csrc_bindings._examples import make_problem
+    from csrc_bindings._registry import ALL_KERNELS, run_kernel
     log = []
     tri, conv = fake_native(log)
     monkeypatch.setitem(_native._state, "triton", tri)
