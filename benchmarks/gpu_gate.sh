@@ -26,8 +26,8 @@ case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
     job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/test_ordered_native.py -k bitwise_repeatable &
-    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/test_bindings.py tests/gpu/test_native_parity.py &
-    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/test_bindings.py \
+    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py tests/gpu/test_native_parity.py &
+    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/csrc_bindings/test_bindings.py \
       --ignore=tests/gpu/test_native_parity.py -k "not bitwise_repeatable" &
     wait
     logs="gpu-grid gpu-bindings gpu-rest" ;;
