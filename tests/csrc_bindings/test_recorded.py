@@ -35,3 +35,30 @@ def test_every_launch_matches_the_record(monkeypatch):
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name] == want[name], name
+
+
+def test_every_launcher_asks_for_the_key_of_its_layer(monkeypatch):
+    """The key each launcher builds from its launch arguments (``key_of``) is the kernel's row of ``layer_keys``
+    (pinned above to the values from before the move), at the dtype of its role (natives faked, CPU)."""
+    import torch
+
+    from csrc_bindings import _configs, _native
+    from csrc_bindings._examples import make_problem
+    from csrc_bindings._registry import TUNED_KERNELS, run_kernel
+    from tests.csrc_bindings.launch_record import fake_native
+
+    tri, conv = fake_native([])
+    monkeypatch.setitem(_native._state, "triton", tri)
+    monkeypatch.setitem(_native._state, "conv", conv)
+    asked, real = [], _configs.pinned_of
+    monkeypatch.setattr(_configs, "pinned_of",
+                        lambda spec, key, dtype, arch: asked.append((spec.name, dict(key), dtype)) or
+                        real(spec, key, dtype, arch))
+    p = make_problem(chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, dtype=torch.bfloat16,
+                     swiglu_cols=48)
+    want = {k: (key, torch.bfloat16 if role == "model" else torch.float32)
+            for k, key, role in cb.layer_keys(chunk_size=64, headdim=32, dstate=16, nheads=4, d_nonssm=48)}
+    for kernel in TUNED_KERNELS:
+        asked.clear()
+        run_kernel(kernel, p)
+        assert asked == [(kernel, *want[kernel])], kernel
