@@ -82,28 +82,26 @@ def _load_triton():
     )
 
 
+def _changed(ns, what: str) -> RuntimeError:
+    return RuntimeError(f"mamba-ssm {ns.versions['mamba_ssm']}: {what} csrc_bindings supports mamba-ssm=="
+                        f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+
+
 def _check_triton_kernel(ns, spec):
-    mamba_version = ns.versions["mamba_ssm"]
     module = _import_extra(spec.module, "mamba-ssm")
     kernel = getattr(module, spec.attr, None)
     if kernel is None:
-        raise RuntimeError(f"mamba-ssm {mamba_version}: kernel {spec.module}.{spec.attr} not found; "
-                           f"csrc_bindings supports mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']} "
-                           f"(`{INSTALL_HINT}`).")
+        raise _changed(ns, f"kernel {spec.module}.{spec.attr} not found;")
     jit = unwrap_jit(kernel)
     got = tuple(getattr(jit, "arg_names", ()))
     if got != spec.arg_names:
-        raise RuntimeError(
-            f"mamba-ssm {mamba_version}: kernel {spec.attr} has arguments {list(got)}, but the launcher "
-            f"passes {list(spec.arg_names)}. csrc_bindings supports mamba-ssm=="
-            f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+        raise _changed(ns, f"kernel {spec.attr} has arguments {list(got)}, but the launcher passes "
+                           f"{list(spec.arg_names)}.")
     if spec.autotune_key is not None:
         keys = tuple(getattr(kernel, "keys", ()))
         if keys != spec.autotune_key:
-            raise RuntimeError(
-                f"mamba-ssm {mamba_version}: kernel {spec.attr} is autotuned on {list(keys)}, the pinned table"
-                f" is keyed on {list(spec.autotune_key)}. csrc_bindings supports mamba-ssm=="
-                f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+            raise _changed(ns, f"kernel {spec.attr} is autotuned on {list(keys)}, the pinned table is keyed on "
+                               f"{list(spec.autotune_key)}.")
     return kernel, jit
 
 

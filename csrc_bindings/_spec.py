@@ -1,9 +1,14 @@
 """What the launchers rely on about one native kernel: the :class:`KernelSpec`, and :func:`key_of`.
 
 A spec is pure data about the upstream kernel (where it lives, its argument names, its autotuner's key and
-candidate configurations, what its autotuner pre-hook zeroes), written beside the kernel's launcher in the file that
-mirrors the upstream module (``csrc_bindings/ssd_chunk_state.py`` for ``mamba_ssm/ops/triton/ssd_chunk_state.py``,
-...). :mod:`csrc_bindings._registry` assembles them. Importing this module imports nothing native.
+candidate configurations, what its autotuner pre-hook zeroes). Each file that mirrors an upstream module
+(``csrc_bindings/ssd_chunk_state.py`` for ``mamba_ssm/ops/triton/ssd_chunk_state.py``, ...) holds, for each of its
+kernels in upstream's order: the launcher (``launch_*``), the example runner (``_example_*``, for the tuner and the
+GPU tests) and the spec. A launcher builds its configuration key from the spec's ``autotune_key`` and its own launch
+arguments (:func:`key_of`, through :func:`csrc_bindings._configs.launch_config`) and launches the JIT function
+directly with the pinned (or given) configuration, never the autotuner; :mod:`csrc_bindings` states the contract
+every launcher keeps. :mod:`csrc_bindings._registry` assembles the specs. Importing this module imports nothing
+native.
 """
 from __future__ import annotations
 

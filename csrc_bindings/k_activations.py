@@ -1,13 +1,7 @@
 """Launchers for SwiGLU (``_swiglu_fwd_kernel``, ``_swiglu_bwd_kernel``): the mirror of
 ``mamba_ssm/ops/triton/k_activations.py``.
 
-For each kernel, in upstream's order: its launcher (``launch_*``), its example runner (``_example_*``, for the tuner
-and the GPU tests) and its :class:`~csrc_bindings._spec.KernelSpec` (where upstream defines the kernel, its argument
-names, its autotuner's key and candidates, what the autotuner's pre-hook zeroes). A launcher builds its
-configuration key from the spec's ``autotune_key`` and its own launch arguments (:func:`~csrc_bindings._spec.key_of`)
-and launches the JIT function directly with the pinned (or given) configuration, never the autotuner; see
-:mod:`csrc_bindings` for the contract every launcher keeps (no atomics reach a result, raw fp32 partials, no global
-state, bitwise reproducible).
+Layout (launcher, example runner, spec per kernel): see :mod:`csrc_bindings._spec`.
 """
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """Launchers for the per-chunk ``C B^T`` products (``_bmm_chunk_fwd_kernel``, ``_bmm_chunk_bwd_kernel``): the mirror
 of ``mamba_ssm/ops/triton/ssd_bmm.py``.
 
-For each kernel, in upstream's order: its launcher (``launch_*``), its example runner (``_example_*``, for the tuner
-and the GPU tests) and its :class:`~csrc_bindings._spec.KernelSpec` (where upstream defines the kernel, its argument
-names, its autotuner's key and candidates, what the autotuner's pre-hook zeroes). A launcher builds its
-configuration key from the spec's ``autotune_key`` and its own launch arguments (:func:`~csrc_bindings._spec.key_of`)
-and launches the JIT function directly with the pinned (or given) configuration, never the autotuner; see
-:mod:`csrc_bindings` for the contract every launcher keeps (no atomics reach a result, raw fp32 partials, no global
-state, bitwise reproducible).
+Layout (launcher, example runner, spec per kernel): see :mod:`csrc_bindings._spec`.
 """
 from __future__ import annotations
 
@@ -19,7 +13,14 @@ from ._spec import KernelSpec
 from ._util import cdiv, check, check_shape, out_buffer, strides
 
 UPSTREAM = "mamba_ssm.ops.triton.ssd_bmm"
-_INF = float("inf")
+
+
+def _dims(a):
+    """``(has_groups, batch, seqlen, ngroups, K)`` of ``a`` ``[B, L, G, K]`` (or ``[B, L, K]``: one group)."""
+    if a.dim() == 4:
+        return (True, *a.shape)
+    batch, seqlen, k = a.shape
+    return False, batch, seqlen, 1, k
 
 
 # ----------------------------------------------------------------------------------------------------- bmm_chunk_fwd
@@ -37,12 +38,7 @@ def launch_bmm_chunk_fwd(a, b, chunk_size, *, seq_idx=None, causal=False, output
     Returns:
         ``out`` ``[B, C, G, cs, cs]`` (``[B, C, cs, cs]`` without groups). No reduction across programs.
     """
-    has_groups = a.dim() == 4
-    if has_groups:
-        batch, seqlen, ngroups, k = a.shape
-    else:
-        batch, seqlen, k = a.shape
-        ngroups = 1
+    has_groups, batch, seqlen, ngroups, k = _dims(a)
     check_shape("b", b, a.shape, "the shape of a")
     if seq_idx is not None:
         check_shape("seq_idx", seq_idx, (batch, seqlen), "[B, L]")
@@ -111,12 +107,7 @@ def launch_bmm_chunk_bwd(a, dout, *, residual=None, config=None, out=None):
     Returns:
         ``out``. Each element is one program's sequential sum over the chunk (no cross-program reduction).
     """
-    has_groups = a.dim() == 4
-    if has_groups:
-        batch, seqlen, ngroups, k = a.shape
-    else:
-        batch, seqlen, k = a.shape
-        ngroups = 1
+    has_groups, batch, seqlen, ngroups, k = _dims(a)
     nchunks, chunk_size = dout.shape[1], dout.shape[-1]
     if a.stride(-1) != 1 and a.stride(-2) != 1:
         a = a.contiguous()
