@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU gate in one device call, the test files split over parallel pytest processes (the GPU is mostly idle:
+# The GPU gate in one device call, the test files split over four parallel pytest processes (the GPU is mostly idle:
 # the tests are launch-bound), every log under $OUT.
 #
 #   device tool, carry [".gpu"]:  source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests
@@ -26,11 +26,14 @@ case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
     job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/modules/test_mamba2_cuda.py -k bitwise_repeatable &
-    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/test_bindings.py tests/gpu/modules/test_parity_with_mamba2.py &
-    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/test_bindings.py \
-      --ignore=tests/gpu/modules/test_parity_with_mamba2.py -k "not bitwise_repeatable" &
+    job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
+      tests/gpu/modules/test_parity_with_mamba2.py &
+    job gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules --ignore=tests/gpu/modules/test_parity_with_mamba2.py \
+      -k "not bitwise_repeatable" &
+    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules \
+      --ignore=tests/gpu/csrc_bindings/test_bindings.py &
     wait
-    logs="gpu-grid gpu-bindings gpu-rest" ;;
+    logs="gpu-grid gpu-bindings gpu-modules gpu-rest" ;;
   bench)
     job bench "${T_BENCH:-560}" python -m ordered_ssd bench --breakdown --no-native-child \
       --time-budget $(( ${T_BENCH:-560} - 160 )) --out "$OUT/bench"

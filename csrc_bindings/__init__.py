@@ -15,18 +15,28 @@ This is the only part of ordered-ssd that touches mamba-ssm 2.3.2.post1 and caus
 * ``import csrc_bindings`` imports neither triton nor mamba-ssm nor causal-conv1d; the first launcher call does,
   and checks versions and kernel signatures (:func:`check_native`).
 
+Layout: one file per upstream module, named as upstream (``ssd_chunk_state.py``, ``ssd_bmm.py``,
+``ssd_state_passing.py``, ``ssd_chunk_scan.py``, ``ssd_combined.py``, ``k_activations.py``, ``layernorm_gated.py``
+of ``mamba_ssm/ops/triton/``; ``causal_conv1d.py`` for causal-conv1d's interface), each holding, per kernel, its
+launcher, its example runner and its spec (:class:`~csrc_bindings._spec.KernelSpec`: argument names, autotune key,
+candidates, pre-hook). :mod:`._registry` assembles them; :mod:`._configs` resolves configurations (the pinned table
+and its tuner are in :mod:`.pinned`); :mod:`._native` loads and checks the natives.
+
 See ``docs/bindings.md`` for the layouts, the pinned table and the fallback rule.
 """
-from ._configs import (KernelConfig, describe_launch, fingerprint, layer_keys, pinned_config, rule_config,
-                       table_hash, table_key)
+from ._configs import KernelConfig, fingerprint, table_hash
 from ._native import INSTALL_HINT, SUPPORTED_VERSIONS, installed_version
-from .conv1d import launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, sequence_segments
-from .norm import launch_rmsnorm_gated_bwd, launch_rmsnorm_gated_fwd, launch_swiglu_bwd, launch_swiglu_fwd
-from .ssd import (launch_bmm_chunk_bwd, launch_bmm_chunk_fwd, launch_chunk_cumsum_bwd, launch_chunk_cumsum_fwd,
-                  launch_chunk_scan_bwd_dC, launch_chunk_scan_bwd_dcb, launch_chunk_scan_bwd_ddAcs_stable,
-                  launch_chunk_scan_bwd_dstates, launch_chunk_scan_bwd_dz, launch_chunk_scan_chunk_state_bwd_dx,
-                  launch_chunk_scan_fwd, launch_chunk_state_bwd_db, launch_chunk_state_fwd, launch_state_passing_bwd,
-                  launch_state_passing_fwd)
+from ._registry import CONV_OPS, KERNELS, describe_launch, layer_keys, pinned_config, rule_config, table_key
+from .causal_conv1d import launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, sequence_segments
+from .k_activations import launch_swiglu_bwd, launch_swiglu_fwd
+from .layernorm_gated import launch_rmsnorm_gated_bwd, launch_rmsnorm_gated_fwd
+from .ssd_bmm import launch_bmm_chunk_bwd, launch_bmm_chunk_fwd
+from .ssd_chunk_scan import (launch_chunk_scan_bwd_dC, launch_chunk_scan_bwd_dcb, launch_chunk_scan_bwd_ddAcs_stable,
+                             launch_chunk_scan_bwd_dstates, launch_chunk_scan_bwd_dz, launch_chunk_scan_fwd)
+from .ssd_chunk_state import (launch_chunk_cumsum_bwd, launch_chunk_cumsum_fwd, launch_chunk_state_bwd_db,
+                              launch_chunk_state_fwd)
+from .ssd_combined import launch_chunk_scan_chunk_state_bwd_dx
+from .ssd_state_passing import launch_state_passing_bwd, launch_state_passing_fwd
 
 
 def check_native(conv: bool = True) -> dict:
@@ -36,10 +46,14 @@ def check_native(conv: bool = True) -> dict:
         ImportError: an extra is missing (``pip install ordered-ssd[cuda]``).
         RuntimeError: unsupported installed version or changed kernel signature (message names both versions).
     """
-    from ._native import native, native_conv
+    from ._native import conv_op, kernel_jit, native, native_conv
     versions = dict(native().versions)
+    for spec in KERNELS.values():
+        kernel_jit(spec)
     if conv:
         versions.update(native_conv().versions)
+        for spec in CONV_OPS.values():
+            conv_op(spec)
     return versions
 
 

@@ -1,9 +1,10 @@
 """Deterministic example inputs for every launcher, keyed like the pinned table.
 
-Used by ``benchmarks/tune_pinned_configs.py`` (timing every candidate) and by the GPU tests (every table entry
-compiles and runs; bitwise reproducibility). Inputs are pure-torch random tensors from a seeded CPU generator,
-with plausible magnitudes (negative ``A``, softplus'd ``dt``, per-chunk ``dA_cumsum``); no native kernel is used to
-build them, so timing one kernel never depends on another's configuration.
+Each kernel's example runner (beside its launcher, run by :func:`csrc_bindings._registry.run_kernel`) takes one of
+these problems. Used by the tuner (``python -m csrc_bindings.pinned.tune``, timing every candidate) and by the GPU
+tests (every table entry compiles and runs; bitwise reproducibility). Inputs are pure-torch random tensors from a
+seeded CPU generator, with plausible magnitudes (negative ``A``, softplus'd ``dt``, per-chunk ``dA_cumsum``); no
+native kernel is used to build them, so timing one kernel never depends on another's configuration.
 """
 from __future__ import annotations
 
@@ -11,11 +12,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-from ._kernel_specs import KERNELS
-
-#: kernels with a table entry (autotuned upstream), in layer order
-TUNED_KERNELS = tuple(k for k, v in KERNELS.items() if v["candidates"] is not None)
 
 
 def _rand(gen, shape, scale=1.0, shift=0.0):
@@ -92,79 +88,3 @@ def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, seqlen_
                         dtype=dtype, device=device, seed=seed, state_dim=key.get("dim"),
                         swiglu_cols=int(key.get("ncols", 48)),
                         sp_dtype=dtype if kernel.startswith("state_passing") else torch.float32)
-
-
-def run_kernel(kernel, p, config=None):
-    """Run the launcher for ``kernel`` on problem ``p``; return its output tensors as a tuple (Nones dropped)."""
-    from . import conv1d, norm, ssd
-    cs, G = p["chunk_size"], p["ngroups"]
-    if kernel == "chunk_cumsum_fwd":
-        r = ssd.launch_chunk_cumsum_fwd(p["dt_raw"], p["A"], cs, dt_bias=p["dt_bias"], dt_softplus=True,
-                                        config=config)
-    elif kernel == "chunk_cumsum_bwd":
-        r = ssd.launch_chunk_cumsum_bwd(p["ddA"], p["ddt_out"], p["dt_raw"], p["A"], dt_bias=p["dt_bias"],
-                                        dt_softplus=True, config=config)
-    elif kernel == "bmm_chunk_fwd":
-        r = (ssd.launch_bmm_chunk_fwd(p["Cm"], p["Bm"], cs, output_dtype=torch.float32, config=config),)
-    elif kernel == "bmm_chunk_bwd":
-        r = (ssd.launch_bmm_chunk_bwd(p["Cm"], p["dCB"], residual=p["dB_res"], config=config),)
-    elif kernel == "chunk_state_fwd":
-        r = (ssd.launch_chunk_state_fwd(p["Bm"], p["x"], p["dt"], p["dA_cumsum"], config=config),)
-    elif kernel == "chunk_state_bwd_db":
-        r = ssd.launch_chunk_state_bwd_db(p["x"], p["dt"], p["dA_cumsum"], p["dstates"], B=p["Bm"], ngroups=G,
-                                          config=config)
-    elif kernel == "state_passing_fwd":
-        r = ssd.launch_state_passing_fwd(p["sp_states"], p["dA_cumsum"][..., -1], initial_states=p["sp_init"],
-                                         config=config)
-    elif kernel == "state_passing_bwd":
-        r = ssd.launch_state_passing_bwd(p["sp_states"], p["dA_cumsum"][..., -1], p["sp_dout"],
-                                         dfinal_states=p["sp_dfinal"], has_initial_states=True,
-                                         dstates_dtype=p["dtype"], states_dtype=p["dtype"], config=config)
-    elif kernel == "chunk_scan_fwd":
-        r = ssd.launch_chunk_scan_fwd(p["CB"], p["x"], p["dt"], p["dA_cumsum"], p["Cm"], p["states_lo"], D=p["D"],
-                                      z=p["z"], config=config)
-    elif kernel == "chunk_scan_bwd_dz":
-        r = ssd.launch_chunk_scan_bwd_dz(p["x"], p["z"], p["out_x"], p["dout"], cs, D=p["D"], config=config)
-    elif kernel == "chunk_scan_bwd_dstates":
-        r = (ssd.launch_chunk_scan_bwd_dstates(p["Cm"], p["dA_cumsum"], p["dout"], dtype=torch.float32,
-                                               config=config),)
-    elif kernel == "chunk_scan_bwd_dC":
-        r = ssd.launch_chunk_scan_bwd_dC(p["states_lo"], p["dA_cumsum"], p["dout"], C=p["Cm"], ngroups=G,
-                                         config=config)
-    elif kernel == "chunk_scan_bwd_dcb":
-        r = (ssd.launch_chunk_scan_bwd_dcb(p["x"], p["dt"], p["dA_cumsum"], p["dout"], ngroups=G, config=config),)
-    elif kernel == "chunk_scan_bwd_ddAcs_stable":
-        r = (ssd.launch_chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"],
-                                                    config=config),)
-    elif kernel == "chunk_scan_chunk_state_bwd_dx":
-        r = ssd.launch_chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"], p["dout"],
-                                                     p["dstates"], D=p["D"], config=config)
-    elif kernel == "swiglu_fwd":
-        r = (norm.launch_swiglu_fwd(p["xy"], config=config),)
-    elif kernel == "swiglu_bwd":
-        r = norm.launch_swiglu_bwd(p["xy"], p["dsw"], recompute_output=True, config=config)
-    elif kernel == "rmsnorm_gated_fwd":
-        x2 = p["out_x"].reshape(p["batch"] * p["seqlen"], -1)
-        z2 = p["z"].reshape(p["batch"] * p["seqlen"], -1)
-        r = norm.launch_rmsnorm_gated_fwd(x2, p["rms_w"], 1e-5, z=z2, group_size=x2.shape[1] // G,
-                                          norm_before_gate=False, config=config)
-    elif kernel == "rmsnorm_gated_bwd":
-        x2 = p["out_x"].reshape(p["batch"] * p["seqlen"], -1)
-        z2 = p["z"].reshape(p["batch"] * p["seqlen"], -1)
-        _, rstd = norm.launch_rmsnorm_gated_fwd(x2, p["rms_w"], 1e-5, z=z2, group_size=x2.shape[1] // G,
-                                                norm_before_gate=False)
-        r = norm.launch_rmsnorm_gated_bwd(p["dy_rms"], x2, p["rms_w"], 1e-5, rstd, rows_per_program=p["seqlen"],
-                                          z=z2, group_size=x2.shape[1] // G, norm_before_gate=False, config=config)
-    elif kernel == "causal_conv1d_fwd":
-        xc = p["conv_x"].transpose(1, 2)
-        r = (conv1d.launch_causal_conv1d_fwd(xc, p["conv_w"], p["conv_b"], silu_activation=True),)
-    elif kernel == "causal_conv1d_bwd":
-        xc = p["conv_x"].transpose(1, 2)
-        r = conv1d.launch_causal_conv1d_bwd_per_example(xc, p["conv_w"], p["conv_b"], p["conv_dout"].transpose(1, 2),
-                                                        silu_activation=True)[:3]
-    else:
-        raise KeyError(kernel)
-    return tuple(t for t in r if isinstance(t, torch.Tensor))
-
-
-ALL_KERNELS = TUNED_KERNELS + ("rmsnorm_gated_fwd", "rmsnorm_gated_bwd", "causal_conv1d_fwd", "causal_conv1d_bwd")

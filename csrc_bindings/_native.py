@@ -1,10 +1,12 @@
 """Lazy access to the native kernels, with the version and signature check.
 
 Nothing here imports triton, mamba-ssm or causal-conv1d at import time. The first launcher call runs
-:func:`native` (Triton kernels of mamba-ssm) or :func:`native_conv` (causal-conv1d's C++ ops); each imports the
-extension, checks the installed version against the supported one and checks every kernel's argument names against
-what the launchers pass. The result is cached for the life of the process; the check never touches the native
-modules' state (it only reads ``__version__``, ``arg_names``, ``keys`` and docstrings).
+:func:`native` (triton and mamba-ssm) or :func:`native_conv` (causal-conv1d's C++ extension); each imports the
+extension and checks the installed version against the supported one. Each kernel is then checked against its
+:class:`~csrc_bindings._spec.KernelSpec` (argument names and autotune key, or a C++ op's number of arguments) before
+its first launch (:func:`kernel_jit`, :func:`conv_op`); ``csrc_bindings.check_native()`` checks every kernel at once.
+The results are cached for the life of the process; the check never touches the native modules' state (it only
+reads ``__version__``, ``arg_names``, ``keys`` and docstrings).
 """
 from __future__ import annotations
 
@@ -17,19 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-from ._kernel_specs import KERNELS
-
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
 #: Triton major.minor the kernels were tested with (a different one only warns through the fingerprint).
 TESTED_TRITON = "3.6"
 INSTALL_HINT = "pip install ordered-ssd[cuda]"
-
-# Expected number of arguments of causal-conv1d 1.7.0's pybind functions (see ``causal_conv1d/cpp_functions.py``):
-# causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, out, final_states_out, silu_activation)
-# causal_conv1d_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dweight, dbias,
-#                   dinitial_states, silu_activation)
-_CONV_ARITY = {"causal_conv1d_fwd": 8, "causal_conv1d_bwd": 12}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -75,40 +69,40 @@ def unwrap_jit(kernel):
     return obj
 
 
-def _load_triton_kernels():
+def _load_triton():
     triton = _import_extra("triton", "triton")
     tl = _import_extra("triton.language", "triton")
     mamba_ssm = _import_extra("mamba_ssm", "mamba-ssm")
     mamba_version = _check_version("mamba_ssm", mamba_ssm)
-    kernels, jits = {}, {}
-    for name, spec in KERNELS.items():
-        module = _import_extra(spec["module"], "mamba-ssm")
-        kernel = getattr(module, spec["attr"], None)
-        if kernel is None:
-            raise RuntimeError(f"mamba-ssm {mamba_version}: kernel {spec['module']}.{spec['attr']} not found; "
-                               f"csrc_bindings supports mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']} "
-                               f"(`{INSTALL_HINT}`).")
-        jit = unwrap_jit(kernel)
-        got = tuple(getattr(jit, "arg_names", ()))
-        if got != spec["arg_names"]:
-            raise RuntimeError(
-                f"mamba-ssm {mamba_version}: kernel {spec['attr']} has arguments {list(got)}, but the launcher "
-                f"passes {list(spec['arg_names'])}. csrc_bindings supports mamba-ssm=="
-                f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
-        if spec["autotune_key"] is not None:
-            keys = tuple(getattr(kernel, "keys", ()))
-            if keys != spec["autotune_key"]:
-                raise RuntimeError(
-                    f"mamba-ssm {mamba_version}: kernel {spec['attr']} is autotuned on {list(keys)}, the pinned table"
-                    f" is keyed on {list(spec['autotune_key'])}. csrc_bindings supports mamba-ssm=="
-                    f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
-        kernels[name], jits[name] = kernel, jit
     from packaging import version as _v  # a dependency of triton and mamba-ssm
     return SimpleNamespace(
-        triton=triton, tl=tl, kernels=kernels, jit=jits,
+        triton=triton, tl=tl, kernels={}, jit={},  # filled by kernel_jit, one checked kernel at a time
         versions={"mamba_ssm": mamba_version, "triton": triton.__version__},
         triton_22=_v.parse(triton.__version__) >= _v.parse("2.2.0"),
     )
+
+
+def _changed(ns, what: str) -> RuntimeError:
+    return RuntimeError(f"mamba-ssm {ns.versions['mamba_ssm']}: {what} csrc_bindings supports mamba-ssm=="
+                        f"{SUPPORTED_VERSIONS['mamba_ssm']} (`{INSTALL_HINT}`).")
+
+
+def _check_triton_kernel(ns, spec):
+    module = _import_extra(spec.module, "mamba-ssm")
+    kernel = getattr(module, spec.attr, None)
+    if kernel is None:
+        raise _changed(ns, f"kernel {spec.module}.{spec.attr} not found;")
+    jit = unwrap_jit(kernel)
+    got = tuple(getattr(jit, "arg_names", ()))
+    if got != spec.arg_names:
+        raise _changed(ns, f"kernel {spec.attr} has arguments {list(got)}, but the launcher passes "
+                           f"{list(spec.arg_names)}.")
+    if spec.autotune_key is not None:
+        keys = tuple(getattr(kernel, "keys", ()))
+        if keys != spec.autotune_key:
+            raise _changed(ns, f"kernel {spec.attr} is autotuned on {list(keys)}, the pinned table is keyed on "
+                               f"{list(spec.autotune_key)}.")
+    return kernel, jit
 
 
 def _arity(fn) -> int:
@@ -133,40 +127,37 @@ def _load_conv():
     causal_conv1d = _import_extra("causal_conv1d", "causal-conv1d")
     conv_version = _check_version("causal_conv1d", causal_conv1d)
     ext = _import_extra("causal_conv1d_cuda", "causal-conv1d")
-    for fname, want in _CONV_ARITY.items():
-        fn = getattr(ext, fname, None)
-        try:
-            got = _arity(fn) if fn is not None else None
-        except ValueError:
-            got = "unreadable"
-        if got != want:
-            raise RuntimeError(
-                f"causal-conv1d {conv_version}: causal_conv1d_cuda.{fname} takes {got} arguments, the launcher passes "
-                f"{want}. csrc_bindings supports causal-conv1d=={SUPPORTED_VERSIONS['causal_conv1d']} "
-                f"(`{INSTALL_HINT}`).")
-    return SimpleNamespace(ext=ext, versions={"causal_conv1d": conv_version})
+    return SimpleNamespace(ext=ext, ops={}, versions={"causal_conv1d": conv_version})  # ops: filled by conv_op
+
+
+def _check_conv_op(ns, spec):
+    fn = getattr(ns.ext, spec.attr, None)
+    try:
+        got = _arity(fn) if fn is not None else None
+    except ValueError:
+        got = "unreadable"
+    if got != spec.arity:
+        raise RuntimeError(
+            f"causal-conv1d {ns.versions['causal_conv1d']}: causal_conv1d_cuda.{spec.attr} takes {got} arguments, "
+            f"the launcher passes {spec.arity}. csrc_bindings supports causal-conv1d=="
+            f"{SUPPORTED_VERSIONS['causal_conv1d']} (`{INSTALL_HINT}`).")
+    return fn
 
 
 def _load_once(key: str, load):
     """``load()`` the first time ``key`` is asked for (thread-safe), the cached result afterwards."""
-    ns = _state.get(key)
-    if ns is None:
-        with _lock:
-            ns = _state.get(key)
-            if ns is None:
-                ns = _state[key] = load()
-    return ns
+    return _checked(_state, key, load)
 
 
 def native():
-    """The checked Triton side (triton, mamba-ssm kernels); imported and checked once, at first use.
+    """The checked Triton side (triton, mamba-ssm); imported and version-checked once, at first use.
 
     Raises:
         ImportError: triton or mamba-ssm is not installed (message names ``pip install ordered-ssd[cuda]``).
-        RuntimeError: the installed mamba-ssm is not the supported version, or a kernel's argument names or
-            autotune key differ from what the launchers expect (message names installed and supported versions).
+        RuntimeError: the installed mamba-ssm is not the supported version (message names installed and supported
+            versions).
     """
-    return _load_once("triton", _load_triton_kernels)
+    return _load_once("triton", _load_triton)
 
 
 def native_conv():
@@ -174,9 +165,57 @@ def native_conv():
 
     Raises:
         ImportError: causal-conv1d is not installed.
-        RuntimeError: wrong causal-conv1d version or a C++ op with an unexpected number of arguments.
+        RuntimeError: wrong causal-conv1d version.
     """
     return _load_once("conv", _load_conv)
+
+
+def _checked(cache: dict, name: str, check):
+    """``cache[name]``, computed by ``check()`` (thread-safe) the first time."""
+    got = cache.get(name)
+    if got is None:
+        with _lock:
+            got = cache.get(name)
+            if got is None:
+                got = cache[name] = check()
+    return got
+
+
+def kernel_jit(spec):
+    """The JIT function of Triton kernel ``spec``, checked against the spec (argument names, autotune key) at
+    first use; ``native().kernels[spec.name]`` then holds the autotuned kernel object.
+
+    Raises:
+        ImportError / RuntimeError: as :func:`native`, or the kernel is missing or its argument names or autotune
+            key differ from the spec (message names installed and supported versions).
+    """
+    ns = native()
+
+    def check():
+        kernel, jit = _check_triton_kernel(ns, spec)
+        ns.kernels[spec.name] = kernel
+        return jit
+    return _checked(ns.jit, spec.name, check)
+
+
+def conv_op(spec):
+    """causal-conv1d's C++ op ``spec.attr``, its number of arguments checked against ``spec.arity`` at first use.
+
+    Raises:
+        ImportError / RuntimeError: as :func:`native_conv`, or the op takes another number of arguments.
+    """
+    ns = native_conv()
+    return _checked(ns.ops, spec.name, lambda: _check_conv_op(ns, spec))
+
+
+def dot_dtype(*ts):
+    """The ``tl`` dtype of the kernels' dots: bf16 if any input is bf16, else fp16 if any is, else fp32."""
+    tl = native().tl
+    if any(t.dtype == torch.bfloat16 for t in ts):
+        return tl.bfloat16
+    if any(t.dtype == torch.float16 for t in ts):
+        return tl.float16
+    return tl.float32
 
 
 def device_guard(t: torch.Tensor):
@@ -186,16 +225,16 @@ def device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def launch(name: str, grid, args: dict, cfg, ref: torch.Tensor) -> None:
-    """Launch native kernel ``name`` through its JIT function (never its autotuner).
+def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
+    """Launch native kernel ``spec`` through its JIT function (never its autotuner).
 
     ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
     config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
     ``num_warps``/``num_stages`` from ``cfg``, under the device guard of ``ref``'s device. A missing or unexpected
     name raises RuntimeError before launching.
     """
-    ns = native()
-    names = KERNELS[name]["arg_names"]
+    jit = kernel_jit(spec)
+    name, names = spec.name, spec.arg_names
     full = dict(args)
     for k, v in cfg.meta:
         if k in full:
@@ -206,6 +245,5 @@ def launch(name: str, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         extra = [n for n in full if n not in names]
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
-    jit = ns.jit[name]
     with device_guard(ref):
         jit[grid](*[full[n] for n in names], num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,4 +1,8 @@
-"""Small helpers shared by the launchers (no native imports)."""
+"""Small helpers shared by the launchers (no native imports).
+
+Binding errors are ``ValueError``s that name the argument, the expected and the actual value:
+``"A: expected shape (H,) = (8,), got (4,)"``.
+"""
 from __future__ import annotations
 
 import torch
@@ -23,18 +27,61 @@ def strides(names: str, t: torch.Tensor | None, dims) -> dict:
 
 
 def check(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` unless ``cond``; ``msg`` names the argument, what was expected and what came."""
     if not cond:
         raise ValueError(msg)
 
 
+def _shape(s) -> tuple:
+    return tuple(int(v) for v in s)
+
+
+def check_shape(name: str, t: torch.Tensor, expected, dims: str | None = None) -> None:
+    """``t.shape == expected``, else ``ValueError("name: expected shape [B, L] = (2, 3), got (2, 4)")``
+    (``dims`` is the symbolic shape, e.g. ``"[B, H, C, cs]"``; left out when None)."""
+    want, got = _shape(expected), _shape(t.shape)
+    check(got == want, f"{name}: expected shape {want if dims is None else f'{dims} = {want}'}, got {got}")
+
+
+def check_last_stride_1(name: str, t: torch.Tensor) -> None:
+    check(t.stride(-1) == 1, f"{name}: expected stride 1 in the last dim, got strides {tuple(t.stride())}")
+
+
+def check_D(D: torch.Tensor, nheads: int, headdim: int) -> None:
+    """``D`` of shape ``[H, P]`` or ``[H]`` with stride 1 in its last dim."""
+    check(_shape(D.shape) in ((nheads, headdim), (nheads,)),
+          f"D: expected shape [H, P] = {(nheads, headdim)} or [H] = {(nheads,)}, got {_shape(D.shape)}")
+    check_last_stride_1("D", D)
+
+
+def nsplits(nheads: int, ngroups: int, nheads_per_program):
+    """``(nheads_per_program, S)``: the heads one program sums (default ``H // G``) and the head-split count."""
+    check_groups(nheads, ngroups)
+    ratio = nheads // ngroups
+    nhpp = ratio if nheads_per_program is None else int(nheads_per_program)
+    check(1 <= nhpp <= ratio, f"nheads_per_program: expected 1 <= nheads_per_program <= nheads // ngroups = {ratio}, "
+                              f"got {nhpp}")
+    return nhpp, cdiv(ratio, nhpp)
+
+
+def check_groups(nheads: int, ngroups: int) -> None:
+    check(nheads % ngroups == 0, f"nheads: expected a multiple of ngroups ({ngroups}), got {nheads}")
+
+
 def out_buffer(buf, shape, dtype, like: torch.Tensor, name: str, zero: bool = False) -> torch.Tensor:
     """Return ``buf`` (checked: shape, dtype, device) or a new ``torch.empty`` / ``torch.zeros`` buffer."""
-    shape = tuple(int(s) for s in shape)
+    shape = _shape(shape)
     if buf is None:
         return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=like.device)
-    check(tuple(buf.shape) == shape, f"{name} must have shape {list(shape)}, got {list(buf.shape)}")
-    check(buf.dtype == dtype, f"{name} must be {dtype}, got {buf.dtype}")
-    check(buf.device == like.device, f"{name} must be on {like.device}, got {buf.device}")
+    check_shape(name, buf, shape)
+    check(buf.dtype == dtype, f"{name}: expected dtype {dtype}, got {buf.dtype}")
+    check(buf.device == like.device, f"{name}: expected device {like.device}, got {buf.device}")
     if zero:
         buf.zero_()
     return buf
+
+
+def check_rows(name: str, t: torch.Tensor, expected, dims: str | None = None) -> None:
+    """:func:`check_shape`, and stride 1 in the last dim."""
+    check_shape(name, t, expected, dims)
+    check_last_stride_1(name, t)

@@ -1,4 +1,9 @@
-"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd``).
+"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd``): the mirror of
+``causal_conv1d/causal_conv1d_interface.py`` (the ``causal_conv1d_fn`` wrappers, which call the same ops through
+``causal_conv1d/cpp_functions.py``).
+
+For each op: its launcher, its example runner and its :class:`~csrc_bindings._spec.KernelSpec` (module, op name and
+number of arguments of the pybind function, checked at first use; no autotuner).
 
 The forward has no reduction across thread blocks and is called as is (either layout).
 
@@ -25,21 +30,26 @@ from __future__ import annotations
 import torch
 
 from ._layout import GROUP_BYTES, aligned_channel_first, aligned_example_stride, copy3d, is_aligned_channel_first
-from ._native import device_guard, native_conv
-from ._util import check, out_buffer
+from ._native import conv_op, device_guard
+from ._spec import KernelSpec
+from ._util import check, check_shape, out_buffer
+
+UPSTREAM = "causal_conv1d_cuda"
 
 
 def _check_conv(x, weight, bias):
-    check(x.dim() == 3, "x must be [B, D, L]")
+    check(x.dim() == 3, f"x: expected a 3-d [B, D, L] tensor, got shape {tuple(x.shape)}")
     batch, dim, seqlen = x.shape
-    check(weight.dim() == 2 and weight.shape[0] == dim, "weight must be [D, W]")
+    check(weight.dim() == 2 and weight.shape[0] == dim,
+          f"weight: expected shape [D, W] with D = {dim}, got {tuple(weight.shape)}")
     width = weight.shape[1]
-    check(2 <= width <= 4, f"causal-conv1d supports width 2..4, got {width}")
+    check(2 <= width <= 4, f"weight: expected a width W in 2..4 (causal-conv1d), got {width}")
     if bias is not None:
-        check(tuple(bias.shape) == (dim,), "bias must be [D]")
+        check_shape("bias", bias, (dim,), "[D]")
     return batch, dim, seqlen, width
 
 
+# ------------------------------------------------------------------------------------------------- causal_conv1d_fwd
 def launch_causal_conv1d_fwd(x, weight, bias=None, *, seq_idx=None, initial_states=None, final_states_out=None,
                              silu_activation=True, out=None):
     """Causal depthwise conv1d (+ SiLU). Source: ``causal_conv1d_cuda.causal_conv1d_fwd`` (channel-first or
@@ -59,14 +69,26 @@ def launch_causal_conv1d_fwd(x, weight, bias=None, *, seq_idx=None, initial_stat
         RuntimeError from causal-conv1d's own checks (layout/dtype), ValueError for shapes.
     """
     _check_conv(x, weight, bias)
-    ext = native_conv().ext
+    op = conv_op(CAUSAL_CONV1D_FWD)
     if out is None:
         out = torch.empty_like(x)
     with device_guard(x):
-        ext.causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, out, final_states_out, bool(silu_activation))
+        op(x, weight, bias, seq_idx, initial_states, out, final_states_out, bool(silu_activation))
     return out
 
 
+def _example_causal_conv1d_fwd(p, config=None):
+    return (launch_causal_conv1d_fwd(p["conv_x"].transpose(1, 2), p["conv_w"], p["conv_b"], silu_activation=True),)
+
+
+CAUSAL_CONV1D_FWD = KernelSpec(
+    # causal_conv1d_fwd(x, weight, bias, seq_idx, initial_states, out, final_states_out, silu_activation)
+    name="causal_conv1d_fwd", module=UPSTREAM, attr="causal_conv1d_fwd", arity=8,
+    example=_example_causal_conv1d_fwd,
+)
+
+
+# ------------------------------------------------------------------------------------------------- causal_conv1d_bwd
 def sequence_segments(seq_idx: torch.Tensor):
     """``[(b, start, end), ...]``: the maximal runs of equal ``seq_idx[b]`` values, in (b, start) order.
 
@@ -79,7 +101,11 @@ def sequence_segments(seq_idx: torch.Tensor):
         r = rows[b]
         if r.numel() == 0:
             continue
-        check(bool((r[1:] >= r[:-1]).all()), "seq_idx rows must be non-decreasing (packed sequences)")
+        drops = torch.nonzero(r[1:] < r[:-1]).flatten()
+        if drops.numel():
+            i = int(drops[0]) + 1
+            check(False, f"seq_idx: expected non-decreasing rows (packed sequences), got row {b} falling from "
+                         f"{int(r[i - 1])} to {int(r[i])} at position {i}")
         cuts = (torch.nonzero(r[1:] != r[:-1]).flatten() + 1).tolist()
         starts = [0] + cuts
         ends = cuts + [r.numel()]
@@ -113,19 +139,20 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
     Not supported: initial states / final-state gradients (the channel-first kernel has none).
     """
     batch, dim, seqlen, width = _check_conv(x, weight, bias)
-    check(tuple(dout.shape) == (batch, dim, seqlen), "dout must be [B, D, L]")
-    check(dout.dtype == x.dtype, f"dout must have the dtype of x ({x.dtype}), got {dout.dtype}")
-    check(isinstance(group_bytes, int) and group_bytes > 0, f"group_bytes must be a positive int, got {group_bytes!r}")
-    ext = native_conv().ext
+    check_shape("dout", dout, (batch, dim, seqlen), "[B, D, L]")
+    check(dout.dtype == x.dtype, f"dout: expected the dtype of x ({x.dtype}), got {dout.dtype}")
+    check(isinstance(group_bytes, int) and group_bytes > 0,
+          f"group_bytes: expected a positive int, got {group_bytes!r}")
+    op = conv_op(CAUSAL_CONV1D_BWD)
     if seq_idx is None:
         segments = [(b, 0, seqlen) for b in range(batch)]
     else:
-        check(tuple(seq_idx.shape) == (batch, seqlen), "seq_idx must be [B, L]")
+        check_shape("seq_idx", seq_idx, (batch, seqlen), "[B, L]")
         segments = sequence_segments(seq_idx)
     nseg = len(segments)
     if dx is None:
         dx = torch.empty_like(x)
-    check(tuple(dx.shape) == (batch, dim, seqlen), "dx must be [B, D, L]")
+    check_shape("dx", dx, (batch, dim, seqlen), "[B, D, L]")
     dweight_partial = out_buffer(dweight_partial, (nseg, dim, width), torch.float32, x, "dweight_partial", zero=True)
     if bias is not None:
         dbias_partial = out_buffer(dbias_partial, (nseg, dim), torch.float32, x, "dbias_partial", zero=True)
@@ -141,8 +168,8 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
                 xs = copy3d(x[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
                 dos = copy3d(dout[b:b + 1, :, start:end], x.new_empty((1, dim, end - start)))
                 dxs = torch.empty_like(xs)
-                ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s],
-                                      dbias_partial[s] if dbias_partial is not None else None, None, silu)
+                op(xs, weight, bias, dos, None, None, None, dxs, dweight_partial[s],
+                   dbias_partial[s] if dbias_partial is not None else None, None, silu)
                 copy3d(dxs, dx[b:b + 1, :, start:end])
             return dx, dweight_partial, dbias_partial, segments
         # Whole examples: a group of them per copy launch, each example an aligned [1, D, L] view of the buffer.
@@ -159,7 +186,20 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
             dbs = dbias_partial[g0:g1].unbind(0) if dbias_partial is not None else (None,) * n
             for xs, dos, dxs, dws, db_s in zip(xg.split(1), dog.split(1), dxg.split(1),
                                                dweight_partial[g0:g1].unbind(0), dbs):
-                ext.causal_conv1d_bwd(xs, weight, bias, dos, None, None, None, dxs, dws, db_s, None, silu)
+                op(xs, weight, bias, dos, None, None, None, dxs, dws, db_s, None, silu)
             if not direct_dx:
                 copy3d(dxg, dx[g0:g1])
     return dx, dweight_partial, dbias_partial, segments
+
+
+def _example_causal_conv1d_bwd(p, config=None):
+    return launch_causal_conv1d_bwd_per_example(p["conv_x"].transpose(1, 2), p["conv_w"], p["conv_b"],
+                                                p["conv_dout"].transpose(1, 2), silu_activation=True)[:3]
+
+
+CAUSAL_CONV1D_BWD = KernelSpec(
+    # causal_conv1d_bwd(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx, dweight, dbias,
+    #                   dinitial_states, silu_activation)
+    name="causal_conv1d_bwd", module=UPSTREAM, attr="causal_conv1d_bwd", arity=12,
+    example=_example_causal_conv1d_bwd,
+)

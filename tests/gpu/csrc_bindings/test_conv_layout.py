@@ -47,7 +47,7 @@ def _inputs(B, D, L, dtype, seed=0):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("D,L", [(320, 200), (136, 37), (1024, 1), (264, 4096)])
 def test_grouped_copies_equal_the_per_example_algorithm(dtype, D, L):
-    import csrc_bindings.conv1d as conv1d
+    import csrc_bindings.causal_conv1d as conv1d
     from csrc_bindings import _layout
 
     B = 6
@@ -64,7 +64,7 @@ def test_grouped_copies_equal_the_per_example_algorithm(dtype, D, L):
 
 
 def test_packed_sequences():
-    import csrc_bindings.conv1d as conv1d
+    import csrc_bindings.causal_conv1d as conv1d
 
     B, D, L = 3, 264, 100
     x, dout, w, b = _inputs(B, D, L, torch.bfloat16, seed=1)
@@ -79,7 +79,7 @@ def test_packed_sequences():
 
 
 def test_channel_first_input_without_copies():
-    import csrc_bindings.conv1d as conv1d
+    import csrc_bindings.causal_conv1d as conv1d
 
     B, D, L = 4, 256, 512
     g = torch.Generator(device="cuda").manual_seed(4)

@@ -12,7 +12,8 @@
   attributes, the environment and torch's deterministic flag unchanged;
 * ``import csrc_bindings`` loads no native module; the version/signature check reports clear errors.
 
-This file is also the subprocess worker: ``python tests/gpu/test_bindings.py compare|hashes --dtype bfloat16``.
+This module is also the subprocess worker:
+``python -m tests.gpu.csrc_bindings.test_bindings compare|hashes --dtype bfloat16``.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-THIS = Path(__file__).resolve()
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = "tests.gpu.csrc_bindings.test_bindings"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FLOOR = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-3}
 
@@ -36,7 +37,7 @@ FLOOR = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-3}
 # ----------------------------------------------------------------------------------------------- worker code
 def _ours_folded(kernel, p):
     """Our launcher's outputs, partials folded (plain torch sums) into the upstream wrapper's return format."""
-    from csrc_bindings._examples import run_kernel
+    from csrc_bindings._registry import run_kernel
     import csrc_bindings as cb
     G = p["ngroups"]
     if kernel == "chunk_cumsum_bwd":
@@ -172,7 +173,7 @@ def _native(kernel, p):
 
 
 def _compare_kernels(with_conv=True):
-    from csrc_bindings._examples import ALL_KERNELS
+    from csrc_bindings._registry import ALL_KERNELS
     ks = [k for k in ALL_KERNELS if with_conv or "conv1d" not in k]
     if with_conv:
         ks += ["causal_conv1d_fwd_seq_idx", "causal_conv1d_bwd_seq_idx"]
@@ -180,8 +181,8 @@ def _compare_kernels(with_conv=True):
 
 
 def _fp64_reference(kernel, p):
-    """The fp64 oracle (``tests/gpu/fp64_refs.py``) for ``kernel`` on the same values as ``p``."""
-    from tests.gpu.fp64_refs import reference
+    """The fp64 oracle (``tests/gpu/csrc_bindings/fp64_refs.py``) for ``kernel`` on the same values as ``p``."""
+    from tests.gpu.csrc_bindings.fp64_refs import reference
     sidx = _seq_idx(p) if kernel.endswith("seq_idx") else None
     return reference(kernel, p, seq_idx=sidx)
 
@@ -234,7 +235,7 @@ def _sha(t):
 
 def worker_hashes(dtype_name, device, with_conv=True):
     """SHA-256 of every launcher's outputs, run twice; plus whether the repeat was bitwise identical."""
-    from csrc_bindings._examples import ALL_KERNELS, run_kernel
+    from csrc_bindings._registry import ALL_KERNELS, run_kernel
     dtype = DTYPES[dtype_name]
     p = _problem(dtype, device)
     out = {}
@@ -265,7 +266,7 @@ def _spawn(mode, dtype, env_extra):
     env = dict(os.environ)
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, str(THIS), mode, "--dtype", dtype], env=env, cwd=str(ROOT),
+    return subprocess.Popen([sys.executable, "-m", WORKER, mode, "--dtype", dtype], env=env, cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -348,18 +349,20 @@ def test_embedded_candidates_match_native_configs():
     if os.environ.get("MAMBA_DETERMINISTIC", "")[:1] == "1" or torch.are_deterministic_algorithms_enabled():
         pytest.skip("mamba-ssm deterministic mode filtered its autotuner configs at import")
     import csrc_bindings as cb
-    from csrc_bindings._kernel_specs import KERNELS
+    from csrc_bindings._registry import KERNELS
+    cb.check_native(conv=False)  # checks every kernel, filling native().kernels
     ns = cb._native.native()
     for name, spec in KERNELS.items():
-        if spec["candidates"] is None:
+        if spec.candidates is None:
             continue
         live = tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in ns.kernels[name].configs)
-        assert live == spec["candidates"], name
+        assert live == spec.candidates, name
 
 
 def test_every_pinned_config_compiles_and_runs():
-    from csrc_bindings._configs import _table, device_arch, pinned_config
-    from csrc_bindings._examples import problem_for_key, run_kernel
+    from csrc_bindings._configs import _table, device_arch
+    from csrc_bindings._examples import problem_for_key
+    from csrc_bindings._registry import pinned_config, run_kernel
     arch = device_arch("cuda")
     entries = [k for k in _table() if k.startswith(arch + "/")]
     if not entries:
@@ -434,7 +437,7 @@ def _snapshot():
 
 def test_no_global_state_changed():
     before = _snapshot()
-    from csrc_bindings._examples import ALL_KERNELS, run_kernel
+    from csrc_bindings._registry import ALL_KERNELS, run_kernel
     p = _problem(torch.bfloat16, "cuda")
     for k in ALL_KERNELS:
         run_kernel(k, p)

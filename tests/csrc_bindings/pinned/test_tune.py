@@ -1,74 +1,20 @@
-"""The pinned-configuration lookup on the CPU (no native import): table entries, the mincost-v1 rule, memoisation."""
+"""The tuner of the pinned table (csrc_bindings/pinned/tune.py) on the CPU: its job list, its plumbing (fake kernels
+and events) and the table it writes."""
 import torch
 
-from csrc_bindings._configs import (_cost, _from_dict, _table, device_arch, pinned_config, rule_config,
-                                    table_key)
-from csrc_bindings._kernel_specs import KERNELS
-
-DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def _parse(k):
-    arch, dt, kernel, keystr = k.split("/")
-    key = {}
-    for part in keystr.split(","):
-        n, v = part.split("=")
-        key[n] = (v == "True") if v in ("True", "False") else int(v)
-    return arch, DT[dt], kernel, key
-
-
-def test_every_table_entry_is_returned_and_memoised():
-    entries = list(_table().items())
-    assert len(entries) > 10
-    for k, entry in entries:
-        arch, dtype, kernel, key = _parse(k)
-        assert table_key(arch, dtype, kernel, key) == k
-        want = _from_dict(kernel, entry, "table")
-        first = pinned_config(kernel, key, dtype, arch)
-        assert first == want and first.source == "table"
-        assert pinned_config(kernel, dict(reversed(list(key.items()))), dtype, arch) is first  # cached, any order
-
-
-def test_keys_outside_the_table_get_the_mincost_rule():
-    for kernel, spec in KERNELS.items():
-        if spec["candidates"] is None or spec["autotune_key"] is None:
-            continue
-        key = {n: 7 for n in spec["autotune_key"]}  # 7 is in no table key
-        got = pinned_config(kernel, key, torch.bfloat16, "sm_90")
-        cands = spec["candidates"]
-        costs = [_cost(c[0], c[2]) for c in cands]
-        best = costs.index(min(costs))  # the earliest of the cheapest
-        assert got.source == "rule" and got == rule_config(kernel)
-        assert dict(got.meta) == dict(cands[best][0]) and (got.num_warps, got.num_stages) == cands[best][1:]
-
-
-def test_bool_and_int_key_values_are_not_confused():
-    entries = [(k, _parse(k)) for k in _table() if "=True" in k or "=False" in k]
-    assert entries, "the table has no boolean key to test with"
-    k, (arch, dtype, kernel, key) = entries[0]
-    assert pinned_config(kernel, key, dtype, arch).source == "table"
-    as_int = {n: (int(v) if isinstance(v, bool) else v) for n, v in key.items()}
-    assert table_key(arch, dtype, kernel, as_int) != k
-    assert pinned_config(kernel, as_int, dtype, arch).source == "rule"  # not the cached table entry
-
-
-def test_device_arch_off_cuda():
-    assert device_arch("cpu") == "cpu" and device_arch(torch.device("meta")) == "meta"
+from csrc_bindings.pinned import tune as tuner
 
 
 def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
-    """benchmarks/tune_pinned_configs.py --list-jobs: the (kernel, key, dtype) jobs of a layer shape and the
+    """python -m csrc_bindings.pinned.tune --list-jobs: the (kernel, key, dtype) jobs of a layer shape and the
     sizes of the timed problems, no GPU needed; bad sizes are usage errors (exit 2) naming the option."""
     import json
-    import os
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(root, "benchmarks", "tune_pinned_configs.py")
-    cmd = [sys.executable, script, "--list-jobs", "--shapes", "256x64x64", "--nheads", "24", "--dtypes", "bfloat16",
+    cmd = [sys.executable, "-m", "csrc_bindings.pinned.tune", "--list-jobs", "--shapes", "256x64x64", "--nheads", "24", "--dtypes", "bfloat16",
            "--batch", "64", "--seqlen-chunks", "2", "--problem-nheads", "24"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=root)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tuner.PACKAGE_PARENT)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert lines[-1] == "problem: batch 64, seqlen 2 * chunk_size, nheads 24 (unless keyed), ngroups 1"
@@ -79,13 +25,13 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
     assert keys["chunk_state_fwd"] == {"chunk_size": 256, "dstate": 64, "hdim": 64}
     assert keys["chunk_cumsum_fwd"] == {"chunk_size": 256, "nheads": 24}
     res = subprocess.run(cmd + ["--kernels", "chunk_state_fwd, chunk_cumsum_bwd"], capture_output=True, text=True,
-                         timeout=120, cwd=root)
+                         timeout=120, cwd=tuner.PACKAGE_PARENT)
     assert [ln.split(" ", 1)[0] for ln in res.stdout.strip().splitlines()[:-1]] == ["chunk_cumsum_bwd",
                                                                                   "chunk_state_fwd"]
     for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups"),
                         (["--kernels", "chunk_state_fwd,no_such_kernel"], "got ['no_such_kernel']")):
-        res = subprocess.run([sys.executable, script, "--list-jobs", *bad], capture_output=True, text=True,
-                             timeout=120, cwd=root)
+        res = subprocess.run(cmd[:3] + ["--list-jobs", *bad], capture_output=True, text=True, timeout=120,
+                             cwd=tuner.PACKAGE_PARENT)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
 
 
@@ -94,16 +40,11 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     build every problem with the requested sizes and time every valid candidate (fake kernels and events on the
     CPU: the GPU path itself runs on the GPU machine)."""
     import argparse
-    import importlib.util
-    import os
 
     import csrc_bindings._configs as cfgs
     import csrc_bindings._examples as ex
+    import csrc_bindings._registry as reg
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("tuner", os.path.join(root, "benchmarks", "tune_pinned_configs.py"))
-    tuner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tuner)
     built, ran, spawned = [], [], []
 
     def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
@@ -116,9 +57,9 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
 
     class FakePopen:  # runs the worker in this process, from the command line phase 1 built
         def __init__(self, cmd, cwd=None):
-            assert cmd[2] == "--worker-compile"
+            assert cmd[1:4] == ["-m", "csrc_bindings.pinned.tune", "--worker-compile"]
             spawned.append(cmd)
-            tuner.worker_compile(cmd[3], cmd[4], float(cmd[5]))
+            tuner.worker_compile(cmd[4], cmd[5], float(cmd[6]))
 
         def wait(self):
             return 0
@@ -134,7 +75,7 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
             return 10.0 if ran[-1][1] == 8 else 50.0
 
     monkeypatch.setattr(ex, "problem_for_key", fake_problem)
-    monkeypatch.setattr(ex, "run_kernel", fake_run)
+    monkeypatch.setattr(reg, "run_kernel", fake_run)
     monkeypatch.setattr(cfgs, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
@@ -153,7 +94,7 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
     assert built == [("chunk_state_fwd", 8, 16, 64, 2)]
     (row,) = report
     assert [r["ms"] for r in row["rows"]] == [5.0, 1.0] and all(r["bitwise_repeat"] for r in row["rows"])
-    assert table == {cfgs.table_key("sm_90", "bfloat16", "chunk_state_fwd", key):
+    assert table == {reg.table_key("sm_90", "bfloat16", "chunk_state_fwd", key):
                      {"BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 2}}  # the faster candidate
     assert tuner.describe_sizes(sizes) == "batch 8, seqlen 16 * chunk_size, nheads 64 (unless keyed), ngroups 2"
     table, report = tuner.phase2(jobs, cands, status, 0.0, sizes)  # past the deadline: the search is cut short
@@ -168,13 +109,6 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
 
 def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):
     """Merging into an existing table keeps its entries and its META (under ``earlier``); replacing drops both."""
-    import importlib.util
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("tuner", os.path.join(root, "benchmarks", "tune_pinned_configs.py"))
-    tuner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tuner)
     path = tmp_path / "table.py"
 
     def load():
@@ -193,17 +127,9 @@ def test_tuner_table_merge_keeps_the_earlier_runs_meta(tmp_path):
     assert load() == ({"run": 4}, {"c": {"num_warps": 1}})
 
 
-def test_problem_for_key_sizes_the_sequence_in_chunks_of_the_key():
-    """The tuner's problems: ``seqlen_chunks`` chunks of the key's chunk size (256 when the key has none); an
-    explicit ``seqlen`` wins; a key's own ``nheads`` wins over the argument (built on the CPU, no kernel run)."""
-    from csrc_bindings._examples import problem_for_key
-
-    p = problem_for_key("chunk_state_fwd", {"chunk_size": 64, "hdim": 16, "dstate": 8}, torch.float32, "cpu",
-                        batch=2, seqlen_chunks=3, nheads=4, ngroups=2)
-    assert (p["seqlen"], p["nchunks"], p["batch"], p["nheads"], p["ngroups"]) == (192, 3, 2, 4, 2)
-    assert tuple(p["x"].shape) == (2, 192, 4, 16) and tuple(p["Bm"].shape) == (2, 192, 2, 8)
-    p = problem_for_key("bmm_chunk_fwd", {"K": 8}, torch.float32, "cpu", batch=1, seqlen_chunks=1, nheads=2)
-    assert (p["chunk_size"], p["seqlen"]) == (256, 256)
-    p = problem_for_key("chunk_cumsum_fwd", {"chunk_size": 32, "nheads": 6}, torch.float32, "cpu", batch=1,
-                        seqlen=40, seqlen_chunks=5, nheads=2)
-    assert (p["seqlen"], p["nchunks"], p["nheads"]) == (40, 2, 6)
+def test_the_table_written_reads_back_with_the_same_header(tmp_path):
+    """The tuner writes the table module in the form of csrc_bindings/pinned/table.py (same header)."""
+    from csrc_bindings.pinned import table
+    path = tmp_path / "table.py"
+    tuner.write_table(path, dict(table.TABLE), table.META, merge=False)
+    assert path.read_text() == tuner.TABLE_PATH.read_text()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Tune the pinned launch-configuration table of ``csrc_bindings`` on the current GPU.
 
 For every native kernel of the Mamba-2 layer and every (layer shape, dtype) asked for, time every candidate
@@ -11,14 +10,15 @@ configuration of the kernel's own upstream autotuner (``kernel.configs``, read, 
 
 Phase 1 compiles every candidate in parallel worker processes (filling Triton's on-disk cache), phase 2 times them
 one by one in this process (warm-up first, CUDA events, best of 3 trials of 10 launches). The result is written as
-a Python dict module (default ``csrc_bindings/_pinned_table.py``), merged with the entries already there for other
-keys; ``--report`` writes every timing as JSON.
+a Python dict module (default ``csrc_bindings/pinned/table.py``, beside this file), merged with the entries already
+there for other keys; ``--report`` writes every timing as JSON.
 
 This script changes no environment variable and no mamba-ssm state. It refuses to run if the live autotuner lists
-differ from the copies in ``csrc_bindings/_kernel_specs.py`` (e.g. mamba-ssm's deterministic mode filtered them).
+differ from the copies in the kernels' specs (``candidates``, beside each launcher; e.g. mamba-ssm's deterministic
+mode filtered them).
 
 Example (the GPU gate):
-    python benchmarks/tune_pinned_configs.py --dtypes bfloat16,float16,float32 --jobs 14 --budget-s 300
+    python -m csrc_bindings.pinned.tune --dtypes bfloat16,float16,float32 --jobs 14 --budget-s 300
 
 The timed problems default to batch 4, 8 chunks, 16 heads; ``--batch``, ``--seqlen-chunks``, ``--problem-nheads``
 and ``--ngroups`` size them like a real layer (e.g. bench S2: ``--batch 8 --seqlen-chunks 16 --problem-nheads 64``).
@@ -38,10 +38,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from .. import _configs, _examples, _native, _registry
+
+#: where the compile workers start (``python -m csrc_bindings.pinned.tune``): the folder that holds this package
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+MODULE = "csrc_bindings.pinned.tune"
+TABLE_PATH = Path(__file__).resolve().with_name("table.py")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -52,13 +56,12 @@ def _log(*a):
 
 def build_jobs(args):
     """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order."""
-    from csrc_bindings._configs import layer_keys
     jobs, seen = [], set()
     wanted = set(args.kernels.split(",")) if args.kernels else None
     for shape in args.shapes.split(","):
         cs, p, n = (int(v) for v in shape.split("x"))
         for nh in (int(v) for v in args.nheads.split(",")):
-            for kernel, key, role in layer_keys(chunk_size=cs, headdim=p, dstate=n, nheads=nh,
+            for kernel, key, role in _registry.layer_keys(chunk_size=cs, headdim=p, dstate=n, nheads=nh,
                                                 d_nonssm=args.swiglu_cols):
                 for dt in args.dtypes.split(","):
                     if role == "fp32" and dt != "float32":
@@ -74,17 +77,16 @@ def build_jobs(args):
 
 def live_candidates():
     """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy."""
-    from csrc_bindings._kernel_specs import KERNELS
-    from csrc_bindings._native import native
-    ns = native()
+    ns = _native.native()
     out = {}
-    for name, spec in KERNELS.items():
-        if spec["candidates"] is None:
+    for name, spec in _registry.KERNELS.items():
+        if spec.candidates is None:
             continue
+        _native.kernel_jit(spec)  # checks the kernel and fills ns.kernels
         live = tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in ns.kernels[name].configs)
-        if live != spec["candidates"]:
+        if live != spec.candidates:
             raise SystemExit(f"{name}: the live autotuner lists {len(live)} configs that differ from the "
-                             f"{len(spec['candidates'])} upstream ones (is MAMBA_DETERMINISTIC or "
+                             f"{len(spec.candidates)} upstream ones (is MAMBA_DETERMINISTIC or "
                              f"torch.use_deterministic_algorithms on, or TRITON_AUTOTUNE_BLOCK_SIZE_* set?). "
                              f"Run the tuner without them.")
         out[name] = live
@@ -110,11 +112,10 @@ def describe_sizes(sizes):
 
 
 def _problem(kernel, key, dt, cache, sizes):
-    from csrc_bindings._examples import problem_for_key
     tag = (kernel, tuple(sorted(key.items())), dt)
     if tag not in cache:
         cache.clear()  # one problem alive at a time
-        cache[tag] = problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
+        cache[tag] = _examples.problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
                                      seqlen_chunks=sizes["seqlen_chunks"], nheads=sizes["nheads"],
                                      ngroups=sizes["ngroups"])
     return cache[tag]
@@ -122,7 +123,6 @@ def _problem(kernel, key, dt, cache, sizes):
 
 # ------------------------------------------------------------------------------------------- phase 1 worker
 def worker_compile(tasks_file, out_file, deadline):
-    from csrc_bindings._examples import run_kernel
     spec = json.loads(Path(tasks_file).read_text())
     tasks, sizes = spec["tasks"], spec["sizes"]
     cache, results = {}, []
@@ -132,7 +132,7 @@ def worker_compile(tasks_file, out_file, deadline):
             continue
         try:
             p = _problem(kernel, key, dt, cache, sizes)
-            run_kernel(kernel, p, config=_cfg_dict(cand))
+            _registry.run_kernel(kernel, p, config=_cfg_dict(cand))
             torch.cuda.synchronize()
             results.append([kernel, key, dt, idx, "ok"])
         except Exception as exc:  # noqa: BLE001 - any failure makes the candidate invalid
@@ -163,8 +163,8 @@ def phase1(jobs, cands, args, deadline):
         shard.sort(key=lambda t: (t[0], json.dumps(t[1], sort_keys=True), t[2], t[3]))
         tf, of = tmp / f"tasks{s}.json", tmp / f"out{s}.json"
         tf.write_text(json.dumps({"sizes": problem_sizes(args), "tasks": shard}))
-        procs.append((subprocess.Popen([sys.executable, __file__, "--worker-compile", str(tf), str(of),
-                                        str(deadline)], cwd=str(ROOT)), of))
+        procs.append((subprocess.Popen([sys.executable, "-m", MODULE, "--worker-compile", str(tf), str(of),
+                                        str(deadline)], cwd=str(PACKAGE_PARENT)), of))
     status = {}
     for proc, of in procs:
         proc.wait()
@@ -191,9 +191,8 @@ def _time(fn, reps=10, trials=3):
 
 
 def phase2(jobs, cands, status, deadline, sizes):
-    from csrc_bindings._configs import device_arch, rule_config, table_key
-    from csrc_bindings._examples import run_kernel
-    arch = device_arch("cuda")
+    run_kernel = _registry.run_kernel
+    arch = _configs.device_arch("cuda")
     table, report, cache = {}, [], {}
     for kernel, key, dt in jobs:
         rows = []
@@ -218,7 +217,7 @@ def phase2(jobs, cands, status, deadline, sizes):
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
         valid = [r for r in rows if "ms" in r]
-        tk = table_key(arch, dt, kernel, key)
+        tk = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
@@ -228,7 +227,7 @@ def phase2(jobs, cands, status, deadline, sizes):
         elif valid:
             best = min(valid, key=lambda r: r["ms"])
             table[tk] = best["candidate"]
-            rule = rule_config(kernel).as_dict()
+            rule = _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
             _log(f"{tk}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
                  f"{'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
@@ -248,7 +247,7 @@ def write_table(path, table, meta, merge=True):
             meta = {**meta, "earlier": ns["META"]}
     old.update(table)
     body = pprint.pformat(dict(sorted(old.items())), width=120, sort_dicts=True)
-    text = ('"""Pinned launch configurations (generated by ``benchmarks/tune_pinned_configs.py``; do not edit by '
+    text = ('"""Pinned launch configurations (generated by ``python -m csrc_bindings.pinned.tune``; do not edit by '
             'hand).\n\nKey: ``"{arch}/{dtype}/{kernel}/{autotune key}"``; value: block sizes + ``num_warps`` + '
             '``num_stages``.\nKeys that are missing here use the ``mincost-v1`` rule (see '
             ':mod:`csrc_bindings._configs`).\n"""\n\n'
@@ -264,7 +263,7 @@ def main():
     ap.add_argument("--swiglu-cols", type=int, default=0, help="d_nonssm for the swiglu keys (0: skip)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--budget-s", type=float, default=600.0)
-    ap.add_argument("--out", default=str(ROOT / "csrc_bindings" / "_pinned_table.py"))
+    ap.add_argument("--out", default=str(TABLE_PATH))
     ap.add_argument("--report", default=None, help="write all timings here (JSON)")
     ap.add_argument("--replace", action="store_true", help="do not merge with the existing table")
     ap.add_argument("--skip-existing", action="store_true", help="only tune keys that the table does not have yet")
@@ -287,8 +286,7 @@ def main():
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
     if args.kernels:
-        from csrc_bindings._configs import layer_keys
-        known = {k for k, _, _ in layer_keys(chunk_size=256, headdim=64, dstate=128, nheads=64,
+        known = {k for k, _, _ in _registry.layer_keys(chunk_size=256, headdim=64, dstate=128, nheads=64,
                                              d_nonssm=args.swiglu_cols or 1)}
         asked = [k.strip() for k in args.kernels.split(",") if k.strip()]
         unknown = [k for k in asked if k not in known]
@@ -303,7 +301,7 @@ def main():
         print("problem:", describe_sizes(problem_sizes(args)))
         return
     if not torch.cuda.is_available():
-        raise SystemExit("tune_pinned_configs.py needs a CUDA GPU")
+        raise SystemExit(f"python -m {MODULE} needs a CUDA GPU")
     t0 = time.time()
     deadline = t0 + args.budget_s
     import csrc_bindings as cb
@@ -311,14 +309,13 @@ def main():
     cands = live_candidates()
     jobs = build_jobs(args)
     if args.skip_existing:
-        from csrc_bindings._configs import _table, device_arch, table_key
-        arch, have = device_arch("cuda"), set(_table())
-        jobs = [j for j in jobs if table_key(arch, j[2], j[0], j[1]) not in have]
+        arch, have = _configs.device_arch("cuda"), set(_configs._table())
+        jobs = [j for j in jobs if _registry.table_key(arch, j[2], j[0], j[1]) not in have]
     _log(f"tuning {len(jobs)} (kernel, key, dtype) jobs on {torch.cuda.get_device_name(0)} "
-         f"({cb._configs.device_arch('cuda')}); versions {versions}")
+         f"({_configs.device_arch('cuda')}); versions {versions}")
     status = phase1(jobs, cands, args, t0 + 0.8 * args.budget_s)
     table, report = phase2(jobs, cands, status, deadline, problem_sizes(args))
-    meta = {"generated_by": "benchmarks/tune_pinned_configs.py",
+    meta = {"generated_by": f"python -m {MODULE}",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
@@ -328,8 +325,9 @@ def main():
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib
-    import csrc_bindings._pinned_table as pt
-    importlib.reload(pt)
+
+    from . import table
+    importlib.reload(table)
     _log(f"wrote {len(table)} entries to {out} in {time.time() - t0:.0f} s; table hash {cb.table_hash()}")
     _log("fingerprint:", cb.fingerprint())
 

@@ -1,0 +1,121 @@
+"""The kernels of ``csrc_bindings``, assembled from the files that mirror upstream, and what is asked by name.
+
+:data:`SPECS` lists every kernel's :class:`~csrc_bindings._spec.KernelSpec`, in the order one Mamba-2 layer step
+launches them; each spec lives beside its launcher in the file named after the upstream module that defines the
+kernel. From them come :data:`KERNELS` (the Triton kernels), :data:`CONV_OPS` (causal-conv1d's C++ ops), the pinned
+configuration by kernel name (:func:`pinned_config`, :func:`rule_config`, :func:`table_key`), a layer's autotune
+keys (:func:`layer_keys`, derived from the specs' ``autotune_key``), :func:`describe_launch` and :func:`run_kernel`
+(a lookup of the kernel's example runner). Imports nothing native.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from . import (causal_conv1d, k_activations, layernorm_gated, ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_combined,
+               ssd_state_passing)
+from ._configs import KernelConfig, device_arch, dtype_name, fingerprint, pinned_of, rule_of, table_key_of
+from ._spec import KernelSpec, key_of
+from .layernorm_gated import rmsnorm_heuristic
+
+#: every native kernel, in the order one Mamba-2 layer step launches them (forward and backward pieces)
+SPECS: tuple[KernelSpec, ...] = (
+    ssd_chunk_state.CHUNK_CUMSUM_FWD, ssd_chunk_state.CHUNK_CUMSUM_BWD,
+    ssd_bmm.BMM_CHUNK_FWD, ssd_bmm.BMM_CHUNK_BWD,
+    ssd_chunk_state.CHUNK_STATE_FWD, ssd_chunk_state.CHUNK_STATE_BWD_DB,
+    ssd_state_passing.STATE_PASSING_FWD, ssd_state_passing.STATE_PASSING_BWD,
+    ssd_chunk_scan.CHUNK_SCAN_FWD, ssd_chunk_scan.CHUNK_SCAN_BWD_DZ, ssd_chunk_scan.CHUNK_SCAN_BWD_DSTATES,
+    ssd_chunk_scan.CHUNK_SCAN_BWD_DC, ssd_chunk_scan.CHUNK_SCAN_BWD_DCB, ssd_chunk_scan.CHUNK_SCAN_BWD_DDACS_STABLE,
+    ssd_combined.CHUNK_SCAN_CHUNK_STATE_BWD_DX,
+    k_activations.SWIGLU_FWD, k_activations.SWIGLU_BWD,
+    layernorm_gated.RMSNORM_GATED_FWD, layernorm_gated.RMSNORM_GATED_BWD,
+    causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD,
+)
+#: the files that mirror an upstream module, in the order of :data:`SPECS`
+MIRRORS = (ssd_chunk_state, ssd_bmm, ssd_state_passing, ssd_chunk_scan, ssd_combined, k_activations, layernorm_gated,
+           causal_conv1d)
+_BY_NAME = {s.name: s for s in SPECS}
+#: the Triton kernels, by name (checked against their ``arg_names`` and autotune key at first use)
+KERNELS = {s.name: s for s in SPECS if s.arity is None}
+#: causal-conv1d's C++ ops, by name (checked against their number of arguments at first use)
+CONV_OPS = {s.name: s for s in SPECS if s.arity is not None}
+#: kernels with a table entry (autotuned upstream), in layer order
+TUNED_KERNELS = tuple(s.name for s in SPECS if s.candidates is not None)
+#: every kernel with an example runner (all of them), in layer order
+ALL_KERNELS = tuple(s.name for s in SPECS if s.example is not None)
+
+
+def table_key(arch: str, dtype, kernel: str, key: Mapping) -> str:
+    """The table's string key ``"{arch}/{dtype}/{kernel}/{k1}={v1},..."``; ``key`` must hold exactly the kernel's
+    autotune-key names."""
+    return table_key_of(KERNELS[kernel], arch, dtype, key)
+
+
+def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
+    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule); memoised."""
+    return pinned_of(KERNELS[kernel], key, dtype, arch)
+
+
+def rule_config(kernel: str) -> KernelConfig:
+    """The documented fallback (``mincost-v1``): cheapest native candidate, earliest on ties."""
+    return rule_of(KERNELS[kernel])
+
+
+def layer_keys(*, chunk_size: int, headdim: int, dstate: int, nheads: int, d_nonssm: int = 0):
+    """Autotune keys (and which dtype each kernel is keyed on) for one Mamba-2 layer, derived from the specs.
+
+    Each autotune-key name stands for a layer size (``hdim`` the head dim, ``K`` and ``dstate`` the state dim,
+    ``dim = headdim * dstate``, ``ncols = d_nonssm``; a spec's ``layer_key_consts`` fixes the others, e.g.
+    ``IS_CAUSAL``). The SwiGLU kernels are left out when ``d_nonssm`` is 0.
+
+    Returns ``[(kernel, key_dict, dtype_role)]`` in layer order; ``dtype_role`` is ``"model"`` (activations dtype)
+    or ``"fp32"`` (the inter-chunk states, which mamba-ssm keeps in fp32).
+    """
+    sizes = {"chunk_size": chunk_size, "nheads": nheads, "hdim": headdim, "dstate": dstate, "K": dstate,
+             "dim": headdim * dstate, "ncols": d_nonssm or None}
+    rows = []
+    for spec in SPECS:
+        if spec.autotune_key is None:
+            continue
+        key = key_of(spec, {**sizes, **spec.layer_key_consts})
+        if all(v is not None for v in key.values()):
+            rows.append((spec.name, key, spec.layer_dtype))
+    return rows
+
+
+def run_kernel(kernel: str, p: dict, config=None):
+    """Run the launcher of ``kernel`` on example problem ``p`` (:func:`csrc_bindings._examples.make_problem`);
+    return its output tensors as a tuple (Nones dropped)."""
+    r = _BY_NAME[kernel].example(p, config)
+    return tuple(t for t in r if isinstance(t, torch.Tensor))
+
+
+def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, ngroups: int = 1,
+                    d_nonssm: int = 0, dtype=torch.bfloat16, device=None, arch: str | None = None) -> dict:
+    """Configurations the launchers use for one Mamba-2 layer shape, plus the fingerprint.
+
+    Pass ``arch`` (e.g. ``"sm_90"``) or ``device`` (default: the current CUDA device). Imports nothing native.
+
+    Returns:
+        ``{"fingerprint": str, "arch": str, "dtype": str, "kernels": {name: {"key": {...}, "dtype": str,
+        "config": {...}, "source": "table" | "rule" | "heuristic"}}}``
+    """
+    if arch is None:
+        arch = device_arch(device if device is not None else torch.device("cuda", torch.cuda.current_device()))
+    out = {"fingerprint": fingerprint(), "arch": arch, "dtype": dtype_name(dtype), "kernels": {}}
+    for kernel, key, role in layer_keys(chunk_size=chunk_size, headdim=headdim, dstate=dstate, nheads=nheads,
+                                        d_nonssm=d_nonssm):
+        kdt = dtype if role == "model" else torch.float32
+        cfg = pinned_config(kernel, key, kdt, arch)
+        out["kernels"][kernel] = {"key": dict(key), "dtype": dtype_name(kdt), "config": cfg.as_dict(),
+                                  "source": cfg.source}
+    group = (nheads * headdim) // ngroups
+    elt = torch.empty((), dtype=dtype).element_size()
+    try:
+        rc = rmsnorm_heuristic(group, elt)
+        out["kernels"]["rmsnorm_gated"] = {"key": {"group_size": group}, "dtype": dtype_name(dtype),
+                                           "config": rc.as_dict(), "source": rc.source}
+    except ValueError as exc:  # pragma: no cover - absurd group sizes
+        out["kernels"]["rmsnorm_gated"] = {"error": str(exc)}
+    return out

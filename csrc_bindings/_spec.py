@@ -1,0 +1,60 @@
+"""What the launchers rely on about one native kernel: the :class:`KernelSpec`, and :func:`key_of`.
+
+A spec is pure data about the upstream kernel (where it lives, its argument names, its autotuner's key and
+candidate configurations, what its autotuner pre-hook zeroes). Each file that mirrors an upstream module
+(``csrc_bindings/ssd_chunk_state.py`` for ``mamba_ssm/ops/triton/ssd_chunk_state.py``, ...) holds, for each of its
+kernels in upstream's order: the launcher (``launch_*``), the example runner (``_example_*``, for the tuner and the
+GPU tests) and the spec. A launcher builds its configuration key from the spec's ``autotune_key`` and its own launch
+arguments (:func:`key_of`, through :func:`csrc_bindings._configs.launch_config`) and launches the JIT function
+directly with the pinned (or given) configuration, never the autotuner; :mod:`csrc_bindings` states the contract
+every launcher keeps. :mod:`csrc_bindings._registry` assembles the specs. Importing this module imports nothing
+native.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelSpec:
+    """Facts about one native kernel (a Triton JIT function, or a C++ op when ``arity`` is set).
+
+    Attributes:
+        name: the kernel's name in the pinned table and in ``describe_launch`` (e.g. ``"chunk_scan_fwd"``).
+        module, attr: where upstream defines it (``mamba_ssm.ops.triton.ssd_chunk_scan``,
+            ``_chunk_scan_fwd_kernel``).
+        arg_names: the JIT function's full argument list (given as one space-separated string), checked at first
+            use; every launch passes every one of them by name.
+        autotune_key: the upstream autotuner's ``key`` (None: no autotuner). The launcher's configuration key is
+            ``key_of(spec, args)``: these names, looked up in the launch arguments.
+        candidates: the upstream autotuner's configurations, ``(block kwargs, num_warps, num_stages)``, a copy so
+            the ``mincost-v1`` rule never reads a (possibly filtered) live ``.configs``. None: no autotuner.
+        pre_hook_zero: the arguments the upstream autotuner's pre-hook zeroes (the launcher zeroes them).
+        layer_key_consts: key values that are constants of the Mamba-2 layer rather than sizes (``IS_CAUSAL``).
+        layer_dtype: ``"model"`` (keyed on the activations' dtype) or ``"fp32"`` (the inter-chunk states).
+        arity: for a C++ op, its number of arguments (read from the pybind signature at first use).
+        example: ``example(p, config=None)`` runs the launcher on an example problem (:mod:`._examples`) and returns
+            its outputs; used by the tuner and the GPU tests.
+    """
+    name: str
+    module: str
+    attr: str
+    arg_names: tuple = ()
+    autotune_key: tuple | None = None
+    candidates: tuple | None = None
+    pre_hook_zero: tuple = ()
+    layer_key_consts: Mapping = dataclasses.field(default_factory=dict)
+    layer_dtype: str = "model"
+    arity: int | None = None
+    example: Callable | None = None
+
+    def __post_init__(self):
+        if isinstance(self.arg_names, str):
+            object.__setattr__(self, "arg_names", tuple(self.arg_names.split()))
+
+
+def key_of(spec: KernelSpec, args: Mapping) -> dict:
+    """The kernel's autotune-key values, ``{name: args[name]}`` for the names of ``spec.autotune_key``, taken from
+    the launch arguments (upstream's autotuner reads its key from the same arguments)."""
+    return {n: args[n] for n in spec.autotune_key}

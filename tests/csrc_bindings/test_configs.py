@@ -1,0 +1,72 @@
+"""The pinned-configuration lookup on the CPU (no native import): table entries, the mincost-v1 rule, memoisation
+(csrc_bindings/_configs.py, asked by kernel name through csrc_bindings/_registry.py)."""
+import pytest
+import torch
+
+from csrc_bindings._configs import _cost, _table, config_from_dict, device_arch, resolve_config
+from csrc_bindings._registry import KERNELS, pinned_config, rule_config, table_key
+
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _parse(k):
+    arch, dt, kernel, keystr = k.split("/")
+    key = {}
+    for part in keystr.split(","):
+        n, v = part.split("=")
+        key[n] = (v == "True") if v in ("True", "False") else int(v)
+    return arch, DT[dt], kernel, key
+
+
+def test_every_table_entry_is_returned_and_memoised():
+    entries = list(_table().items())
+    assert len(entries) > 10
+    for k, entry in entries:
+        arch, dtype, kernel, key = _parse(k)
+        assert table_key(arch, dtype, kernel, key) == k
+        want = config_from_dict(KERNELS[kernel], entry, "table")
+        first = pinned_config(kernel, key, dtype, arch)
+        assert first == want and first.source == "table"
+        assert pinned_config(kernel, dict(reversed(list(key.items()))), dtype, arch) is first  # cached, any order
+
+
+def test_keys_outside_the_table_get_the_mincost_rule():
+    for kernel, spec in KERNELS.items():
+        if spec.candidates is None or spec.autotune_key is None:
+            continue
+        key = {n: 7 for n in spec.autotune_key}  # 7 is in no table key
+        got = pinned_config(kernel, key, torch.bfloat16, "sm_90")
+        cands = spec.candidates
+        costs = [_cost(c[0], c[2]) for c in cands]
+        best = costs.index(min(costs))  # the earliest of the cheapest
+        assert got.source == "rule" and got == rule_config(kernel)
+        assert dict(got.meta) == dict(cands[best][0]) and (got.num_warps, got.num_stages) == cands[best][1:]
+
+
+def test_bool_and_int_key_values_are_not_confused():
+    entries = [(k, _parse(k)) for k in _table() if "=True" in k or "=False" in k]
+    assert entries, "the table has no boolean key to test with"
+    k, (arch, dtype, kernel, key) = entries[0]
+    assert pinned_config(kernel, key, dtype, arch).source == "table"
+    as_int = {n: (int(v) if isinstance(v, bool) else v) for n, v in key.items()}
+    assert table_key(arch, dtype, kernel, as_int) != k
+    assert pinned_config(kernel, as_int, dtype, arch).source == "rule"  # not the cached table entry
+
+
+def test_device_arch_off_cuda():
+    assert device_arch("cpu") == "cpu" and device_arch(torch.device("meta")) == "meta"
+
+
+def test_explicit_configs():
+    spec = KERNELS["chunk_state_fwd"]
+    key = {"hdim": 64, "dstate": 128, "chunk_size": 256}
+    d = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "num_warps": 2, "num_stages": 5}
+    got = resolve_config(spec, key, torch.bfloat16, "cpu", d)
+    assert got.source == "explicit" and got.as_dict() == d
+    assert resolve_config(spec, key, torch.bfloat16, "cpu", got) is got
+    with pytest.raises(ValueError, match="config for chunk_state_fwd passed to the chunk_scan_fwd launcher"):
+        resolve_config(KERNELS["chunk_scan_fwd"], key, torch.bfloat16, "cpu", got)
+    with pytest.raises(ValueError, match="chunk_state_fwd: a config needs exactly"):
+        resolve_config(spec, key, torch.bfloat16, "cpu", {"BLOCK_SIZE_M": 64})
+    with pytest.raises(KeyError, match="key needs"):
+        table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 64})

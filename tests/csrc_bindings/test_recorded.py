@@ -1,0 +1,64 @@
+"""The bindings launch what they launched before the per-upstream-file layout (CPU, natives faked).
+
+``data/launch_record.json`` and ``data/layer_configs.json`` were written by :mod:`.launch_record` before the
+launchers, the kernel specs and the key derivation moved; moving code must not change one launch argument, one
+configuration or the table hash.
+"""
+import json
+import pathlib
+
+import csrc_bindings as cb
+from tests.csrc_bindings.launch_record import record_all, record_layers
+
+DATA = pathlib.Path(__file__).with_name("data")
+TABLE_HASH = "83ed2244b67d0fbd"  # the pinned table as tuned on the H200 (see docs/bindings.md)
+
+
+def test_table_hash_is_pinned():
+    assert cb.table_hash() == TABLE_HASH
+    assert f" table={TABLE_HASH} rule=mincost-v1" in cb.fingerprint()
+
+
+def test_layer_keys_and_describe_launch_match_the_record():
+    want = json.loads((DATA / "layer_configs.json").read_text())
+    got = record_layers()
+    assert got["table_hash"] == want["table_hash"] == TABLE_HASH
+    for g, w in zip(got["layer_keys"], want["layer_keys"], strict=True):
+        assert g == w, w["shape"]
+    for g, w in zip(got["describe_launch"], want["describe_launch"], strict=True):
+        assert g == w, (w["shape"], w["dtype"], w["arch"], w["ngroups"])
+
+
+def test_every_launch_matches_the_record(monkeypatch):
+    want = json.loads((DATA / "launch_record.json").read_text())
+    got = record_all(monkeypatch)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+
+
+def test_every_launcher_asks_for_the_key_of_its_layer(monkeypatch):
+    """The key each launcher builds from its launch arguments (``key_of``) is the kernel's row of ``layer_keys``
+    (pinned above to the values from before the move), at the dtype of its role (natives faked, CPU)."""
+    import torch
+
+    from csrc_bindings import _configs, _native
+    from csrc_bindings._examples import make_problem
+    from csrc_bindings._registry import TUNED_KERNELS, run_kernel
+    from tests.csrc_bindings.launch_record import fake_native
+
+    tri, conv = fake_native([])
+    monkeypatch.setitem(_native._state, "triton", tri)
+    monkeypatch.setitem(_native._state, "conv", conv)
+    asked, real = [], _configs.pinned_of
+    monkeypatch.setattr(_configs, "pinned_of",
+                        lambda spec, key, dtype, arch: asked.append((spec.name, dict(key), dtype)) or
+                        real(spec, key, dtype, arch))
+    p = make_problem(chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, dtype=torch.bfloat16,
+                     swiglu_cols=48)
+    want = {k: (key, torch.bfloat16 if role == "model" else torch.float32)
+            for k, key, role in cb.layer_keys(chunk_size=64, headdim=32, dstate=16, nheads=4, d_nonssm=48)}
+    for kernel in TUNED_KERNELS:
+        asked.clear()
+        run_kernel(kernel, p)
+        assert asked == [(kernel, *want[kernel])], kernel
