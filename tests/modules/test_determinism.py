@@ -14,7 +14,7 @@ from ordered_ssd.reference import ordered_reference_mamba2_bwd
 
 REPEATS = 20
 CFG = dict(d_model=32, d_state=16, headdim=16, chunk_size=16, ngroups=2, d_ssm=32, bias=True)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository root
 
 
 def _step(layer, u, seq_idx=None):

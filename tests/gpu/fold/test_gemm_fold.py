@@ -100,3 +100,18 @@ def test_long_sequences_take_one_cublas_gemm_per_example(dtype):
     for group_bytes in (1, 4 * slot * 2, 1 << 40):  # groups of 1, 2 and all 3
         dW, _ = ordered_linear_weight_grad(dy, x, torch.float32, group_bytes=group_bytes)
         assert bits_equal(dW, ref), group_bytes
+
+
+def test_fold_kernels_on_cuda_equal_the_cpu_fold():
+    from ordered_ssd.fold import fold_dims, lexical_cumsum
+
+    torch.manual_seed(9)
+    t = (torch.randn(6, 5, 300, 3) * torch.logspace(0, 5, 3)).cuda()
+    for dims in ((0,), (0, 1), (1, 3), (0, 1, 3)):
+        assert bits_equal(fold_dims(t, dims).cpu(), fold_dims(t.cpu(), dims)), dims
+    init = torch.randn(5, 300, 3).cuda()
+    assert bits_equal(fold_dims(t, 0, init=init).cpu(), fold_dims(t.cpu(), 0, init=init.cpu()))
+    tb = t.to(torch.bfloat16)
+    assert bits_equal(fold_dims(tb, (0, 1)).cpu(), fold_dims(tb.cpu(), (0, 1)))
+    for rev in (False, True):
+        assert bits_equal(lexical_cumsum(t, dim=2, reverse=rev).cpu(), lexical_cumsum(t.cpu(), dim=2, reverse=rev))
