@@ -11,7 +11,7 @@ from tests.helpers import bits_equal
 
 def _problem(dtype):
     g = torch.Generator(device="cuda").manual_seed(4)
-    x = torch.randn(3, 40, 70, device="cuda", generator=g).to(dtype).transpose(1, 2)  # [B, D, L], channel-last
+    x = torch.randn(3, 70, 40, device="cuda", generator=g).to(dtype).transpose(1, 2)  # [B, D, L], channel-last
     weight = torch.randn(40, 4, device="cuda", generator=g).to(dtype)
     bias = torch.randn(40, device="cuda", generator=g).to(dtype)
     dout = torch.randn(3, 70, 40, device="cuda", generator=g).to(dtype).transpose(1, 2)
