@@ -407,6 +407,13 @@ def test_bitwise_repeat_and_across_processes(workers):
     assert {k: v["sha"] for k, v in here.items()} == {k: v["sha"] for k, v in a.items()}
 
 
+def test_every_launcher_writes_every_entry_it_returns(workers, nan_fresh_buffers):
+    """Every launcher's outputs have the same bits when the buffers it allocates start full of NaN (the fixture):
+    it writes every entry it returns and zeroes first what it accumulates into."""
+    reference = {k: v["sha"] for k, v in _get(workers, "hashes_a").items()}
+    assert {k: v["sha"] for k, v in worker_hashes("bfloat16", "cuda").items()} == reference
+
+
 def _snapshot():
     import mamba_ssm.ops.triton.k_activations as ka
     import mamba_ssm.ops.triton.layernorm_gated as lg
