@@ -1,0 +1,173 @@
+"""Stress the bitwise promise on the GPU: many training steps of ``OrderedMamba2`` on fixed inputs, under load.
+
+For each shape of :data:`SHAPES` (bf16 and fp32; one with ``seq_idx``, one with ``ngroups > 1``, one at B = 32) the
+script runs ``--steps`` forward + backward steps on the same inputs and compares the output, the input gradient and
+every parameter gradient with the first step's, bit for bit (``torch.equal`` on integer views, on the GPU), while
+another process loads the same GPU with large GEMMs and memory copies (``--load``). Then it starts ``--fresh``
+child processes, each with an empty Triton cache, and one more with ``CUDA_LAUNCH_BLOCKING=1``, and compares the
+SHA-256 of their first step with this process's.
+
+    python benchmarks/stress.py --steps 1000 --load --fresh 3 --out stress-out     # the full run
+    python benchmarks/stress.py --short --out stress-out                            # the GPU gate's short mode
+
+Prints one line per shape and a summary line ``stress: N/N steps identical, K/K fresh processes identical``;
+writes ``stress.json`` under ``--out``. Exit status 0 only with zero mismatches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ordered_ssd import OrderedMamba2  # noqa: E402
+from ordered_ssd.digest import tensor_sha256  # noqa: E402
+
+# name: (dtype, batch, seqlen, layer options, packed sequences)
+SHAPES = {
+    "bf16-B4-L512": (torch.bfloat16, 4, 512, dict(d_model=256, d_state=64, headdim=64, chunk_size=128), False),
+    "fp32-ngroups4": (torch.float32, 2, 300, dict(d_model=256, d_state=32, headdim=32, ngroups=4, chunk_size=64),
+                      False),
+    "bf16-seq_idx": (torch.bfloat16, 3, 400, dict(d_model=192, d_state=64, headdim=32, chunk_size=64), True),
+    "bf16-B32": (torch.bfloat16, 32, 128, dict(d_model=128, d_state=16, headdim=32, chunk_size=64), False),
+}
+
+
+def _problem(name):
+    dtype, batch, seqlen, options, packed = SHAPES[name]
+    torch.manual_seed(0)
+    layer = OrderedMamba2(**options, device="cuda").to(dtype)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    u = torch.randn(batch, seqlen, options["d_model"], device="cuda", generator=gen).to(dtype)
+    dout = torch.randn(batch, seqlen, options["d_model"], device="cuda", generator=gen).to(dtype)
+    seq_idx = None
+    if packed:
+        seq_idx = torch.zeros(batch, seqlen, dtype=torch.int32, device="cuda")
+        for b in range(batch):
+            for cut in range(1 + b, seqlen, 97 + 13 * b):
+                seq_idx[b, cut:] += 1
+    return layer, u, dout, seq_idx
+
+
+def _step(layer, u, dout, seq_idx):
+    layer.zero_grad(set_to_none=True)
+    x = u.clone().requires_grad_(True)
+    out = layer(x, seq_idx=seq_idx)
+    out.backward(dout)
+    result = {"out": out.detach(), "u.grad": x.grad}
+    result.update({f"{n}.grad": p.grad for n, p in layer.named_parameters()})
+    return result
+
+
+def _as_int(t):
+    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def run_shape(name, steps):
+    """``(first-step digests, mismatching steps)`` of ``steps`` steps on the same inputs."""
+    layer, u, dout, seq_idx = _problem(name)
+    first = {k: _as_int(v).clone() for k, v in _step(layer, u, dout, seq_idx).items()}
+    mismatches = []
+    for i in range(1, steps):
+        got = _step(layer, u, dout, seq_idx)
+        bad = [k for k, v in got.items() if not torch.equal(_as_int(v), first[k])]
+        if bad:
+            mismatches.append({"step": i, "tensors": bad})
+    torch.cuda.synchronize()
+    return {k: tensor_sha256(v) for k, v in first.items()}, mismatches
+
+
+def _load_main(seconds):
+    """The load: large bf16 GEMMs and device-to-device copies in a loop, for ``seconds``."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    end = time.time() + seconds
+    n = 0
+    while time.time() < end:
+        for _ in range(8):
+            a = (a @ a).clamp_(-1, 1)
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        n += 8
+    print(json.dumps({"load_iterations": n}))
+
+
+def _child_digests(env_extra):
+    env = dict(os.environ, **env_extra)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-digests"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"child failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1000, help="steps per shape (default: 1000)")
+    ap.add_argument("--short", action="store_true", help="the gate's short mode: 100 steps, 1 fresh process")
+    ap.add_argument("--load", action="store_true", help="load the same GPU from another process meanwhile")
+    ap.add_argument("--fresh", type=int, default=3, help="fresh processes with empty Triton caches (default: 3)")
+    ap.add_argument("--out", default="stress-out", help="folder for stress.json (default: stress-out)")
+    ap.add_argument("--child-digests", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-load", type=float, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child_load is not None:
+        _load_main(args.child_load)
+        return 0
+    if args.child_digests:
+        print(json.dumps({name: run_shape(name, 1)[0] for name in SHAPES}))
+        return 0
+    if not torch.cuda.is_available():
+        print("stress: needs a CUDA GPU with the native extras (pip install ordered-ssd[cuda])", file=sys.stderr)
+        return 2
+    steps, fresh = (100, 1) if args.short else (args.steps, args.fresh)
+    os.makedirs(args.out, exist_ok=True)
+    loader = None
+    if args.load:
+        loader = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-load", "3600"],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(5)  # let it start loading
+    report = {"steps_per_shape": steps, "load": bool(args.load), "shapes": {}, "fresh": []}
+    total = bad_total = 0
+    try:
+        for name in SHAPES:
+            t0 = time.perf_counter()
+            digests, mismatches = run_shape(name, steps)
+            report["shapes"][name] = {"digests": digests, "mismatching_steps": mismatches,
+                                      "seconds": round(time.perf_counter() - t0, 2)}
+            total += steps
+            bad_total += len(mismatches)
+            print(f"{name:>16}: {steps - len(mismatches)}/{steps} steps identical "
+                  f"({report['shapes'][name]['seconds']} s{', under load' if loader else ''})", flush=True)
+    finally:
+        if loader is not None:
+            loader.terminate()
+            loader.wait()
+    here = {name: report["shapes"][name]["digests"] for name in SHAPES}
+    runs = [{"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-")} for _ in range(fresh)]
+    runs.append({"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-"), "CUDA_LAUNCH_BLOCKING": "1"})
+    same = 0
+    for env_extra in runs:
+        digests = _child_digests(env_extra)
+        ok = digests == here
+        same += ok
+        report["fresh"].append({"env": sorted(env_extra), "identical": ok})
+    report["summary"] = (f"stress: {total - bad_total}/{total} steps identical, {same}/{len(runs)} fresh processes "
+                         f"identical ({fresh} with empty Triton caches, 1 with CUDA_LAUNCH_BLOCKING=1)")
+    with open(os.path.join(args.out, "stress.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(report["summary"])
+    return 0 if bad_total == 0 and same == len(runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
