@@ -26,7 +26,7 @@ FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "laye
 _BASE = dict(d_model=64, d_state=32, d_conv=4, headdim=16, chunk_size=32)
 _B, _L = 3, 100  # L not a multiple of chunk_size: a partial last chunk
 
-# name -> (device, dtype, constructor options, with seq_idx, literal mode)
+# name -> (device, dtype, constructor options, with seq_idx, literal mode[, autocast dtype])
 CONFIGS = {
     "cpu-fp64": ("cpu", torch.float64, {}, False, False),
     "cpu-fp32": ("cpu", torch.float32, {}, False, False),
@@ -44,12 +44,19 @@ CONFIGS = {
     "cuda-fp32-gated-mlp-bias-no-mem-eff": ("cuda", torch.float32, dict(d_ssm=96, bias=True, rmsnorm=False,
                                                                        use_mem_eff_path=False), False, False),
     "cuda-fp16-ngroups2-seq_idx-literal": ("cuda", torch.float16, dict(ngroups=2), True, True),
+    # added after the first review (recorded with the pre-renovation code 17f6e85 on the H200 too):
+    "cuda-bf16-gated-mlp-mem-eff": ("cuda", torch.bfloat16, dict(d_ssm=96), False, False),
+    "cuda-fp32-autocast-bf16-bias": ("cuda", torch.float32, dict(bias=True), False, False, torch.bfloat16),
 }
+
+#: Where the digests were recorded; a test on another torch build or CPU capability (or another GPU model) skips:
+#: the bits of the reference path's matmuls and of the kernels are fixed per build and device, not across them.
+RECORDED_ON = "_recorded_on"
 
 
 def step_digests(name: str) -> dict:
     """``{tensor name: sha256}`` of one training step of configuration ``name`` (see :data:`CONFIGS`)."""
-    device, dtype, options, with_seq_idx, literal = CONFIGS[name]
+    device, dtype, options, with_seq_idx, literal, *autocast = CONFIGS[name]
     threads = torch.get_num_threads()
     rng = torch.random.get_rng_state()
     torch.set_num_threads(1)
@@ -71,8 +78,9 @@ def step_digests(name: str) -> dict:
             seq_idx[2, 17:] = 1
             seq_idx[2, 70:] = 2
             seq_idx = seq_idx.to(device)
-        out = layer(u, seq_idx=seq_idx)
-        out.backward(dout)
+        with torch.autocast(device, dtype=autocast[0] if autocast else None, enabled=bool(autocast)):
+            out = layer(u, seq_idx=seq_idx)
+        out.backward(dout.to(out.dtype))
         result = {"out": tensor_sha256(out), "u.grad": tensor_sha256(u.grad)}
         result.update({f"{n}.grad": tensor_sha256(p.grad) for n, p in layer.named_parameters()})
         return result
@@ -81,17 +89,36 @@ def step_digests(name: str) -> dict:
         torch.random.set_rng_state(rng)
 
 
+def environment(device: str) -> dict:
+    """What the recorded bits of ``device`` depend on besides the code: the torch build and the CPU capability,
+    or the GPU model."""
+    if device == "cpu":
+        return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+            "capability": "sm_%d%d" % torch.cuda.get_device_capability()}
+
+
 def load_fixture() -> dict:
+    """``{config: {tensor: sha256}}`` of the committed fixture (without its :data:`RECORDED_ON` entry)."""
     with open(FIXTURE) as f:
-        return json.load(f)
+        return {k: v for k, v in json.load(f).items() if k != RECORDED_ON}
+
+
+def recorded_on(device: str) -> dict:
+    """The :func:`environment` the fixture's ``device`` configurations were recorded in."""
+    with open(FIXTURE) as f:
+        return json.load(f)[RECORDED_ON][device]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.layer_digests", description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), required=True)
     ap.add_argument("--out", required=True, help="JSON file to write ({config: {tensor: sha256}})")
+    ap.add_argument("--only", default=None, help="comma-separated configuration names (default: all of the device)")
     args = ap.parse_args(argv)
-    res = {name: step_digests(name) for name, cfg in CONFIGS.items() if cfg[0] == args.device}
+    names = args.only.split(",") if args.only else [n for n, cfg in CONFIGS.items() if cfg[0] == args.device]
+    res = {name: step_digests(name) for name in names}
+    res[RECORDED_ON] = {args.device: environment(args.device)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(f"{len(res)} configurations written to {args.out}")
