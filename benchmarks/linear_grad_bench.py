@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from ordered_ssd.apps.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
 import ordered_ssd.fold as fold_mod  # noqa: E402
 from ordered_ssd.fold import LexicalFold, fold_example_gemms  # noqa: E402
-from ordered_ssd.ops.linear import linear_weight_grad_per_example  # noqa: E402
+from ordered_ssd.fold import fold_example_gemms_grouped  # noqa: E402
 
 
 def projections(shape):
@@ -61,7 +61,7 @@ def bench_one(E, L, M, N, repeats, device, check, configs=()):
     dy2, x2 = dy.view(-1, M), x.view(-1, N)
     steps = {
         "native": lambda: torch.mm(dy2.t(), x2),
-        "grouped": lambda: linear_weight_grad_per_example(dy, x, torch.float32),
+        "grouped": lambda: fold_example_gemms_grouped(dy, x, torch.float32),
         "fused": lambda: fold_example_gemms(dy, x),
     }
     for cfg in configs:

@@ -20,11 +20,13 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 Both the CPU reference path and the CUDA path reduce through these; nothing else in the package sums partials
 over a partition axis. Importing this package does not import triton.
 """
-from .primitives import LexicalFold, fold_dims, fold_example_gemms, lexical_cumsum, lexical_fold, tree_fold
+from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped, lexical_cumsum,
+                         lexical_fold, tree_fold)
 from .settings import (GEMM_FOLD_CONFIGS, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES, REDUCTION_VERSION,
                        accumulation_dtype, linear_weight_grad_is_fused, reduction_fingerprint,
                        rmsnorm_rows_per_program)
 
-__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms", "accumulation_dtype",
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms",
+           "fold_example_gemms_grouped", "accumulation_dtype",
            "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]

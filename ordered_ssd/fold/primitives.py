@@ -6,9 +6,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from .settings import GEMM_FOLD_CONFIGS, accumulation_dtype
+from .settings import GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype
 
-__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum",
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms_grouped",
            "fold_example_gemms"]
 
 
@@ -229,6 +229,9 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
     with ``reverse``), in fp32 (fp64 for fp64), each row independently.
 
     Used for the per-position ``dA_cumsum`` gradient scans, so their rounding is fixed by the row alone.
+
+    Raises:
+        TypeError: ``dtype`` (or ``t``'s dtype) is not a floating-point dtype. IndexError: ``dim`` out of range.
     """
     dtype = t.dtype if dtype is None else dtype
     acc_dtype = accumulation_dtype(dtype)
@@ -340,3 +343,46 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
                                b.stride(1), b.stride(2), HAS_INIT=init is not None, IEEE=a.dtype == torch.float32,
                                BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def fold_example_gemms_grouped(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
+                               group_bytes: int = LINEAR_GROUP_BYTES) -> torch.Tensor:
+    """``fold_e(dy[e]^T @ x[e])`` [out, in] in ``weight_dtype``: the per-example algorithm of the projections' weight
+    gradient (:func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad`), taken where :func:`fold_example_gemms`
+    is not (:func:`~ordered_ssd.fold.linear_weight_grad_is_fused`: sequences of ``LINEAR_FUSED_BELOW_L`` positions
+    or more, fp64, off CUDA).
+
+    Args: dy [E, L, out]; x [E, L, in]; ``group_bytes``: bound on the fp32 partial buffer (bit-neutral).
+
+    One GEMM per example (``torch.mm(..., out_dtype=torch.float32)`` for half inputs on CUDA, an fp32 (fp64 for
+    fp64) GEMM otherwise; cuBLAS picks its algorithm per GPU model) into a 256-byte aligned slot of a group buffer,
+    and one :func:`fold_dims` launch per group into the running sum, example 0 first: the bits of
+    :class:`LexicalFold` over the per-example partials, whatever the group size.
+
+    Raises:
+        RuntimeError: from ``torch.mm`` for mismatched shapes or devices (the callers pass checked tensors).
+    """
+    batch, _, out_features = dy.shape
+    in_features = x.shape[-1]
+    acc_dtype = accumulation_dtype(weight_dtype)
+    numel = out_features * in_features
+    acc = None
+    if batch > 0 and numel > 0:
+        slot = -(-numel // 64) * 64  # 256-byte aligned slots, as a fresh allocation would be
+        group = max(1, min(batch, group_bytes // (4 * slot)))
+        buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
+        fp32_out_of_half = dy.device.type == "cuda" and dy.dtype != torch.float32
+        dy_t = dy.transpose(1, 2)  # dy_t[b] is dy[b].t()
+        for first in range(0, batch, group):
+            last = min(batch, first + group)
+            # the per-example views made in one call each (host time at large B)
+            parts = buf[:last - first, :numel].view(last - first, out_features, in_features).unbind(0)
+            for part, a, b in zip(parts, dy_t[first:last].unbind(0), x[first:last].unbind(0)):
+                if fp32_out_of_half:
+                    torch.mm(a, b, out_dtype=torch.float32, out=part)
+                else:
+                    torch.mm(a.float(), b.float(), out=part)
+            acc = fold_dims(buf[:last - first, :numel], 0, dtype=acc_dtype, init=acc)
+    dW = (acc.view(out_features, in_features) if acc is not None
+          else torch.zeros(out_features, in_features, dtype=acc_dtype, device=dy.device))
+    return dW.to(weight_dtype)

@@ -52,8 +52,8 @@ GEMM_FOLD_CONFIGS = {
 #: (``benchmarks/linear_grad_bench.py``).
 LINEAR_FUSED_BELOW_L = 8192
 
-#: Bit-neutral. Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that the per-example
-#: GEMM path of :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` folds in one launch (at least one
+#: Bit-neutral. Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that
+#: :func:`~ordered_ssd.fold.fold_example_gemms_grouped` folds in one launch (at least one
 #: example; the group size depends on the shape alone and never changes a value).
 LINEAR_GROUP_BYTES = 64 << 20
 

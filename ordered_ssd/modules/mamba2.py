@@ -327,7 +327,17 @@ class OrderedMamba2(nn.Module):
         return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
     def step(self, *args, **kwargs):
+        """Single-token decoding: not supported yet.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")
 
     def allocate_inference_cache(self, *args, **kwargs):
+        """The decoding cache: not supported yet.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("OrderedMamba2.allocate_inference_cache: decoding is not supported")

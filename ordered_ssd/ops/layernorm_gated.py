@@ -40,6 +40,9 @@ def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=N
     ``recompute_output``) are written into the given buffers. ``examples``: None for one launch over all rows, or
     the number of examples ``E`` (``M = E * L``) to launch once per example (the literal mode: the same partials,
     the same bits).
+
+    Raises:
+        ValueError: ``examples`` does not divide the rows; shapes the kernel rejects (from :mod:`csrc_bindings`).
     """
     common = dict(rows_per_program=rows_per_program, group_size=group_size, norm_before_gate=norm_before_gate,
                   recompute_output=recompute_output)
@@ -47,8 +50,14 @@ def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=N
         dx, dweight_partial, _, dz, out = csrc_bindings.launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, z=z, dz=dz,
                                                                                  out=out, **common)
     else:
-        rows = dy.shape[0] // examples if examples else 0
+        if examples < 1 or dy.shape[0] % examples:
+            raise ValueError(f"examples: expected a positive divisor of the {dy.shape[0]} rows, got {examples}")
+        rows = dy.shape[0] // examples
         dx = torch.empty_like(dy)
+        if z is not None and dz is None:
+            dz = torch.empty_like(z)
+        if recompute_output and out is None:
+            out = torch.empty_like(x)
         pieces = []
         norm_groups = rstd.shape[0] // dy.shape[0] if dy.shape[0] else 1
         rstd_by_group = rstd.view(norm_groups, dy.shape[0]) if norm_groups > 1 else rstd.view(1, dy.shape[0])

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, accumulation_dtype, fold_dims, fold_example_gemms,
+from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped,
                     linear_weight_grad_is_fused)
 from .common import autocast_dtype, custom_bwd, custom_fwd
 
-__all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "linear_weight_grad_per_example",
-           "OrderedLinearFunction", "ordered_linear"]
+__all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "OrderedLinearFunction",
+           "ordered_linear"]
 
 
 # ------------------------------------------------------------------------------------------------ composition
@@ -63,7 +63,8 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
     - fused (CUDA, ``L <`` :data:`~ordered_ssd.fold.LINEAR_FUSED_BELOW_L`):
       :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton launch at a pinned configuration; each program
       computes its tile's partial of one example at a time and adds it to the running sum;
-    - per example (long sequences, fp64, off CUDA): one cuBLAS GEMM with fp32 output per example
+    - per example (long sequences, fp64, off CUDA): :func:`~ordered_ssd.fold.fold_example_gemms_grouped`, one
+      cuBLAS GEMM with fp32 output per example
       (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs and off CUDA) into a slot of a
       group buffer (slots 256-byte aligned), each group folded into the running sum by one
       :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
@@ -80,7 +81,7 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
         if linear_weight_grad_is_fused(dy, weight_dtype):
             dW = fold_example_gemms(dy, x).to(weight_dtype)
         else:
-            dW = linear_weight_grad_per_example(dy, x, weight_dtype, group_bytes)
+            dW = fold_example_gemms_grouped(dy, x, weight_dtype, group_bytes)
         db = None
         if bias_dtype is not None:
             bias_fold = LexicalFold(bias_dtype)
@@ -88,36 +89,6 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
                 bias_fold.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
             db = bias_fold.result(like=torch.empty(dy.shape[-1], device=dy.device))
         return dW, db
-
-
-def linear_weight_grad_per_example(dy, x, weight_dtype, group_bytes=LINEAR_GROUP_BYTES):
-    """``dW`` [out, in] in ``weight_dtype`` by the per-example algorithm of :func:`ordered_linear_weight_grad` (the
-    one taken where the fused fold is not: sequences of ``LINEAR_FUSED_BELOW_L`` positions or more, fp64, off
-    CUDA): one GEMM per example into a slot of a group buffer, one fold launch per group."""
-    batch, _, out_features = dy.shape
-    in_features = x.shape[-1]
-    acc_dtype = accumulation_dtype(weight_dtype)
-    numel = out_features * in_features
-    acc = None
-    if batch > 0 and numel > 0:
-        slot = -(-numel // 64) * 64  # 256-byte aligned slots, as a fresh allocation would be
-        group = max(1, min(batch, group_bytes // (4 * slot)))
-        buf = torch.empty(group, slot, dtype=torch.float32, device=dy.device)
-        fp32_out_of_half = dy.device.type == "cuda" and dy.dtype != torch.float32
-        dy_t = dy.transpose(1, 2)  # dy_t[b] is dy[b].t()
-        for first in range(0, batch, group):
-            last = min(batch, first + group)
-            # the per-example views made in one call each (host time at large B)
-            parts = buf[:last - first, :numel].view(last - first, out_features, in_features).unbind(0)
-            for part, a, b in zip(parts, dy_t[first:last].unbind(0), x[first:last].unbind(0)):
-                if fp32_out_of_half:
-                    torch.mm(a, b, out_dtype=torch.float32, out=part)
-                else:
-                    torch.mm(a.float(), b.float(), out=part)
-            acc = fold_dims(buf[:last - first, :numel], 0, dtype=acc_dtype, init=acc)
-    dW = (acc.view(out_features, in_features) if acc is not None
-          else torch.zeros(out_features, in_features, dtype=acc_dtype, device=dy.device))
-    return dW.to(weight_dtype)
 
 
 # ----------------------------------------------------------------------------------------------- autograd

@@ -414,13 +414,14 @@ class OrderedMambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
          outproj_bias) = ctx.saved_tensors
         chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal = ctx.args
-        (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drms, dW, db) = ordered_mamba_split_conv1d_scan_combined_bwd(
+        (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
+         doutproj_bias) = ordered_mamba_split_conv1d_scan_combined_bwd(
             dout.contiguous() if dout.stride(-1) != 1 else dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D,
             dt_bias, chunk_size, saved=ctx.saved_meta, seq_idx=seq_idx, dt_limit=dt_limit, activation=activation,
             rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps, rstd=rstd, outproj_weight=outproj_weight,
             outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal)
-        return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, None, None, None, drms, None, dW, db, None, None, None,
-                None)
+        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, None, None, None, None, drmsnorm_weight, None,
+                doutproj_weight, doutproj_bias, None, None, None, None)
 
 
 # --------------------------------------------------------------------------------------------- public functions

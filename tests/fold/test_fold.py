@@ -164,17 +164,3 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
                         {**settings.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
     assert len({base, longer, settings.reduction_fingerprint()}) == 3
-
-
-def test_native_fingerprint_includes_the_reduction(monkeypatch):
-    """The CUDA branch of the determinism fingerprint, with the device queries faked (no GPU needed)."""
-    import csrc_bindings
-    from ordered_ssd.fingerprint import determinism_fingerprint
-    from ordered_ssd.fold import reduction_fingerprint
-
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
-    monkeypatch.setattr(csrc_bindings, "fingerprint", lambda: "csrc_bindings/fake")
-    info = determinism_fingerprint("cuda:0", native=True)
-    assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
-    assert "reduction" not in determinism_fingerprint("cuda:0", native=False)

@@ -44,8 +44,7 @@ def test_gradients_bitwise_identical_over_repeats(dtype):
 def test_gradients_identical_in_a_fresh_process():
     """The same step in a new interpreter gives the same SHA-256 of every gradient."""
     script = textwrap.dedent(f"""
-        import json, sys, torch
-        sys.path.insert(0, {ROOT!r})
+        import json, torch
         from tests.helpers import make_layer, sha256
         from tests.modules.test_determinism import _step, CFG
         layer = make_layer(seed=11, dtype=torch.float32, **CFG)

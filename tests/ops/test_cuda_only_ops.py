@@ -13,7 +13,7 @@ def _ssd_args(device="cpu"):
             torch.randn(B, L, G, N, device=device), torch.randn(B, L, G, N, device=device), 4)
 
 
-def test_causal_conv1d_refuses_cpu_and_bad_activation():
+def test_causal_conv1d_refuses_cpu_and_non_tensors():
     with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor .*got device cpu"):
         ordered_causal_conv1d(torch.randn(2, 8, 16), torch.randn(8, 4))
     with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor, got list"):

@@ -170,8 +170,7 @@ def test_training_leaves_native_modules_untouched():
 
 def test_bits_equal_in_two_fresh_processes(tmp_path):
     script = textwrap.dedent(f"""
-        import json, sys, torch
-        sys.path.insert(0, {ROOT!r})
+        import json, torch
         from tests.gpu.modules.test_mamba2_cuda import _make, _inputs, _step, GRID
         from tests.helpers import sha256
         d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]

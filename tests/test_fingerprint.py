@@ -1,0 +1,28 @@
+"""ordered_ssd.fingerprint: what the bits depend on."""
+import torch
+
+
+def test_cuda_fingerprint_includes_the_pinned_configs_and_the_reduction(monkeypatch):
+    """The CUDA branch of the determinism fingerprint, with the device queries faked (no GPU needed)."""
+    import csrc_bindings
+    from ordered_ssd.fingerprint import determinism_fingerprint
+    from ordered_ssd.fold import reduction_fingerprint
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
+    monkeypatch.setattr(csrc_bindings, "fingerprint", lambda: "csrc_bindings/fake")
+    info = determinism_fingerprint("cuda:0", native=True)
+    assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
+    assert "reduction" not in determinism_fingerprint("cuda:0", native=False)
+
+
+def test_cpu_fingerprint_names_the_threads_and_capability(monkeypatch):
+    from ordered_ssd.fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_string
+
+    info = determinism_fingerprint("cpu")
+    assert info["device_type"] == "cpu" and info["threads"] == torch.get_num_threads()
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and "pinned_configs" not in info
+    monkeypatch.setattr(torch, "get_num_threads", lambda: info["threads"] + 1)
+    other = determinism_fingerprint("cpu")
+    assert fingerprint_diff(info, other) == {"threads": (info["threads"], info["threads"] + 1)}
+    assert fingerprint_string(info) != fingerprint_string(other) and len(fingerprint_string(info)) == 16
