@@ -10,6 +10,8 @@ Layout (each layer rests on the ones below it):
 * :mod:`ordered_ssd.fold` -- the order of every sum, and every setting that decides it;
 * :mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.digest`, :mod:`ordered_ssd.distributed` -- what the bits
   depend on, digests of them, the rank-ordered data-parallel reduction;
+* :mod:`ordered_ssd.accumulate` -- :class:`TreeGradAccumulator`, the split-invariant gradient accumulation
+  (the same bits for every split of a global batch over ranks and accumulation steps);
 * :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
 
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
@@ -19,8 +21,8 @@ from .fold import LexicalFold, accumulation_dtype, lexical_fold
 from .modules import GatedRMSNorm, OrderedMamba2
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
-
-__version__ = "0.1.0.dev0"
+from .accumulate import TreeGradAccumulator, tree_sum
+from ._version import __version__
 
 __all__ = [
     "OrderedMamba2",
@@ -30,6 +32,8 @@ __all__ = [
     "LexicalFold",
     "lexical_fold",
     "accumulation_dtype",
+    "TreeGradAccumulator",
+    "tree_sum",
     "digest",
     "__version__",
 ]

@@ -2,10 +2,14 @@
 
 The pieces ``ordered-ssd check --nproc N`` is built from, usable in any DDP training loop:
 
-* :func:`ordered_all_reduce` / :func:`ordered_allreduce_hook`: the sum over ranks in a fixed order. Every rank
-  all-gathers the flattened tensor (a DDP bucket) of every rank, then folds the ``N`` copies **rank 0 first**
-  with :func:`ordered_ssd.fold.lexical_fold` in the accumulation dtype (fp32; fp64 for fp64), divides the
-  folded sum by ``N`` (one IEEE division, in the accumulation dtype) and casts once to the tensor's dtype.
+* :func:`ordered_all_reduce` / :func:`ordered_allreduce_hook`: the sum over ranks in a fixed order. The flattened
+  tensor (a DDP bucket) is cut into ``N`` shards; an all-to-all gives rank ``j`` shard ``j`` of every rank, which
+  it folds **rank 0 first** with :func:`ordered_ssd.fold.lexical_fold` in the accumulation dtype (fp32; fp64 for
+  fp64), divides by ``N`` (one IEEE division, in the accumulation dtype) and casts once to the tensor's dtype;
+  an all-gather of the folded shards gives every rank the whole result (traffic O(numel) per rank).
+* :func:`tree_all_reduce`: the split-invariant reduction of :class:`ordered_ssd.accumulate.TreeGradAccumulator`:
+  the same shard exchange, each shard summed over ranks by the pairwise tree
+  (:func:`ordered_ssd.fold.tree_fold`) in rank order.
   The result does not depend on the backend's reduction algorithm (ring, tree, NVLS), on message arrival
   order or on the DDP bucket layout: the fold is elementwise, so element ``i`` of the result is
   ``(((+0.0 + g_0[i]) + g_1[i]) + ... + g_{N-1}[i]) / N`` whichever bucket and position it sits in.
@@ -33,10 +37,10 @@ import torch
 import torch.distributed as dist
 
 from .fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_string
-from .fold import accumulation_dtype, lexical_fold
+from .fold import accumulation_dtype, lexical_fold, tree_fold
 
 __all__ = [
-    "ordered_all_reduce", "ordered_allreduce_hook", "register_ordered_hook", "ordered_mean", "shard_rows",
+    "ordered_all_reduce", "ordered_allreduce_hook", "tree_all_reduce", "check_power_of_two_world", "register_ordered_hook", "ordered_mean", "shard_rows",
     "rank_fingerprint", "check_rank_fingerprints", "fingerprint_mismatch_message", "RankMismatchError",
     "DistContext", "init_distributed", "TEST_SKEW_ENV",
 ]
@@ -57,14 +61,112 @@ def _all_gather_flat(output: torch.Tensor, tensor: torch.Tensor, group):
     return fn(output, tensor, group=group, async_op=True)
 
 
+def _all_to_all_flat(output: torch.Tensor, tensor: torch.Tensor, group):
+    """Rank ``j`` receives shard ``j`` of every rank: ``output.view(N, s)[i] = rank i's tensor.view(N, s)[j]``."""
+    return dist.all_to_all_single(output, tensor, group=group, async_op=True)
+
+
+def _world_size(group) -> int:
+    return dist.get_world_size(group)
+
+
+def _shard_exchange(tensor: torch.Tensor, group) -> Tuple[torch.Tensor, int, int]:
+    """All-to-all of the ``N`` contiguous shards of ``tensor`` (flattened, zero-padded to ``N * s``): returns
+    ``(received [N, s], N, s)`` where row ``i`` is rank ``i``'s copy of this rank's shard. Blocks the host on
+    gloo; on nccl ``wait`` only orders the current stream after the collective. Each rank sends and receives
+    ``(N - 1) * s`` elements."""
+    world = _world_size(group)
+    flat = tensor.reshape(-1)
+    n = flat.numel()
+    s = -(-n // world)
+    if s * world != n:
+        padded = torch.zeros(s * world, dtype=flat.dtype, device=flat.device)
+        padded[:n].copy_(flat)
+        flat = padded
+    received = torch.empty(world * s, dtype=flat.dtype, device=flat.device)
+    _all_to_all_flat(received, flat, group).wait()
+    return received.view(world, s), world, s
+
+
+def _gather_shards(folded: torch.Tensor, out_flat: torch.Tensor, world: int, group):
+    """Start the all-gather of every rank's folded shard ``[s]`` into ``out_flat`` (``n`` elements; the padding, if
+    any, goes to a temporary). Returns ``(work, finish)``: call ``finish()`` once ``work`` is done."""
+    n, s = out_flat.numel(), folded.numel()
+    if s * world == n:
+        return _all_gather_flat(out_flat, folded, group), (lambda: None)
+    full = torch.empty(world * s, dtype=folded.dtype, device=folded.device)
+    return _all_gather_flat(full, folded, group), (lambda: out_flat.copy_(full[:n]))
+
+
+def check_power_of_two_world(world: int) -> None:
+    """Raise ValueError unless ``world`` (a world size) is a power of two (the tree over ranks needs it)."""
+    if world < 1 or world & (world - 1):
+        raise ValueError(f"the world size {world} is not a power of two: the split-invariant tree reduction needs "
+                         f"1, 2, 4, 8, ... ranks")
+
+
+def tree_all_reduce(flat: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Pairwise tree sum over ranks, in rank order, of ``flat``; **in place**, returns ``flat``.
+
+    Each rank holds in ``flat`` the tree sum of its own contiguous shard of blocks (a subtree); the result is
+    ``tree(rank 0, ..., rank N-1)`` with ``tree(x[0:k]) = tree(x[0:k/2]) + tree(x[k/2:k])`` (left + right), in
+    ``flat.dtype`` (the accumulator passes fp32, or fp64 for an fp64 model), with identical bits on every rank.
+
+    Algorithm (traffic O(numel) per rank, like a ring all-reduce): ``flat`` is split into ``N`` contiguous shards
+    (zero-padded to a multiple of ``N``); an ``all_to_all`` gives rank ``j`` shard ``j`` of every rank; rank ``j``
+    adds those ``N`` pieces by the tree in rank order; an ``all_gather`` of the ``N`` summed shards writes the
+    result into ``flat`` on every rank. Each rank sends and receives ``2 (N - 1) / N * numel`` elements; extra
+    memory ``numel`` (+ padding). The collectives move bytes only; the additions are elementwise and done in the
+    same order wherever a shard lands, so the bits do not depend on the backend, the device count per host or
+    the shard boundaries.
+
+    Without an initialised default process group (``group`` None), or with one rank, ``flat`` is returned
+    unchanged (a world of one). Collective otherwise: every rank calls it with the same shape and dtype.
+    Synchronous on gloo; on nccl the result is ordered on the current stream.
+
+    Raises:
+        TypeError: ``flat`` is not a floating-point tensor.
+        ValueError: the world size is not a power of two.
+    """
+    if not isinstance(flat, torch.Tensor) or not flat.is_floating_point():
+        raise TypeError(f"flat: expected a floating-point torch.Tensor, got "
+                        f"{flat.dtype if isinstance(flat, torch.Tensor) else type(flat).__name__}")
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return flat
+    world = _world_size(group)
+    check_power_of_two_world(world)
+    if world == 1:
+        return flat
+    if not flat.is_contiguous():
+        raise ValueError("flat: expected a contiguous tensor")
+    received, world, _ = _shard_exchange(flat, group)
+    folded = tree_fold(received, dtype=flat.dtype)
+    work, finish = _gather_shards(folded, flat.view(-1), world, group)
+    work.wait()
+    finish()
+    return flat
+
+
 def ordered_all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
                        average: bool = True) -> "torch.futures.Future[torch.Tensor]":
     """Sum (or mean) of ``tensor`` over the ranks of ``group``, folded in rank order; in place.
 
-    Every rank all-gathers the ``N`` ranks' copies (``N * numel`` elements of ``tensor.dtype``), folds them
-    with :func:`~ordered_ssd.fold.lexical_fold` (rank 0 first, from +0.0, in fp32 -- fp64 for fp64), divides
-    by ``N`` if ``average`` (in the accumulation dtype), casts to ``tensor.dtype`` and writes the result
-    into ``tensor``.
+    Element ``i`` of the result is ``lexical_fold`` of the ``N`` ranks' elements ``i`` (rank 0 first, from +0.0,
+    in fp32 -- fp64 for fp64), divided by ``N`` if ``average`` (in the accumulation dtype), cast to
+    ``tensor.dtype``, written into ``tensor``.
+
+    Algorithm (traffic O(numel) per rank): ``tensor`` is split into ``N`` contiguous shards (zero-padded to a
+    multiple of ``N``); an ``all_to_all`` gives rank ``j`` shard ``j`` of every rank (in ``tensor.dtype``); rank
+    ``j`` folds those ``N`` pieces in rank order, divides and casts; an ``all_gather`` of the ``N`` results writes
+    them into ``tensor``. The fold is elementwise, so the bits are those of folding the whole tensors (the
+    all-gather algorithm of ordered-ssd <= 0.1.0.dev0, which moved ``(N - 1) * numel`` elements per rank); each
+    rank now sends and receives ``2 (N - 1) / N * numel`` elements, holds ``numel`` extra elements.
+
+    The ``all_to_all`` is started and waited for in the calling thread (on gloo that blocks the host until it is
+    done; on nccl ``wait`` only orders the current stream after it), then the fold is launched and the
+    ``all_gather`` started; the returned future completes with the all-gather. Every collective is so issued
+    from the calling thread, in call order, on every rank (issuing the all-gather from a future callback could
+    interleave two DDP buckets' collectives differently on different ranks).
 
     Args:
         tensor: a contiguous floating-point tensor of any shape, on the group's device (CPU for gloo,
@@ -73,8 +175,8 @@ def ordered_all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] 
         average: divide the folded sum by the world size.
 
     Returns:
-        A ``torch.futures.Future`` whose value is ``tensor`` (holding the result) once the gather and the fold
-        are done; ``fut.wait()`` to block.
+        A ``torch.futures.Future`` whose value is ``tensor`` (holding the result) once the collectives and the
+        fold are done; ``fut.wait()`` to block.
 
     Raises:
         TypeError: ``tensor`` is not a floating-point tensor.
@@ -83,30 +185,27 @@ def ordered_all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] 
 
     Determinism: element ``i`` of the result is a function of the ranks' elements ``i`` alone, reduced in
     the same order on every rank, so every rank gets the same bits, in every run, whatever the backend's
-    algorithm; the cost is an all-gather (each rank receives ``(N - 1) * numel`` elements, the same volume
-    as a ring all-reduce for ``N = 2``) and ``N * numel`` extra elements of memory while it runs.
+    algorithm or the shard boundaries.
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         raise TypeError(f"tensor: expected a floating-point torch.Tensor, got "
                         f"{tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError("tensor: expected a contiguous tensor (DDP bucket buffers are)")
-    world = dist.get_world_size(group)
-    flat = tensor.view(-1)
-    n = flat.numel()
-    gathered = torch.empty(world * n, dtype=tensor.dtype, device=tensor.device)
-    work = _all_gather_flat(gathered, flat, group)
+    received, world, _ = _shard_exchange(tensor, group)  # row r = rank r's copy of this rank's shard
     acc_dtype = accumulation_dtype(tensor.dtype)
+    acc = lexical_fold(received, dtype=acc_dtype)  # rank 0 first, from +0.0
+    if average:
+        acc = acc.div_(world)
+    folded = acc.to(tensor.dtype)
+    work, finish = _gather_shards(folded, tensor.view(-1), world, group)
 
-    def _fold(fut: torch.futures.Future) -> torch.Tensor:
+    def _done(fut: torch.futures.Future) -> torch.Tensor:
         fut.value()  # re-raises a failed collective
-        acc = lexical_fold(gathered.view(world, n), dtype=acc_dtype)  # row r = rank r; rank 0 first
-        if average:
-            acc = acc.div_(world)
-        flat.copy_(acc)
+        finish()
         return tensor
 
-    return work.get_future().then(_fold)
+    return work.get_future().then(_done)
 
 
 def ordered_allreduce_hook(state: Optional[dist.ProcessGroup],

@@ -14,7 +14,7 @@ __all__ = ["package_versions", "determinism_fingerprint", "fingerprint_string", 
 
 def package_versions() -> dict:
     """Installed versions (None if absent), read from package metadata without importing the packages."""
-    from . import __version__
+    from ._version import __version__
 
     return {
         "python": platform.python_version(),

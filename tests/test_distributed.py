@@ -2,7 +2,8 @@
 
 The hook's unit test runs this module under ``python -m torch.distributed.run`` (``-m tests.test_distributed
 --worker hook``, 3 processes: with 2 ranks the fold order cannot show, since ``a + b == b + a`` in IEEE
-arithmetic). ``ordered-ssd check --nproc N`` end to end is tested in ``tests/apps/check/``.
+arithmetic). The split-invariance tests (``--worker split``) run in one spawn of 4 processes: the world (R = 4), two
+subgroups of 2 (R = 2) and four of 1 (R = 1). ``ordered-ssd check --nproc N`` end to end is tested in ``tests/apps/check/``.
 """
 import gc
 import json
@@ -86,6 +87,53 @@ def test_ddp_hook_gradients_equal_the_fold_of_rank_gradients(hook_results):
     assert first["max_rel_diff_vs_default_allreduce"] < 1e-5
 
 
+# ----------------------------------------------------------------------------------------------- split invariance
+@pytest.fixture(scope="module")
+def split_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("split")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           "--max-restarts", "0", "-m", "tests.test_distributed", "--worker", "split", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[:6000]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def test_reduce_gives_the_same_bits_for_every_split(split_results):
+    """(R, m) in {(1, 4), (2, 2), (4, 1)} and {(1, 8), (2, 4), (4, 2)}: ``reduce`` and the gradients after
+    ``write_grads`` have the bits of one process's ``tree_sum`` over all blocks, on every rank."""
+    first = split_results[0]["split"]
+    for blocks in ("4", "8"):
+        expected = first["expected"][blocks]
+        assert first["left_to_right"][blocks] != expected["reduce"]  # the test data is order-sensitive
+        for R in ("1", "2", "4"):
+            for res in split_results:
+                got = res["split"]["got"][blocks][R]
+                assert got["reduce"] == expected["reduce"], (blocks, R)
+                assert got["grads"] == expected["grads"], (blocks, R)
+        # the old two-level scheme (local left-to-right sums, then the rank-ordered DDP hook) is not split-invariant
+        assert first["two_level_4_ranks"][blocks] != expected["grads"]
+
+
+def test_ordered_all_reduce_bits_unchanged_vs_the_all_gather_algorithm(split_results):
+    for res in split_results:
+        for world in ("2", "4"):
+            for dtype, cases in res["ordered"][world].items():
+                for numel, (got, old) in cases.items():
+                    assert got == old, (world, dtype, numel)
+                    assert got == split_results[0]["ordered"][world][dtype][numel][0]
+
+
+def test_reductions_move_o_size_elements(split_results):
+    """Each collective of both reductions moves O(numel) elements per rank, not O(ranks * numel)."""
+    for name in ("tree_all_reduce", "ordered_all_reduce"):
+        calls = split_results[0]["traffic"][name]
+        numel, world, s = calls["numel"], 4, -(-calls["numel"] // 4)
+        assert calls["all_to_all"] == [[world * s, world * s]]       # (received, sent): one shard to each rank
+        assert calls["all_gather"] == [[world * s, s]]               # (gathered, contributed)
+        assert world * s < numel + world                             # padding below one element per rank
+
+
 # ----------------------------------------------------------------------------------------------- worker side
 def _rank_tensor(k: int, dtype: torch.dtype, n: int = 4099) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + k)
@@ -163,11 +211,125 @@ def _worker_hook(out: str) -> None:
     dist.destroy_process_group()
 
 
+def _split_model():
+    spec = {"seed": 0, "mixer": "ordered", "weight_decay": 0.1, "lr": 1e-3,
+            "model": dict(ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=8).__dict__)}
+    model, _ = build_model(spec, torch.device("cpu"))
+    return model
+
+
+def _block_loss(model, data, block, b=2, n_blocks=8):
+    x, y = data.batch(3, 0, n_blocks * b, offset=block * b, count=b)
+    return lm_loss(model(x), y)
+
+
+def _worker_split(out: str) -> None:
+    import torch.distributed as dist
+
+    import ordered_ssd.distributed as D
+    from ordered_ssd import TreeGradAccumulator, tree_sum
+    from ordered_ssd.fold import lexical_fold
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == 4
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    singles = [dist.new_group([r]) for r in range(4)]
+    groups = {1: singles[rank], 2: pairs[rank // 2], 4: None}
+    data = ByteData(bytes(range(256)) * 40, 16)
+    result = {"split": {"expected": {}, "got": {}, "left_to_right": {}, "two_level_4_ranks": {}},
+              "ordered": {}, "traffic": {}}
+
+    model = _split_model()
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+
+    def grads_digest(flat):
+        return [tensor_sha256(t.view(p.shape).to(p.dtype)) for t, p in zip(flat.split(sizes), params)]
+
+    block_grads = []
+    for k in range(8):
+        model.zero_grad(set_to_none=True)
+        _block_loss(model, data, k).backward()
+        block_grads.append(torch.cat([p.grad.reshape(-1).float() for p in params]))
+    for n_blocks in (4, 8):
+        gs = block_grads[:n_blocks]
+        ref = tree_sum(gs)
+        key = str(n_blocks)
+        result["split"]["expected"][key] = {"reduce": tensor_sha256(ref), "grads": grads_digest(ref / n_blocks)}
+        l2r = torch.zeros_like(ref)
+        for g in gs:
+            l2r += g
+        result["split"]["left_to_right"][key] = tensor_sha256(l2r)
+        m4 = n_blocks // 4  # the old scheme on 4 ranks: left-to-right per rank, then the rank-ordered fold / 4
+        local = [lexical_fold(gs[r * m4:(r + 1) * m4], dtype=torch.float32) / m4 for r in range(4)]
+        result["split"]["two_level_4_ranks"][key] = grads_digest(lexical_fold(local, dtype=torch.float32) / 4)
+        result["split"]["got"][key] = {}
+        for R in (1, 2, 4):
+            m = n_blocks // R
+            r = rank % R  # this rank's place in its group of R
+            model.zero_grad(set_to_none=True)
+            acc = TreeGradAccumulator(model.parameters())
+            for k in range(r * m, (r + 1) * m):
+                _block_loss(model, data, k).backward()
+                acc.add_block()
+            assert acc.max_buffers_held <= m.bit_length()
+            red = acc.reduce(groups[R])
+            acc.write_grads(group=groups[R])
+            result["split"]["got"][key][str(R)] = {
+                "reduce": tensor_sha256(red), "grads": [tensor_sha256(p.grad) for p in params]}
+
+    # ordered_all_reduce: the shard algorithm against the all-gather algorithm it replaced, on 2 and 4 ranks
+    for R in (2, 4):
+        g, r = groups[R], rank % R
+        result["ordered"][str(R)] = {}
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            cases = {}
+            for numel in (1, 5, 4099, 4100):
+                parts = [_rank_tensor(k, dtype, numel) for k in range(R)]
+                mine = parts[r].clone()
+                D.ordered_all_reduce(mine, g).wait()
+                gathered = torch.empty(R * numel, dtype=dtype)
+                D._all_gather_flat(gathered, parts[r].clone(), g).wait()
+                old = lexical_fold(gathered.view(R, numel), dtype=D.accumulation_dtype(dtype)).div_(R).to(dtype)
+                cases[str(numel)] = [tensor_sha256(mine), tensor_sha256(old)]
+            result["ordered"][str(R)][str(dtype).split(".")[1]] = cases
+
+    # traffic: the shapes each collective is handed
+    real_a2a, real_ag = D._all_to_all_flat, D._all_gather_flat
+    for name in ("tree_all_reduce", "ordered_all_reduce"):
+        calls = {"numel": 4099, "all_to_all": [], "all_gather": []}
+
+        def a2a(o, i, grp, calls=calls):
+            calls["all_to_all"].append([o.numel(), i.numel()])
+            return real_a2a(o, i, grp)
+
+        def ag(o, i, grp, calls=calls):
+            calls["all_gather"].append([o.numel(), i.numel()])
+            return real_ag(o, i, grp)
+
+        D._all_to_all_flat, D._all_gather_flat = a2a, ag
+        try:
+            t = _rank_tensor(rank, torch.float32, 4099)
+            if name == "tree_all_reduce":
+                D.tree_all_reduce(t)
+            else:
+                D.ordered_all_reduce(t).wait()
+        finally:
+            D._all_to_all_flat, D._all_gather_flat = real_a2a, real_ag
+        result["traffic"][name] = calls
+
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", choices=["hook"], required=True)
+    ap.add_argument("--worker", choices=["hook", "split"], required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    _worker_hook(a.out)
+    (_worker_hook if a.worker == "hook" else _worker_split)(a.out)

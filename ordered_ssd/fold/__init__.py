@@ -9,7 +9,8 @@ at a time, and cast to the parameter dtype once, at the end. The partition into 
 only on the problem shape (batch, sequence length, chunk size, tile sizes), never on the device or
 its SM count, so the rounding of the sum, and hence the bits of the gradient, are fixed.
 
-* :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`fold_dims`,
+* :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`tree_fold` (the
+  pairwise tree of the split-invariant accumulation), :func:`fold_dims`,
   :func:`lexical_cumsum`, :func:`fold_example_gemms` (the CPU loops, and the CUDA launches of the kernels);
 * :mod:`~ordered_ssd.fold.kernels`: their Triton kernels (imported on first CUDA use only);
 * :mod:`~ordered_ssd.fold.settings`: every order-deciding setting of ordered-ssd's own code (the fused GEMM fold's
@@ -19,11 +20,11 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 Both the CPU reference path and the CUDA path reduce through these; nothing else in the package sums partials
 over a partition axis. Importing this package does not import triton.
 """
-from .primitives import LexicalFold, fold_dims, fold_example_gemms, lexical_cumsum, lexical_fold
+from .primitives import LexicalFold, fold_dims, fold_example_gemms, lexical_cumsum, lexical_fold, tree_fold
 from .settings import (GEMM_FOLD_CONFIGS, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES, REDUCTION_VERSION,
                        accumulation_dtype, linear_weight_grad_is_fused, reduction_fingerprint,
                        rmsnorm_rows_per_program)
 
-__all__ = ["LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms", "accumulation_dtype",
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms", "accumulation_dtype",
            "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]

@@ -8,7 +8,7 @@ import torch
 
 from .settings import GEMM_FOLD_CONFIGS, accumulation_dtype
 
-__all__ = ["LexicalFold", "lexical_fold", "fold_dims", "lexical_cumsum",
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum",
            "fold_example_gemms"]
 
 
@@ -95,6 +95,63 @@ def lexical_fold(partials: Iterable[torch.Tensor], dtype: Optional[torch.dtype] 
     if folder is None:
         raise ValueError("partials: expected at least one partial, got none")
     return folder.result()
+
+
+def tree_fold(partials, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Pairwise tree sum of ``K`` same-shaped partials (``K`` a power of two), partial 0 leftmost.
+
+    ``tree(p[0:K]) = tree(p[0:K/2]) + tree(p[K/2:K])`` (left + right), ``tree([p]) = p`` cast to ``dtype``. This
+    is the order of the split-invariant gradient accumulation (:mod:`ordered_ssd.accumulate`) and of its
+    reduction over ranks (:func:`ordered_ssd.distributed.tree_all_reduce`): a contiguous run of ``2^j`` partials
+    aligned to ``2^j`` is a subtree, so the sum of ``R * m`` block gradients is the same whichever
+    power-of-two ``R`` ranks each add their ``m`` contiguous blocks first. Elementwise: element ``i`` of the
+    result depends on element ``i`` of the partials only (so the bits do not depend on how the partials are
+    laid out or sharded). Unlike :func:`lexical_fold` there is no +0.0 start (a single ``-0.0`` stays ``-0.0``).
+
+    Args:
+        partials: a sequence of tensors, or one tensor ``[K, ...]`` (leading axis = partial index).
+        dtype: dtype of the additions and of the result; default :func:`accumulation_dtype` of the first
+            partial's dtype (fp32; fp64 for fp64).
+
+    Returns:
+        A new tensor (never one of the inputs).
+
+    Raises:
+        ValueError: no partials, ``K`` not a power of two, or partials of different shapes.
+    """
+    if isinstance(partials, torch.Tensor):
+        if partials.dim() == 0:
+            raise ValueError("partials: expected a tensor [K, ...] with a leading partition axis, got a 0-d tensor")
+        rows = partials
+    else:
+        partials = list(partials)
+        if not partials:
+            raise ValueError("partials: expected at least one partial, got none")
+        shape = partials[0].shape
+        for p in partials:
+            if p.shape != shape:
+                raise ValueError(f"partial: expected shape {tuple(shape)} (the shape of the first partial), "
+                                 f"got {tuple(p.shape)}")
+        rows = None
+    k = rows.shape[0] if rows is not None else len(partials)
+    if k < 1 or k & (k - 1):
+        raise ValueError(f"tree_fold: the number of partials {k} is not a power of two (1, 2, 4, 8, ...)")
+    first_dtype = rows.dtype if rows is not None else partials[0].dtype
+    dtype = accumulation_dtype(first_dtype) if dtype is None else dtype
+    if rows is None:
+        def rec(lo: int, hi: int) -> torch.Tensor:
+            if hi - lo == 1:
+                return partials[lo].to(dtype, copy=True)
+            mid = (lo + hi) // 2
+            return rec(lo, mid).add_(rec(mid, hi))
+        return rec(0, k)
+    x = rows.to(dtype)
+    if k == 1:
+        return x[0].clone()
+    while x.shape[0] > 1:  # bottom-up adjacent pairs: the same tree as the top-down halves for K = 2^j
+        pairs = x.reshape(x.shape[0] // 2, 2, *x.shape[1:])
+        x = pairs[:, 0] + pairs[:, 1]
+    return x[0]
 
 
 
