@@ -197,7 +197,8 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
                  f"every step identical across the splits {', '.join(label(s) for s in splits)} and the replay of "
                  f"{label(replay)} (restart at step {stop_at}), every rank agreeing")
     elif first is not None:
-        more = "" if not first["tensors"] else f" ({', '.join(first['tensors'][:3])}{', ...' * (len(first['tensors']) > 3)})"
+        shown = ", ".join(first["tensors"][:3]) + (", ..." if len(first["tensors"]) > 3 else "")
+        more = f" ({shown})" if shown else ""
         print_fn(f"verdict: {verdict}: first difference at step {first['step']}: {first['what']}{more} of run "
                  f"{first['run'].split('_vs_')[0]} differs from {ref}")
     else:
