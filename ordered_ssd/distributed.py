@@ -200,7 +200,8 @@ def ordered_all_reduce(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] 
     folded = acc.to(tensor.dtype)
     work, finish = _gather_shards(folded, tensor.view(-1), world, group)
 
-    def _done(fut: torch.futures.Future) -> torch.Tensor:
+    def _done(fut: torch.futures.Future, _keep=(received, folded)) -> torch.Tensor:
+        # (_keep: the buffers the collectives use stay referenced until the all-gather completes)
         fut.value()  # re-raises a failed collective
         finish()
         return tensor
