@@ -47,6 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
                             "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "
                             "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md)")
+    check.add_argument("--split-invariance", action="store_true",
+                       help="instead of a, b, c: train the same global batch (--batch) with every split (R ranks x M "
+                            "accumulation steps of --batch/(R*M) examples; default off) under torchrun, replay one "
+                            "split from a checkpoint, and require the same loss, gradient and parameter bits after "
+                            "every step (see docs/check.md); exit 0 SPLIT-INVARIANT, 1 NOT SPLIT-INVARIANT")
+    check.add_argument("--splits", type=_splits, default=None, metavar="R1xM1,R2xM2,...",
+                       help="the splits of --split-invariance, powers of two with the same R*M (default: 1x4,2x2,4x1 "
+                            "on the CPU, 1x2,2x1 on CUDA with one GPU per rank)")
+    check.add_argument("--accumulate", choices=("tree", "sequential"), default=None,
+                       help="--split-invariance's gradient accumulation: tree (default), the library's pairwise tree "
+                            "over the blocks in global order; sequential, a control: left to right per rank, then "
+                            "the rank-ordered mean (expected NOT SPLIT-INVARIANT)")
     check.add_argument("--quiet", action="store_true", help="no progress bars")
 
     sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")
@@ -69,12 +81,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _splits(text: str):
+    from .check.split import parse_splits
+
+    return parse_splits(text)
+
+
 def _cmd_check(args) -> int:
     from .check import run_check
     from .check.spec import spec_from_args
 
+    if not args.split_invariance:
+        for flag, value in (("--splits", args.splits), ("--accumulate", args.accumulate)):
+            if value is not None:
+                raise DataError(f"{flag}: only with --split-invariance")
+    elif args.nproc is not None or args.native:
+        raise DataError(f"--split-invariance: not with {'--nproc' if args.nproc is not None else '--native'} (the "
+                        f"splits choose the number of processes; the control is --accumulate sequential)")
     spec = spec_from_args(args)
     stop_at = args.stop_at if args.stop_at is not None else max(1, spec["steps"] // 2)
+    if args.split_invariance:
+        from .check.split import run_split_check
+
+        return run_split_check(spec, args.out, splits=args.splits, stop_at=stop_at,
+                               accumulate=args.accumulate or "tree", progress=not args.quiet)
     return run_check(spec, args.out, stop_at=stop_at, native=args.native, progress=not args.quiet,
                      nproc=args.nproc)
 

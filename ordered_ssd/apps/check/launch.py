@@ -42,16 +42,17 @@ def _is_progress_line(line: str) -> bool:
 
 
 def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool, nproc: int,
-                 log_path: str) -> None:
+                 log_path: str, threads: Optional[int] = None) -> None:
     """Run ``ordered-ssd _train`` under ``python -m torch.distributed.run`` with ``nproc`` processes.
 
+    If OMP_NUM_THREADS is unset, each rank gets ``threads`` intra-op threads (default :func:`child_threads`).
     torchrun's and the ranks' output goes to ``log_path``; rank 0's progress lines are forwarded to stderr.
     On failure, raises CheckError with the ranks' one-line errors (deduplicated), or the log's path.
     """
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", "0"] + _train_command(spec_path, record_path, label, extra, progress))
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(child_threads(nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(threads if threads is not None else child_threads(nproc)))
     errors: List[str] = []
     crash: List[str] = []
     with open(log_path, "w") as log:
@@ -89,17 +90,20 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
 
 class Launcher:
     """Starts the runs of one check: ``launch(spec_path, name, label, extra)`` trains in fresh processes (one, or
-    ``nproc`` under torchrun), writing the record ``runs/<name>.json`` (and, under torchrun, ``runs/<name>.log``)."""
+    ``nproc`` under torchrun), writing the record ``runs/<name>.json`` (and, under torchrun, ``runs/<name>.log``).
+    ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads of
+    every rank under torchrun when OMP_NUM_THREADS is unset."""
 
-    def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int]):
-        self.runs_dir, self.progress, self.nproc = runs_dir, progress, nproc
+    def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int], threads: Optional[int] = None):
+        self.runs_dir, self.progress, self.nproc, self.threads = runs_dir, progress, nproc, threads
 
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
 
-    def __call__(self, spec_path: str, name: str, label: str, extra: List[str]) -> None:
-        if self.nproc is not None:
-            run_torchrun(spec_path, self.record(name), label, extra, self.progress, self.nproc,
-                         os.path.join(self.runs_dir, f"{name}.log"))
+    def __call__(self, spec_path: str, name: str, label: str, extra: List[str], nproc: Optional[int] = None) -> None:
+        nproc = self.nproc if nproc is None else nproc
+        if nproc is not None:
+            run_torchrun(spec_path, self.record(name), label, extra, self.progress, nproc,
+                         os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, self.progress)

@@ -31,7 +31,8 @@ def merge_restart(first: dict, second: dict) -> dict:
 
 
 def compare_runs(ref: dict, other: dict) -> dict:
-    """Where ``other`` first differs from ``ref``: loss, gradient digests, final parameters."""
+    """Where ``other`` first differs from ``ref``: loss, gradient digests, final parameters; where the steps record
+    the parameters after every step (split-invariance runs), also ``first_param_diff``."""
     out = {"loss_equal_steps": 0, "first_loss_diff": None, "first_grad_diff": None, "final_equal": None,
            "steps_compared": min(len(ref["steps"]), len(other["steps"])),
            "same_length": len(ref["steps"]) == len(other["steps"])}
@@ -44,14 +45,19 @@ def compare_runs(ref: dict, other: dict) -> dict:
             bad = sorted(n for n in r["grads"] if r["grads"][n] != o["grads"].get(n))
             if bad:
                 out["first_grad_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
+        if "params" in r and out.setdefault("first_param_diff", None) is None:
+            bad = sorted(n for n in r["params"] if r["params"][n] != o.get("params", {}).get(n))
+            if bad:
+                out["first_param_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
     if ref["final"] is not None and other["final"] is not None:
         out["final_equal"] = ref["final"] == other["final"]
     out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
-                        and out["final_equal"] is True and ref.get("val_loss") == other.get("val_loss"))
+                        and out.get("first_param_diff") is None and out["final_equal"] is True
+                        and ref.get("val_loss") == other.get("val_loss"))
     return out
 
 
-def _plot(path: str, runs: dict) -> Optional[str]:
+def _plot(path: str, runs: dict, title: str = "ordered-ssd check: loss of every run") -> Optional[str]:
     try:
         import matplotlib
 
@@ -67,7 +73,7 @@ def _plot(path: str, runs: dict) -> Optional[str]:
         ax.plot(steps, losses, styles.get(label, "-"), label=f"{label} ({rec['mixer']})", linewidth=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (nats/byte)")
-    ax.set_title("ordered-ssd check: loss of every run")
+    ax.set_title(title)
     ax.legend()
     atomic_savefig(path, fig, dpi=110)
     return None
@@ -80,17 +86,25 @@ def _describe(comparison: dict) -> str:
             f"final params equal: {comparison['final_equal']})")
 
 
+def same_step(a: dict, b: dict) -> bool:
+    """Whether two steps' records have the same loss, gradient (and, if recorded, parameter) bits."""
+    return a["loss"] == b["loss"] and a["grads"] == b["grads"] and a.get("params") == b.get("params")
+
+
 def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
+    """The per-step table: the loss of the first run, then per other run ``= bits`` or ``DIFF`` (the native
+    control: its loss)."""
     labels = list(runs)
+    ref_label = labels[0]
     print_fn("")
-    print_fn(f"{'step':>5} {'loss (a)':>10}  " + "  ".join(f"{lab:>8}" for lab in labels[1:]))
-    n_steps = len(runs["a"]["steps"])
+    print_fn(f"{'step':>5} {f'loss ({ref_label})':>10}  " + "  ".join(f"{lab:>8}" for lab in labels[1:]))
+    n_steps = len(runs[ref_label]["steps"])
     show = sorted(set(list(range(min(n_steps, 5))) + list(range(0, n_steps, max(1, n_steps // 10)))
                       + [n_steps - 1, stop_at - 1, stop_at]))
     for i in show:
         if not 0 <= i < n_steps:
             continue
-        ref = runs["a"]["steps"][i]
+        ref = runs[ref_label]["steps"][i]
         cells = []
         for lab in labels[1:]:
             other = runs[lab]["steps"][i] if i < len(runs[lab]["steps"]) else None
@@ -101,7 +115,7 @@ def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
                 same = other["loss"] == native_ref["loss"] and other["grads"] == native_ref["grads"]
                 cells.append(f"{float.fromhex(other['loss']):.4f}" + ("" if same or lab == "native-1" else "*"))
             else:
-                cells.append("= bits" if other["loss"] == ref["loss"] and other["grads"] == ref["grads"] else "DIFF")
+                cells.append("= bits" if same_step(other, ref) else "DIFF")
         print_fn(f"{i:>5} {float.fromhex(ref['loss']):>10.6f}  " + "  ".join(f"{c:>8}" for c in cells))
     print_fn("")
 

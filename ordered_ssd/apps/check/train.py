@@ -108,8 +108,13 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     """Train according to ``spec`` in ``world`` (:mod:`ordered_ssd.apps.check.world`); write (atomically, rank 0
     only) and return the run record (None on the other ranks).
 
+    Every step trains the world's blocks of the step's batch in order (forward, backward of the block's mean
+    loss); with an accumulator (a split-invariance run) each block's gradients go to ``add_block`` and
+    ``write_grads`` leaves the step's gradients; without one (the plain check: one block) ``backward`` does.
+
     The record has ``steps`` (per step: the loss as ``float.hex`` and the SHA-256 of every parameter's gradient
-    before clipping), ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
+    before clipping; a split-invariance run adds ``params``, the SHA-256 of every parameter after the step),
+    ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
     ``val_loss``, timings and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
     ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
     bits). Stopping at ``stop_at`` writes one checkpoint (rank 0, atomically): model and optimizer (identical on
@@ -122,7 +127,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     device = world.device
     fp_info = world.fingerprint()
     fp = fingerprint_string(fp_info)
-    offset, count = world.rows(spec["batch"])
+    blocks = world.blocks(spec["batch"])
     corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
     data = ByteData(corpus, spec["seq_len"])
     if data.sha256 != spec["data_sha256"]:
@@ -138,22 +143,32 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         _set_rng_state(world.rng_of(ckpt), device)
         start = int(ckpt["data_position"])
     net = world.wrap(model, spec)
+    acc = world.accumulator(model)  # None: one block, the gradients backward leaves (the plain check)
     names = [name for name, _ in model.named_parameters()]
     steps: List[dict] = []
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
     end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
     t0 = time.perf_counter()
     for step in range(start, end):
-        x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
-        x, y = x.to(device), y.to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss = lm_loss(net(x), y)  # mean over this process's rows
-        loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
+        losses = []
+        for offset, count in blocks:
+            x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
+            x, y = x.to(device), y.to(device)
+            loss = lm_loss(net(x), y)  # mean over the block's rows
+            loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
+            losses.append(loss.detach())
+            if acc is not None:
+                acc.add_block()
+        if acc is not None:
+            acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
         grads = {name: tensor_sha256(p.grad) for name, p in model.named_parameters()}
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
         optimizer.step()
-        value = world.global_loss(loss)
+        value = world.global_loss(losses)
         steps.append({"step": step, "loss": value.hex(), "grads": grads})
+        if acc is not None:
+            steps[-1]["params"] = {name: tensor_sha256(p) for name, p in model.named_parameters()}
         bar.update(step, value)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

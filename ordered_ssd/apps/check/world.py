@@ -1,15 +1,20 @@
 """Where a training run of ``ordered-ssd check`` runs: one process, or one rank of a data-parallel job.
 
 The training loop (:func:`ordered_ssd.apps.check.train.train_loop`) is the same for both; what differs is
-asked of the world: the determinism fingerprint, the rows of every step's batch this process trains on, the
+asked of the world: the determinism fingerprint, the blocks of every step's batch this process trains on (one
+block, all of its rows, for the plain check), the gradient accumulator (none for the plain check), the
 checkpoint format, the model wrapper, the recorded loss, and what the ranks share at the end.
+
+A split-invariance run (``spec["split"]``, see :mod:`.split`) is a :class:`DataParallel` world of ``R`` ranks
+that trains ``m`` blocks of ``b`` rows per rank and step, without a DDP wrapper: the accumulator's
+``write_grads`` reduces across the ranks.
 """
 from __future__ import annotations
 
 import gc
 import hashlib
 import json
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +36,26 @@ def rng_state(device: torch.device) -> dict:
 
 def _digest_of(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def split_blocks(split: dict, rank: int) -> List[Tuple[int, int]]:
+    """``(offset, count)`` of the blocks of rank ``rank`` in a split-invariance run: blocks ``[r*m, (r+1)*m)`` of
+    ``b`` rows each of the global batch (``split`` has ``accum`` = m and ``block`` = b), in global order."""
+    m, b = int(split["accum"]), int(split["block"])
+    return [((rank * m + j) * b, b) for j in range(m)]
+
+
+def split_accumulator(split: dict, model: torch.nn.Module):
+    """The gradient accumulator of a split-invariance run: the library's pairwise tree
+    (:class:`ordered_ssd.accumulate.TreeGradAccumulator`), or the left-to-right control
+    (:class:`.sequential.SequentialGradAccumulator`, ``split["accumulate"] == "sequential"``)."""
+    if split.get("accumulate", "tree") == "sequential":
+        from .sequential import SequentialGradAccumulator
+
+        return SequentialGradAccumulator(model.parameters())
+    from ...accumulate import TreeGradAccumulator
+
+    return TreeGradAccumulator(model.parameters())
 
 
 class SingleProcess:
@@ -56,6 +81,14 @@ class SingleProcess:
         """``(offset, count)`` of this process's rows of every step's batch (``None``: all of them)."""
         return 0, None
 
+    def blocks(self, batch: int) -> List[Tuple[int, Optional[int]]]:
+        """The blocks of every step's batch this process trains on, in order (here: one, the whole batch)."""
+        return [self.rows(batch)]
+
+    def accumulator(self, model: torch.nn.Module):
+        """None: one block per step, its gradients are those ``backward`` leaves."""
+        return None
+
     def run_name(self, label: str) -> str:
         return label
 
@@ -72,7 +105,9 @@ class SingleProcess:
     def wrap(self, model: torch.nn.Module, spec: dict) -> torch.nn.Module:
         return model
 
-    def global_loss(self, loss: torch.Tensor) -> float:
+    def global_loss(self, losses: Sequence[torch.Tensor]) -> float:
+        """The loss of the step from the losses of this process's blocks (here: the one block's loss)."""
+        (loss,) = losses
         return float(loss.item())
 
     def gather(self, model: torch.nn.Module, steps: List[dict], final: Optional[dict], train_s: float) -> List[dict]:
@@ -109,6 +144,9 @@ class DataParallel:
         self.world_size = int(spec["nproc"])
         self.device_type = torch.device(spec["device"]).type
         self.ddp: Optional[torch.nn.Module] = None
+        self.split: Optional[dict] = spec.get("split")
+        if self.split is not None and int(self.split["ranks"]) != self.world_size:
+            raise CheckError(f"the spec's split has {self.split['ranks']} ranks but nproc {self.world_size}")
 
     def __enter__(self) -> "DataParallel":
         try:
@@ -146,6 +184,16 @@ class DataParallel:
         except ValueError as e:
             raise CheckError(f"--batch: {e}") from None
 
+    def blocks(self, batch: int) -> List[Tuple[int, Optional[int]]]:
+        """This rank's rows of every step's batch as one block; in a split-invariance run its ``m`` blocks."""
+        if self.split is not None:
+            return split_blocks(self.split, self.rank)
+        return [self.rows(batch)]
+
+    def accumulator(self, model: torch.nn.Module):
+        """None (DDP's hook reduces the one block's gradients), or the split-invariance run's accumulator."""
+        return None if self.split is None else split_accumulator(self.split, model)
+
     def run_name(self, label: str) -> str:
         return f"{label} (rank {self.rank})"
 
@@ -163,6 +211,8 @@ class DataParallel:
         return ckpt["rng"][self.rank]
 
     def wrap(self, model: torch.nn.Module, spec: dict) -> torch.nn.Module:
+        if self.split is not None:  # no DDP: the accumulator reduces across ranks after the rank's last block
+            return model
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -170,9 +220,20 @@ class DataParallel:
         distributed.register_ordered_hook(self.ddp)
         return self.ddp
 
-    def global_loss(self, loss: torch.Tensor) -> float:
-        """The mean over the global batch, the same on every rank."""
-        return float(distributed.ordered_mean(loss.detach()).item())
+    def global_loss(self, losses: Sequence[torch.Tensor]) -> float:
+        """The mean over the global batch, the same on every rank: the rank-ordered mean of the ranks' losses; in a
+        split-invariance run the pairwise tree sum of every block's loss in global block order, divided by
+        ``R*m`` (the same bits for every split with the same ``R*m``)."""
+        if self.split is None:
+            (loss,) = losses
+            return float(distributed.ordered_mean(loss.detach()).item())
+        from ...accumulate import tree_sum
+
+        mine = torch.stack([loss.detach().float() for loss in losses])
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine)
+        blocks = [block for rank in every for block in rank.unbind(0)]  # global block order
+        return float((tree_sum(blocks) / len(blocks)).item())
 
     def gather(self, model: torch.nn.Module, steps: List[dict], final: Optional[dict], train_s: float) -> List[dict]:
         """Every rank's time, RNG state and digests of its steps, final and current parameters (index = rank)."""

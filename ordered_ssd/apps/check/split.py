@@ -1,0 +1,228 @@
+"""``ordered-ssd check --split-invariance``: the same global batch trained with several splits ``(R, m)`` (``R``
+ranks, ``m`` accumulation steps of ``b`` examples each) must give the same bits.
+
+Every split is a run of ``R`` processes under torchrun (``R = 1`` included, so every run is launched alike, with
+the same intra-op thread count) training with the one loop of :mod:`.train`: rank ``r`` trains blocks
+``[r*m, (r+1)*m)`` of every step's global batch, one forward and backward per block, without a DDP wrapper; the
+library's :class:`~ordered_ssd.accumulate.TreeGradAccumulator` takes every block's gradients and writes the pairwise
+tree sum over all ``R*m`` blocks in global order, divided by ``R*m``. One split is also stopped at step ``k`` and
+resumed from its checkpoint in fresh processes (the replay). The records are compared with
+:func:`.report.compare_runs` against the first split.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+from ..files import atomic_write_json, prepare_out_dir
+from ..lm import ByteData, load_corpus
+from .errors import CheckError
+from .launch import Launcher, child_threads
+from .report import _plot, _print_table, compare_runs, load_record, merge_restart
+from .train import build_model
+
+#: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
+DEFAULT_SPLITS = {"cpu": [(1, 4), (2, 2), (4, 1)], "cuda": [(1, 2), (2, 1)]}
+ACCUMULATE = ("tree", "sequential")
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def parse_splits(text: str) -> List[Tuple[int, int]]:
+    """argparse type of ``--splits``: ``R1xM1,R2xM2,...`` -> ``[(R1, M1), ...]``; R and M powers of two, the same
+    product ``R*M`` for every split, no split twice, at least two."""
+    splits = []
+    for part in text.split(","):
+        r, sep, m = part.strip().lower().partition("x")
+        try:
+            split = (int(r), int(m))
+        except ValueError:
+            split = None
+        if not sep or split is None:
+            raise argparse.ArgumentTypeError(f"expected splits RxM separated by commas (e.g. 1x4,2x2,4x1), got "
+                                             f"{part.strip()!r}")
+        if not (_power_of_two(split[0]) and _power_of_two(split[1])):
+            raise argparse.ArgumentTypeError(f"split {part.strip()}: the ranks R and the accumulation steps M must "
+                                             f"be powers of two (1, 2, 4, ...)")
+        splits.append(split)
+    if len(set(splits)) != len(splits) or len(splits) < 2:
+        raise argparse.ArgumentTypeError(f"expected at least two different splits, got {text!r}")
+    if len({r * m for r, m in splits}) != 1:
+        raise argparse.ArgumentTypeError(f"every split must have the same number of blocks R*M (the block size "
+                                         f"is fixed), got {', '.join(label(s) for s in splits)}")
+    return splits
+
+
+def label(split: Tuple[int, int]) -> str:
+    return f"{split[0]}x{split[1]}"
+
+
+def check_splits(spec: dict, splits: List[Tuple[int, int]]) -> int:
+    """The block size ``b = batch / (R*m)``; CheckError (one line) if the batch does not split into ``R*m`` blocks,
+    a split has too many ranks for the GPUs, or the device is a numbered GPU."""
+    blocks = splits[0][0] * splits[0][1]
+    if spec["batch"] % blocks:
+        raise CheckError(f"--batch: the global batch {spec['batch']} does not split into R*M = {blocks} blocks of "
+                         f"equal size (the splits {', '.join(label(s) for s in splits)})")
+    device = torch.device(spec["device"])
+    if device.type == "cuda":
+        if device.index is not None:
+            raise CheckError(f"--device: with --split-invariance give cuda, not {spec['device']} (rank r uses "
+                             f"cuda:r)")
+        most = max(r for r, _ in splits)
+        if most > torch.cuda.device_count():
+            raise CheckError(f"--splits: split {label(max(splits))} needs {most} GPUs (one per rank), "
+                             f"{torch.cuda.device_count()} visible; choose splits with fewer ranks with --splits")
+    return spec["batch"] // blocks
+
+
+def replay_split(splits: List[Tuple[int, int]]) -> Tuple[int, int]:
+    """The split stopped and resumed: the first with several ranks and several accumulation steps, else the one with
+    the most ranks."""
+    both = [s for s in splits if s[0] > 1 and s[1] > 1]
+    return both[0] if both else max(splits)
+
+
+def _first_difference(comparisons: dict) -> Optional[dict]:
+    """The earliest step (then the first split in order) where a run differs from the reference."""
+    found = []
+    for name, cmp in comparisons.items():
+        if cmp["identical"]:
+            continue
+        cands = []
+        if cmp["first_loss_diff"] is not None:
+            cands.append((cmp["first_loss_diff"], 0, "loss", []))
+        for i, key in ((1, "first_grad_diff"), (2, "first_param_diff")):
+            if cmp.get(key):
+                cands.append((cmp[key]["step"], i, "gradient" if i == 1 else "parameter", cmp[key]["params"]))
+        if not cands:
+            cands.append((cmp["steps_compared"], 3, "final parameters or validation loss"
+                          if cmp["same_length"] else "number of steps", []))
+        step, _, what, tensors = min(cands, key=lambda c: c[:2])
+        found.append({"run": name, "step": step, "what": what, "tensors": tensors})
+    return min(found, key=lambda f: f["step"]) if found else None
+
+
+def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int, int]]], stop_at: int,
+                    accumulate: str = "tree", progress: bool = True, print_fn: Callable = print) -> int:
+    """Train ``spec`` with every split, and replay one split from a checkpoint; print the table and the verdict;
+    write ``report.json`` and ``loss.png`` under ``out_dir``. Returns 0 (``SPLIT-INVARIANT``) or 1.
+
+    Raises:
+        CheckError: bad splits or ``stop_at``, a batch that does not split, too few GPUs, unwritable output, or a
+            failed run (one line; nothing written before the arguments are checked).
+    """
+    device_type = torch.device(spec["device"]).type
+    splits = list(splits or DEFAULT_SPLITS[device_type])
+    if accumulate not in ACCUMULATE:
+        raise CheckError(f"--accumulate: expected one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
+    block = check_splits(spec, splits)
+    if not 0 < stop_at < spec["steps"]:
+        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    out_dir = prepare_out_dir(out_dir)
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"])
+    spec = dict(spec, data_sha256=data.sha256)
+    threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))
+    runs_dir = os.path.join(out_dir, "runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
+    print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
+             f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {spec['device']}, "
+             f"{spec['steps']} steps of global batch {spec['batch']} x {spec['seq_len']} bytes in blocks of {block}; "
+             f"splits (ranks x accumulation steps) {', '.join(label(s) for s in splits)}; {accumulate} "
+             f"accumulation; {threads} thread(s) per rank")
+    print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
+    launch = Launcher(runs_dir, progress, None, threads=threads)
+    replay = replay_split(splits)
+    ckpt = os.path.join(runs_dir, f"checkpoint-{label(replay)}-step{stop_at}.pt")
+
+    t0 = time.perf_counter()
+    runs, spec_paths = {}, {}
+    for split in splits:
+        name = label(split)
+        spec_paths[name] = os.path.join(runs_dir, f"spec-{name}.json")
+        atomic_write_json(spec_paths[name], dict(spec, nproc=split[0], split={
+            "ranks": split[0], "accum": split[1], "block": block, "accumulate": accumulate}))
+        launch(spec_paths[name], name, name, [], nproc=split[0])
+        runs[name] = load_record(launch.record(name))
+    name = label(replay)
+    launch(spec_paths[name], f"{name}-replay1", f"{name}:1", ["--stop-at", str(stop_at), "--ckpt", ckpt],
+           nproc=replay[0])
+    launch(spec_paths[name], f"{name}-replay2", f"{name}:2", ["--resume", ckpt], nproc=replay[0])
+    runs["replay"] = merge_restart(load_record(launch.record(f"{name}-replay1")),
+                                   load_record(launch.record(f"{name}-replay2")))
+    runs["replay"]["label"] = "replay"
+    wall = time.perf_counter() - t0
+    return 0 if split_report(runs, spec, out_dir, splits=splits, replay=replay, block=block, accumulate=accumulate,
+                             threads=threads, source=source, n_params=n_params, stop_at=stop_at, wall=wall,
+                             print_fn=print_fn) else 1
+
+
+def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block: int, accumulate: str, threads: int,
+                 source: str, n_params: int, stop_at: int, wall: float, print_fn: Callable = print) -> bool:
+    """Compare every run with the first split; print the table, the comparisons and the verdict; write
+    ``loss.png`` and ``report.json``. Returns whether every run equals the reference bit for bit."""
+    ref = label(splits[0])
+    comparisons = {f"{lab}_vs_{ref}": compare_runs(runs[ref], rec) for lab, rec in runs.items() if lab != ref}
+    ranks_agree = all(rec.get("ranks_agree", True) for rec in runs.values())
+    ok = all(c["identical"] for c in comparisons.values()) and ranks_agree
+    first = _first_difference(comparisons)
+    _print_table(runs, stop_at, print_fn)
+    for key, cmp in comparisons.items():
+        lab = key.split("_vs_")[0]
+        what = (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed)" if lab == "replay"
+                else f"{lab} ({int(lab.split('x')[0])} rank(s) x {int(lab.split('x')[1])} accumulation step(s))")
+        print_fn(f"{what} vs {ref}: " + ("identical" if cmp["identical"] else
+                                        f"DIFFERENT (loss from step {cmp['first_loss_diff']}, grads "
+                                        f"{cmp['first_grad_diff']}, params {cmp.get('first_param_diff')}, final "
+                                        f"params equal: {cmp['final_equal']})"))
+    if not ranks_agree:
+        print_fn("ranks agree: NO: " + ", ".join(f"run {lab} ranks {rec['ranks_disagreeing']}"
+                                                  for lab, rec in runs.items() if not rec.get("ranks_agree", True)))
+    for lab, rec in runs.items():
+        per_rank = ", ".join(f"{1000 * t:.1f}" for t in rec.get("rank_s_per_step", []))
+        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step (per rank: {per_rank}), "
+                 f"val loss {float.fromhex(rec['val_loss']):.4f}")
+    n_steps = len(runs[ref]["steps"])
+    verdict = "SPLIT-INVARIANT" if ok else "NOT SPLIT-INVARIANT"
+    if ok:
+        print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and parameter digests after "
+                 f"every step identical across the splits {', '.join(label(s) for s in splits)} and the replay of "
+                 f"{label(replay)} (restart at step {stop_at}), every rank agreeing")
+    elif first is not None:
+        shown = ", ".join(first["tensors"][:3]) + (", ..." if len(first["tensors"]) > 3 else "")
+        more = f" ({shown})" if shown else ""
+        print_fn(f"verdict: {verdict}: first difference at step {first['step']}: {first['what']}{more} of run "
+                 f"{first['run'].split('_vs_')[0]} differs from {ref}")
+    else:
+        print_fn(f"verdict: {verdict}: the ranks of a run disagree")
+    summary = {
+        "verdict": verdict, "ok": ok, "mode": "split-invariance", "spec": spec, "data_source": source,
+        "n_params": n_params, "stop_at": stop_at, "wall_s": wall, "threads": threads, "block": block,
+        "accumulate": accumulate, "splits": [{"label": label(s), "ranks": s[0], "accum": s[1]} for s in splits],
+        "reference": ref, "replay": {"split": label(replay), "stop_at": stop_at}, "ranks_agree": ranks_agree,
+        "first_difference": first, "comparisons": comparisons,
+        "fingerprints": {lab: rec["fingerprint"] for lab, rec in runs.items()},
+        "fingerprint_info": runs[ref]["fingerprint_info"],
+        "runs": {lab: {"s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"], "final": rec["final"],
+                       "losses": [s["loss"] for s in rec["steps"]], "world_size": rec.get("world_size"),
+                       "rank_s_per_step": rec.get("rank_s_per_step"), "ranks_agree": rec.get("ranks_agree"),
+                       "ranks_disagreeing": rec.get("ranks_disagreeing")} for lab, rec in runs.items()},
+        "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}
+    for rec in runs.values():
+        rec.setdefault("mixer", spec["mixer"])
+    note = _plot(os.path.join(out_dir, "loss.png"), runs, title="ordered-ssd check --split-invariance: loss per split")
+    summary["plot"] = None if note else "loss.png"
+    atomic_write_json(os.path.join(out_dir, "report.json"), summary)
+    if note:
+        print_fn(f"note: {note}")
+    print_fn(f"report: {os.path.join(out_dir, 'report.json')}"
+             + ("" if note else f", plot: {os.path.join(out_dir, 'loss.png')}"))
+    return ok
