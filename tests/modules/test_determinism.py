@@ -43,14 +43,14 @@ def test_gradients_bitwise_identical_over_repeats(dtype):
 
 def test_gradients_identical_in_a_fresh_process():
     """The same step in a new interpreter gives the same SHA-256 of every gradient."""
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json, torch
         from tests.helpers import make_layer, sha256
         from tests.modules.test_determinism import _step, CFG
         layer = make_layer(seed=11, dtype=torch.float32, **CFG)
         torch.manual_seed(12)
         u = torch.randn(4, 37, CFG["d_model"], dtype=torch.float32)
-        print(json.dumps({{k: sha256(v) for k, v in _step(layer, u).items()}}))
+        print(json.dumps({k: sha256(v) for k, v in _step(layer, u).items()}))
     """)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

@@ -169,14 +169,14 @@ def test_training_leaves_native_modules_untouched():
 
 
 def test_bits_equal_in_two_fresh_processes(tmp_path):
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json, torch
         from tests.gpu.modules.test_mamba2_cuda import _make, _inputs, _step, GRID
         from tests.helpers import sha256
         d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
         layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
         u, dout = _inputs(layer, 3, L, dtype)
-        print(json.dumps({{k: sha256(v) for k, v in _step(layer, u, dout).items()}}))
+        print(json.dumps({k: sha256(v) for k, v in _step(layer, u, dout).items()}))
     """)
     digests = []
     for i in range(2):
