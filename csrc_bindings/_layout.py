@@ -57,10 +57,10 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
         ValueError: different shapes, dtypes or devices, not 3-d, or ``B`` or ``ceil(I / 64)`` over 65535 (the
             grid's y and z limits).
     """
-    check(src.dim() == 3 and dst.dim() == 3, f"copy3d: expected 3-d tensors, got {src.dim()}-d and {dst.dim()}-d")
-    check(src.shape == dst.shape, f"copy3d: shapes differ: {list(src.shape)} vs {list(dst.shape)}")
-    check(src.dtype == dst.dtype, f"copy3d: dtypes differ: {src.dtype} vs {dst.dtype}")
-    check(src.device == dst.device, f"copy3d: devices differ: {src.device} vs {dst.device}")
+    check(src.dim() == 3 and dst.dim() == 3, f"src, dst: expected 3-d tensors, got {src.dim()}-d and {dst.dim()}-d")
+    check(src.shape == dst.shape, f"dst: expected the shape of src {list(src.shape)}, got {list(dst.shape)}")
+    check(src.dtype == dst.dtype, f"dst: expected the dtype of src {src.dtype}, got {dst.dtype}")
+    check(src.device == dst.device, f"dst: expected the device of src {src.device}, got {dst.device}")
     if use_triton is None:
         use_triton = src.device.type == "cuda"
     if not use_triton:
@@ -69,8 +69,8 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
     B, I, J = src.shape
     if src.numel() == 0:
         return dst
-    check(B <= 65535, f"copy3d: batch must be <= 65535 (grid z), got {B}")
-    check(cdiv(I, _BLOCK_I) <= 65535, f"copy3d: dim 1 must be <= {65535 * _BLOCK_I} (grid y), got {I}")
+    check(B <= 65535, f"src: expected at most 65535 in dim 0 (grid z), got {B}")
+    check(cdiv(I, _BLOCK_I) <= 65535, f"src: expected at most {65535 * _BLOCK_I} in dim 1 (grid y), got {I}")
     triton, kernel = _copy3d_kernel()
     grid = (cdiv(J, _BLOCK_J), cdiv(I, _BLOCK_I), B)
     ctx = torch.cuda.device(src.device) if src.device.type == "cuda" else contextlib.nullcontext()

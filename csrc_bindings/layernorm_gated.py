@@ -25,7 +25,8 @@ def rmsnorm_heuristic(group_size: int, element_size: int) -> KernelConfig:
     max_fused = 65536 // element_size
     block_n = min(max_fused, next_pow2(group_size))
     if group_size > block_n:
-        raise ValueError(f"gated RMSNorm: group_size {group_size} is over 64 KB per row (upstream limit)")
+        raise ValueError(f"group_size: expected at most {max_fused} elements (64 KB per row, upstream's limit), "
+                         f"got {group_size}")
     warps = min(max(block_n // 256, 1), 8)
     return KernelConfig("rmsnorm_gated", (("BLOCK_N", block_n),), warps, 3, "heuristic")
 
