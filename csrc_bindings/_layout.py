@@ -1,6 +1,6 @@
 """Layout copies for the launchers: one tiled Triton kernel that copies a 3-d tensor into another of any strides.
 
-causal-conv1d's channel-first backward (the one with a single writer per weight address, see ``conv1d.py``) needs
+causal-conv1d's channel-first backward (the one with a single writer per weight address, see :mod:`csrc_bindings.causal_conv1d`) needs
 ``[1, D, L]`` inputs with stride 1 along ``L``, while Mamba-2 keeps ``xBC`` and its gradient channel-last
 (``[B, L, D]`` memory). torch's ``copy_`` of such a transposed view is a non-vectorised elementwise kernel whose
 reads or writes are strided; :func:`copy3d` instead moves ``[BLOCK_I, BLOCK_J]`` tiles, so both the load and the
@@ -90,9 +90,9 @@ def is_aligned_channel_first(t: torch.Tensor) -> bool:
     """``t`` ``[B, D, L]`` has stride 1 along ``L`` (also when ``L == 1``: causal-conv1d picks its channel-last kernel
     whenever ``stride(1) == 1 and stride(2) > 1``), ``L`` along ``D``, and every example starts 16-byte aligned."""
     B, D, L = t.shape
-    es = t.element_size()
+    element_size = t.element_size()
     return t.stride(2) == 1 and (t.stride(1) == L or D <= 1) and t.data_ptr() % 16 == 0 and (
-        B <= 1 or ((t.stride(0) * es) % 16 == 0 and t.stride(0) >= D * L))
+        B <= 1 or ((t.stride(0) * element_size) % 16 == 0 and t.stride(0) >= D * L))
 
 
 def aligned_channel_first(t: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:

@@ -59,10 +59,10 @@ def build_jobs(args):
     jobs, seen = [], set()
     wanted = set(args.kernels.split(",")) if args.kernels else None
     for shape in args.shapes.split(","):
-        cs, p, n = (int(v) for v in shape.split("x"))
-        for nh in (int(v) for v in args.nheads.split(",")):
-            for kernel, key, role in _registry.layer_keys(chunk_size=cs, headdim=p, dstate=n, nheads=nh,
-                                                d_nonssm=args.swiglu_cols):
+        chunk_size, headdim, dstate = (int(v) for v in shape.split("x"))
+        for nheads in (int(v) for v in args.nheads.split(",")):
+            for kernel, key, role in _registry.layer_keys(chunk_size=chunk_size, headdim=headdim, dstate=dstate,
+                                                          nheads=nheads, d_nonssm=args.swiglu_cols):
                 for dt in args.dtypes.split(","):
                     if role == "fp32" and dt != "float32":
                         continue
@@ -217,23 +217,23 @@ def phase2(jobs, cands, status, deadline, sizes):
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
         valid = [r for r in rows if "ms" in r]
-        tk = _registry.table_key(arch, dt, kernel, key)
+        tkey = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
                   or r["compile"] in ("skipped: budget", "not compiled"))
         if cut:
-            _log(f"{tk}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
+            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
         elif valid:
             best = min(valid, key=lambda r: r["ms"])
-            table[tk] = best["candidate"]
+            table[tkey] = best["candidate"]
             rule = _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
-            _log(f"{tk}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
+            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
                  f"{'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
         else:
-            _log(f"{tk}: no valid candidate (left to the rule)")
-        report.append({"key": tk, "rows": rows, "chosen": table.get(tk)})
+            _log(f"{tkey}: no valid candidate (left to the rule)")
+        report.append({"key": tkey, "rows": rows, "chosen": table.get(tkey)})
     return table, report
 
 
@@ -326,8 +326,8 @@ def main():
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib
 
-    from . import table
-    importlib.reload(table)
+    from . import table as table_module
+    importlib.reload(table_module)
     _log(f"wrote {len(table)} entries to {out} in {time.time() - t0:.0f} s; table hash {cb.table_hash()}")
     _log("fingerprint:", cb.fingerprint())
 
