@@ -1,7 +1,8 @@
 """Layout copies for the launchers: one tiled Triton kernel that copies a 3-d tensor into another of any strides.
 
-causal-conv1d's channel-first backward (the one with a single writer per weight address, see :mod:`csrc_bindings.causal_conv1d`) needs
-``[1, D, L]`` inputs with stride 1 along ``L``, while Mamba-2 keeps ``xBC`` and its gradient channel-last
+causal-conv1d's channel-first backward (the one with a single writer per weight address, see
+:mod:`csrc_bindings.causal_conv1d`) needs ``[1, D, L]`` inputs with stride 1 along ``L``, while Mamba-2 keeps ``xBC``
+and its gradient channel-last
 (``[B, L, D]`` memory). torch's ``copy_`` of such a transposed view is a non-vectorised elementwise kernel whose
 reads or writes are strided; :func:`copy3d` instead moves ``[BLOCK_I, BLOCK_J]`` tiles, so both the load and the
 store are coalesced, and it copies a whole group of examples in one launch.

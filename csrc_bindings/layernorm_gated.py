@@ -68,7 +68,11 @@ def launch_rmsnorm_gated_fwd(x, weight, eps, *, z=None, bias=None, group_size=No
         ``(out, rstd)``: ``rstd`` ``[ngroups * M]`` fp32 (group-major). One program per (row, group): no reduction
         across programs.
     Raises:
-        ValueError: bad shapes/strides, or a group wider than 64 KB.
+        ValueError: ``group_size`` not dividing ``N``; ``z``, ``weight``, ``bias`` or ``out`` of another shape or
+            without stride 1 in the last dim; a group wider than 64 KB; a ``config`` whose ``BLOCK_N`` is not a power of
+            two >= ``group_size`` (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     M, N, group_size, ngroups = _groups(x, group_size)
     check_last_stride_1("x", x)
@@ -133,6 +137,12 @@ def launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=No
         rows_per_program)``; row ``r`` is the sum over rows ``[r * rows_per_program, (r+1) * rows_per_program)``
         accumulated in row order, and ``dweight = fold(+, dw_partial[r] for r)``. ``db_partial`` likewise (None
         without bias); ``dz`` None without z; ``out`` None unless ``recompute_output``.
+    Raises:
+        ValueError: as the forward, and ``dy``, ``rstd``, ``dx``, ``dz`` of another shape, ``dz`` without ``z``,
+            ``rows_per_program`` < 1, a given output buffer of another shape, dtype or device (the message names the
+            argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     M, N, group_size, ngroups = _groups(x, group_size)
     check_last_stride_1("x", x)

@@ -55,7 +55,12 @@ def _log(*a):
 
 
 def build_jobs(args):
-    """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order."""
+    """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order.
+
+    Raises:
+        ValueError: a ``--shapes`` entry that is not ``CHUNKxHEADDIMxDSTATE`` integers, or a ``--nheads`` value that
+            is not an integer (``main`` parses the arguments without checking these).
+    """
     jobs, seen = [], set()
     wanted = set(args.kernels.split(",")) if args.kernels else None
     for shape in args.shapes.split(","):
@@ -76,7 +81,14 @@ def build_jobs(args):
 
 
 def live_candidates():
-    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy."""
+    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy.
+
+    Raises:
+        SystemExit: a live list differs from the spec's ``candidates`` (e.g. mamba-ssm's deterministic mode
+            filtered it).
+        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit` (extras missing, another mamba-ssm
+            version, changed kernel).
+    """
     ns = _native.native()
     out = {}
     for name, spec in _registry.KERNELS.items():
@@ -256,6 +268,13 @@ def write_table(path, table, meta, merge=True):
 
 
 def main():
+    """The command line (see the module docstring).
+
+    Raises:
+        SystemExit: bad arguments (argparse's exit status 2), no CUDA GPU, or, from :func:`live_candidates`, live
+            autotuner lists that differ from the specs.
+        ImportError, RuntimeError: the native check (``csrc_bindings.check_native``) fails.
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="256x64x128", help="comma list of CHUNKxHEADDIMxDSTATE")
     ap.add_argument("--nheads", default="24,32,48,64", help="nheads values (only the chunk-cumsum key uses it)")
