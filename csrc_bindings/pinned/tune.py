@@ -105,6 +105,52 @@ def live_candidates():
     return out
 
 
+class _ZeroRecorder:
+    """Stands for one kernel argument in a pre-hook's argument dict; ``zero_()`` records the argument's name."""
+
+    def __init__(self, name, zeroed):
+        self.name, self.zeroed = name, zeroed
+
+    def zero_(self):
+        self.zeroed.add(self.name)
+        return self
+
+    def clone(self):  # a Triton autotuner's own pre-hook copies its ``restore_value`` arguments
+        return self
+
+
+class _RecorderArgs(dict):
+    """``{name: _ZeroRecorder}`` for whatever name a pre-hook asks for."""
+
+    def __init__(self, zeroed):
+        super().__init__()
+        self.zeroed = zeroed
+
+    def __missing__(self, name):
+        self[name] = rec = _ZeroRecorder(name, self.zeroed)
+        return rec
+
+
+def live_pre_hook_zero(spec) -> set:
+    """The argument names that upstream's live autotuner of Triton kernel ``spec`` zeroes before a launch: every
+    config's ``pre_hook`` and the autotuner's own ``pre_hook`` (its ``reset_to_zero``), each called with a dict of
+    recorders (no tensor is touched). The launchers zero ``spec.pre_hook_zero`` by hand; the GPU test compares.
+
+    Raises:
+        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit`.
+    """
+    _native.kernel_jit(spec)  # checks the kernel and fills native().kernels
+    kernel = _native.native().kernels[spec.name]
+    zeroed: set = set()
+    hooks = [c.pre_hook for c in getattr(kernel, "configs", ()) if getattr(c, "pre_hook", None) is not None]
+    if getattr(kernel, "pre_hook", None) is not None:
+        hooks.append(kernel.pre_hook)
+    for hook in hooks:
+        hook(_RecorderArgs(zeroed))
+    zeroed.update(n for n in (getattr(kernel, "reset_to_zero", None) or ()) if isinstance(n, str))
+    return zeroed
+
+
 def _cfg_dict(cand):
     block, warps, stages = cand
     d = dict(block)
