@@ -85,9 +85,9 @@ def table_key_of(spec: KernelSpec, arch: str, dtype, key: Mapping) -> str:
     """The table's string key; ``key`` must hold exactly the kernel's autotune-key names."""
     names = spec.autotune_key
     if names is None:
-        raise KeyError(f"{spec.name} has no autotuner and no table entry")
+        raise KeyError(f"kernel: expected a kernel with an autotuner (and so table entries), got {spec.name}")
     if set(key) != set(names):
-        raise KeyError(f"{spec.name}: key needs {list(names)}, got {sorted(key)}")
+        raise KeyError(f"key: expected the names {list(names)} (the autotune key of {spec.name}), got {sorted(key)}")
     dt = dtype if isinstance(dtype, str) else dtype_name(dtype)
     return f"{arch}/{dt}/{spec.name}/" + ",".join(f"{n}={_fmt(key[n])}" for n in names)
 
@@ -123,7 +123,8 @@ def config_from_dict(spec: KernelSpec, d: Mapping, source: str) -> KernelConfig:
     if cands is not None:
         names = list(cands[0][0].keys())
         if set(d) != set(names):
-            raise ValueError(f"{spec.name}: a config needs exactly {names} (+ num_warps, num_stages), got {sorted(d)}")
+            raise ValueError(f"config: expected exactly {names} (+ num_warps, num_stages) for {spec.name}, "
+                             f"got {sorted(d)}")
         meta = tuple((n, int(d[n])) for n in names)
     else:
         meta = tuple(sorted((k, int(v)) for k, v in d.items()))
@@ -154,7 +155,7 @@ def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -
         return pinned_of(spec, key, dtype, device_arch(device))
     if isinstance(config, KernelConfig):
         if config.kernel != spec.name:
-            raise ValueError(f"config for {config.kernel} passed to the {spec.name} launcher")
+            raise ValueError(f"config: expected a config for {spec.name}, got one for {config.kernel}")
         return config
     return config_from_dict(spec, config, "explicit")
 

@@ -23,36 +23,36 @@ def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, b
                  sp_dtype=torch.float32):
     """A dict of tensors for one small Mamba-2 SSD problem (see the module docstring)."""
     gen = torch.Generator().manual_seed(seed)
-    cs, P, N, H, G, B, L = chunk_size, headdim, dstate, nheads, ngroups, batch, seqlen
-    C = math.ceil(L / cs)
-    pad = C * cs - L
-    p = {"chunk_size": cs, "headdim": P, "dstate": N, "nheads": H, "ngroups": G, "batch": B, "seqlen": L,
+    P, N, H, G, B, L = headdim, dstate, nheads, ngroups, batch, seqlen
+    C = math.ceil(L / chunk_size)
+    pad = C * chunk_size - L
+    p = {"chunk_size": chunk_size, "headdim": P, "dstate": N, "nheads": H, "ngroups": G, "batch": B, "seqlen": L,
          "nchunks": C, "dtype": dtype}
     p["dt_raw"] = _rand(gen, (B, L, H), 0.5, -1.0)
     p["A"] = -torch.exp(_rand(gen, (H,), 0.5))
     p["dt_bias"] = _rand(gen, (H,), 0.3)
     dt = F.softplus(p["dt_raw"] + p["dt_bias"])
-    dt = F.pad(dt, (0, 0, 0, pad)).reshape(B, C, cs, H).permute(0, 3, 1, 2).contiguous()  # [B, H, C, cs]
+    dt = F.pad(dt, (0, 0, 0, pad)).reshape(B, C, chunk_size, H).permute(0, 3, 1, 2).contiguous()  # [B, H, C, cs]
     p["dt"] = dt
     p["dA_cumsum"] = torch.cumsum(dt * p["A"][None, :, None, None], dim=-1)
     for name, shape in (("x", (B, L, H, P)), ("z", (B, L, H, P)), ("dout", (B, L, H, P)), ("out_x", (B, L, H, P)),
                         ("Bm", (B, L, G, N)), ("Cm", (B, L, G, N))):
         p[name] = _rand(gen, shape)
     p["D"] = _rand(gen, (H,), 0.5, 1.0)
-    Cc = F.pad(p["Cm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, cs, G, N)
-    Bc = F.pad(p["Bm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, cs, G, N)
+    Cc = F.pad(p["Cm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, chunk_size, G, N)
+    Bc = F.pad(p["Bm"], (0, 0, 0, 0, 0, pad)).reshape(B, C, chunk_size, G, N)
     p["CB"] = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc).contiguous()
-    p["dCB"] = torch.tril(_rand(gen, (B, C, G, cs, cs), 0.1))
+    p["dCB"] = torch.tril(_rand(gen, (B, C, G, chunk_size, chunk_size), 0.1))
     p["dB_res"] = _rand(gen, (B, L, G, N))
     p["states"] = _rand(gen, (B, C, H, P, N), 0.5)
     p["dstates"] = _rand(gen, (B, C, H, P, N), 0.5)
-    p["ddA"] = _rand(gen, (B, H, C, cs), 0.5)
-    p["ddt_out"] = _rand(gen, (B, H, C, cs), 0.5)
-    sd = P * N if state_dim is None else state_dim
-    p["sp_states"] = _rand(gen, (B, C, H, sd), 0.5)
-    p["sp_init"] = _rand(gen, (B, H, sd), 0.5)
-    p["sp_dout"] = _rand(gen, (B, C, H, sd), 0.5)
-    p["sp_dfinal"] = _rand(gen, (B, H, sd), 0.5)
+    p["ddA"] = _rand(gen, (B, H, C, chunk_size), 0.5)
+    p["ddt_out"] = _rand(gen, (B, H, C, chunk_size), 0.5)
+    state_dim = P * N if state_dim is None else state_dim
+    p["sp_states"] = _rand(gen, (B, C, H, state_dim), 0.5)
+    p["sp_init"] = _rand(gen, (B, H, state_dim), 0.5)
+    p["sp_dout"] = _rand(gen, (B, C, H, state_dim), 0.5)
+    p["sp_dfinal"] = _rand(gen, (B, H, state_dim), 0.5)
     p["xy"] = _rand(gen, (B * L, 2 * swiglu_cols))
     p["dsw"] = _rand(gen, (B * L, swiglu_cols))
     p["rms_w"] = _rand(gen, (H * P,), 0.1, 1.0)
@@ -77,14 +77,15 @@ def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, b
 
 def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, seqlen_chunks=8, nheads=16, ngroups=1,
                     seed=0):
-    """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: cs 256, P 64, N 128).
+    """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: chunk_size 256, hdim 64,
+    dstate 128).
     ``seqlen`` defaults to ``seqlen_chunks * chunk_size``; ``nheads`` is overridden by a key that has it."""
-    cs = int(key.get("chunk_size", 256))
+    chunk_size = int(key.get("chunk_size", 256))
     P = int(key.get("hdim", 64))
     N = int(key.get("dstate", key.get("K", 128)))
     H = int(key.get("nheads", nheads))
-    L = seqlen if seqlen is not None else seqlen_chunks * cs
-    return make_problem(chunk_size=cs, headdim=P, dstate=N, nheads=H, ngroups=ngroups, batch=batch, seqlen=L,
+    L = seqlen if seqlen is not None else seqlen_chunks * chunk_size
+    return make_problem(chunk_size=chunk_size, headdim=P, dstate=N, nheads=H, ngroups=ngroups, batch=batch, seqlen=L,
                         dtype=dtype, device=device, seed=seed, state_dim=key.get("dim"),
                         swiglu_cols=int(key.get("ncols", 48)),
                         sp_dtype=dtype if kernel.startswith("state_passing") else torch.float32)

@@ -1,7 +1,8 @@
 """Layout copies for the launchers: one tiled Triton kernel that copies a 3-d tensor into another of any strides.
 
-causal-conv1d's channel-first backward (the one with a single writer per weight address, see ``conv1d.py``) needs
-``[1, D, L]`` inputs with stride 1 along ``L``, while Mamba-2 keeps ``xBC`` and its gradient channel-last
+causal-conv1d's channel-first backward (the one with a single writer per weight address, see
+:mod:`csrc_bindings.causal_conv1d`) needs ``[1, D, L]`` inputs with stride 1 along ``L``, while Mamba-2 keeps ``xBC``
+and its gradient channel-last
 (``[B, L, D]`` memory). torch's ``copy_`` of such a transposed view is a non-vectorised elementwise kernel whose
 reads or writes are strided; :func:`copy3d` instead moves ``[BLOCK_I, BLOCK_J]`` tiles, so both the load and the
 store are coalesced, and it copies a whole group of examples in one launch.
@@ -57,10 +58,10 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
         ValueError: different shapes, dtypes or devices, not 3-d, or ``B`` or ``ceil(I / 64)`` over 65535 (the
             grid's y and z limits).
     """
-    check(src.dim() == 3 and dst.dim() == 3, f"copy3d: expected 3-d tensors, got {src.dim()}-d and {dst.dim()}-d")
-    check(src.shape == dst.shape, f"copy3d: shapes differ: {list(src.shape)} vs {list(dst.shape)}")
-    check(src.dtype == dst.dtype, f"copy3d: dtypes differ: {src.dtype} vs {dst.dtype}")
-    check(src.device == dst.device, f"copy3d: devices differ: {src.device} vs {dst.device}")
+    check(src.dim() == 3 and dst.dim() == 3, f"src, dst: expected 3-d tensors, got {src.dim()}-d and {dst.dim()}-d")
+    check(src.shape == dst.shape, f"dst: expected the shape of src {list(src.shape)}, got {list(dst.shape)}")
+    check(src.dtype == dst.dtype, f"dst: expected the dtype of src {src.dtype}, got {dst.dtype}")
+    check(src.device == dst.device, f"dst: expected the device of src {src.device}, got {dst.device}")
     if use_triton is None:
         use_triton = src.device.type == "cuda"
     if not use_triton:
@@ -69,8 +70,8 @@ def copy3d(src: torch.Tensor, dst: torch.Tensor, *, use_triton: bool | None = No
     B, I, J = src.shape
     if src.numel() == 0:
         return dst
-    check(B <= 65535, f"copy3d: batch must be <= 65535 (grid z), got {B}")
-    check(cdiv(I, _BLOCK_I) <= 65535, f"copy3d: dim 1 must be <= {65535 * _BLOCK_I} (grid y), got {I}")
+    check(B <= 65535, f"src: expected at most 65535 in dim 0 (grid z), got {B}")
+    check(cdiv(I, _BLOCK_I) <= 65535, f"src: expected at most {65535 * _BLOCK_I} in dim 1 (grid y), got {I}")
     triton, kernel = _copy3d_kernel()
     grid = (cdiv(J, _BLOCK_J), cdiv(I, _BLOCK_I), B)
     ctx = torch.cuda.device(src.device) if src.device.type == "cuda" else contextlib.nullcontext()
@@ -90,9 +91,9 @@ def is_aligned_channel_first(t: torch.Tensor) -> bool:
     """``t`` ``[B, D, L]`` has stride 1 along ``L`` (also when ``L == 1``: causal-conv1d picks its channel-last kernel
     whenever ``stride(1) == 1 and stride(2) > 1``), ``L`` along ``D``, and every example starts 16-byte aligned."""
     B, D, L = t.shape
-    es = t.element_size()
+    element_size = t.element_size()
     return t.stride(2) == 1 and (t.stride(1) == L or D <= 1) and t.data_ptr() % 16 == 0 and (
-        B <= 1 or ((t.stride(0) * es) % 16 == 0 and t.stride(0) >= D * L))
+        B <= 1 or ((t.stride(0) * element_size) % 16 == 0 and t.stride(0) >= D * L))
 
 
 def aligned_channel_first(t: torch.Tensor, *, use_triton: bool | None = None) -> torch.Tensor:

@@ -21,8 +21,6 @@ import torch
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
-#: Triton major.minor the kernels were tested with (a different one only warns through the fingerprint).
-TESTED_TRITON = "3.6"
 INSTALL_HINT = "pip install ordered-ssd[cuda]"
 
 _lock = threading.Lock()

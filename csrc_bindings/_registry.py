@@ -46,20 +46,40 @@ TUNED_KERNELS = tuple(s.name for s in SPECS if s.candidates is not None)
 ALL_KERNELS = tuple(s.name for s in SPECS if s.example is not None)
 
 
+def _tuned(kernel: str) -> KernelSpec:
+    """The spec of autotuned kernel ``kernel``, else ``KeyError("kernel: expected one of [...], got ...")``."""
+    if kernel not in TUNED_KERNELS:
+        raise KeyError(f"kernel: expected one of {list(TUNED_KERNELS)}, got {kernel!r}")
+    return KERNELS[kernel]
+
+
 def table_key(arch: str, dtype, kernel: str, key: Mapping) -> str:
     """The table's string key ``"{arch}/{dtype}/{kernel}/{k1}={v1},..."``; ``key`` must hold exactly the kernel's
-    autotune-key names."""
-    return table_key_of(KERNELS[kernel], arch, dtype, key)
+    autotune-key names.
+
+    Raises:
+        KeyError: ``kernel`` is not an autotuned kernel (:data:`TUNED_KERNELS`), or ``key``'s names are not exactly
+            its autotune key.
+    """
+    return table_key_of(_tuned(kernel), arch, dtype, key)
 
 
 def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule); memoised."""
-    return pinned_of(KERNELS[kernel], key, dtype, arch)
+    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule); memoised.
+
+    Raises:
+        KeyError: as :func:`table_key`.
+    """
+    return pinned_of(_tuned(kernel), key, dtype, arch)
 
 
 def rule_config(kernel: str) -> KernelConfig:
-    """The documented fallback (``mincost-v1``): cheapest native candidate, earliest on ties."""
-    return rule_of(KERNELS[kernel])
+    """The documented fallback (``mincost-v1``): cheapest native candidate, earliest on ties.
+
+    Raises:
+        KeyError: ``kernel`` is not an autotuned kernel (:data:`TUNED_KERNELS`).
+    """
+    return rule_of(_tuned(kernel))
 
 
 def layer_keys(*, chunk_size: int, headdim: int, dstate: int, nheads: int, d_nonssm: int = 0):
@@ -71,6 +91,9 @@ def layer_keys(*, chunk_size: int, headdim: int, dstate: int, nheads: int, d_non
 
     Returns ``[(kernel, key_dict, dtype_role)]`` in layer order; ``dtype_role`` is ``"model"`` (activations dtype)
     or ``"fp32"`` (the inter-chunk states, which mamba-ssm keeps in fp32).
+
+    Raises nothing of its own: every autotune-key name of the specs is one of the sizes above (a spec naming
+    another would raise ``KeyError`` here; ``tests/csrc_bindings/test_recorded.py`` pins the rows).
     """
     sizes = {"chunk_size": chunk_size, "nheads": nheads, "hdim": headdim, "dstate": dstate, "K": dstate,
              "dim": headdim * dstate, "ncols": d_nonssm or None}
@@ -99,7 +122,12 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
 
     Returns:
         ``{"fingerprint": str, "arch": str, "dtype": str, "kernels": {name: {"key": {...}, "dtype": str,
-        "config": {...}, "source": "table" | "rule" | "heuristic"}}}``
+        "config": {...}, "source": "table" | "rule" | "heuristic"}}}``; a group too wide for the gated RMSNorm
+        gives ``"rmsnorm_gated": {"error": message}`` instead of raising.
+
+    Raises:
+        RuntimeError / AssertionError: from torch, when neither ``arch`` nor ``device`` is given and CUDA is not
+            available (reading the current device's capability).
     """
     if arch is None:
         arch = device_arch(device if device is not None else torch.device("cuda", torch.cuda.current_device()))
@@ -113,9 +141,9 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
     group = (nheads * headdim) // ngroups
     elt = torch.empty((), dtype=dtype).element_size()
     try:
-        rc = rmsnorm_heuristic(group, elt)
+        rms_config = rmsnorm_heuristic(group, elt)
         out["kernels"]["rmsnorm_gated"] = {"key": {"group_size": group}, "dtype": dtype_name(dtype),
-                                           "config": rc.as_dict(), "source": rc.source}
+                                           "config": rms_config.as_dict(), "source": rms_config.source}
     except ValueError as exc:  # pragma: no cover - absurd group sizes
         out["kernels"]["rmsnorm_gated"] = {"error": str(exc)}
     return out

@@ -66,7 +66,11 @@ def launch_causal_conv1d_fwd(x, weight, bias=None, *, seq_idx=None, initial_stat
     Returns:
         ``out`` ``[B, D, L]``. No cross-block reduction: deterministic.
     Raises:
-        RuntimeError from causal-conv1d's own checks (layout/dtype), ValueError for shapes.
+        ValueError: ``x`` not 3-d, ``weight`` not ``[D, W]`` with ``W`` in 2..4, ``bias`` not ``[D]`` (the message names
+            the argument, the expected and the actual value).
+        RuntimeError: causal-conv1d's own checks (layout, dtype, alignment).
+        ImportError, RuntimeError: at the first call, from :func:`csrc_bindings._native.conv_op`: causal-conv1d
+            missing, another version, or the op's number of arguments changed.
     """
     _check_conv(x, weight, bias)
     op = conv_op(CAUSAL_CONV1D_FWD)
@@ -137,6 +141,14 @@ def launch_causal_conv1d_bwd_per_example(x, weight, bias, dout, *, silu_activati
         segment ``s``'s gradients in fp32 (``dbias_partial`` None without bias);
         ``dweight = fold(+, dweight_partial[s] for s)`` in segment order, cast once at the end.
     Not supported: initial states / final-state gradients (the channel-first kernel has none).
+    Raises:
+        ValueError: as the forward, and ``dout``, ``seq_idx`` or ``dx`` of another shape, ``dout`` of another dtype,
+            ``group_bytes`` not a positive int, ``seq_idx`` rows not non-decreasing, a given output buffer of another
+            shape, dtype or device, a copy past the grid limits of :func:`~csrc_bindings._layout.copy3d` (the message
+            names the argument, the expected and the actual value).
+        RuntimeError: causal-conv1d's own checks (layout, dtype, alignment).
+        ImportError, RuntimeError: at the first call, from :func:`csrc_bindings._native.conv_op`: causal-conv1d
+            missing, another version, or the op's number of arguments changed.
     """
     batch, dim, seqlen, width = _check_conv(x, weight, bias)
     check_shape("dout", dout, (batch, dim, seqlen), "[B, D, L]")

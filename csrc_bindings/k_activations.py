@@ -35,6 +35,12 @@ def launch_swiglu_fwd(xy, *, config=None, out=None):
         out: optional ``[..., n]`` output (stride 1 last), else a new tensor.
     Returns:
         ``out`` ``[..., n]``. Elementwise: no reduction.
+    Raises:
+        ValueError: ``xy`` with an odd last dim; ``out`` of another shape or without stride 1 in the last dim; a
+            ``config`` for another kernel or without exactly its block sizes (the message names the argument, the
+            expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     xy, xy2, x, y = _split_xy(xy)
     batch_shape = xy.shape[:-1]
@@ -83,6 +89,12 @@ def launch_swiglu_bwd(xy, dout, *, recompute_output=False, config=None, dxy=None
         dxy: optional ``[..., 2 * n]`` output; out: optional ``[..., n]`` (with ``recompute_output``).
     Returns:
         ``dxy`` (and ``out`` when ``recompute_output``), as upstream's ``_swiglu_bwd``. Elementwise.
+    Raises:
+        ValueError: ``xy`` with an odd last dim; ``dout``, ``dxy`` or ``out`` of another shape, or ``dxy``/``out``
+            without stride 1 in the last dim; a ``config`` for another kernel or without exactly its block sizes (the
+            message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     xy, xy2, x, y = _split_xy(xy)
     if dout.stride(-1) != 1:

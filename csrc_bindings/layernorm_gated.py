@@ -25,7 +25,8 @@ def rmsnorm_heuristic(group_size: int, element_size: int) -> KernelConfig:
     max_fused = 65536 // element_size
     block_n = min(max_fused, next_pow2(group_size))
     if group_size > block_n:
-        raise ValueError(f"gated RMSNorm: group_size {group_size} is over 64 KB per row (upstream limit)")
+        raise ValueError(f"group_size: expected at most {max_fused} elements (64 KB per row, upstream's limit), "
+                         f"got {group_size}")
     warps = min(max(block_n // 256, 1), 8)
     return KernelConfig("rmsnorm_gated", (("BLOCK_N", block_n),), warps, 3, "heuristic")
 
@@ -67,7 +68,11 @@ def launch_rmsnorm_gated_fwd(x, weight, eps, *, z=None, bias=None, group_size=No
         ``(out, rstd)``: ``rstd`` ``[ngroups * M]`` fp32 (group-major). One program per (row, group): no reduction
         across programs.
     Raises:
-        ValueError: bad shapes/strides, or a group wider than 64 KB.
+        ValueError: ``group_size`` not dividing ``N``; ``z``, ``weight``, ``bias`` or ``out`` of another shape or
+            without stride 1 in the last dim; a group wider than 64 KB; a ``config`` whose ``BLOCK_N`` is not a power of
+            two >= ``group_size`` (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     M, N, group_size, ngroups = _groups(x, group_size)
     check_last_stride_1("x", x)
@@ -132,6 +137,12 @@ def launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=No
         rows_per_program)``; row ``r`` is the sum over rows ``[r * rows_per_program, (r+1) * rows_per_program)``
         accumulated in row order, and ``dweight = fold(+, dw_partial[r] for r)``. ``db_partial`` likewise (None
         without bias); ``dz`` None without z; ``out`` None unless ``recompute_output``.
+    Raises:
+        ValueError: as the forward, and ``dy``, ``rstd``, ``dx``, ``dz`` of another shape, ``dz`` without ``z``,
+            ``rows_per_program`` < 1, a given output buffer of another shape, dtype or device (the message names the
+            argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     M, N, group_size, ngroups = _groups(x, group_size)
     check_last_stride_1("x", x)

@@ -37,6 +37,12 @@ def launch_bmm_chunk_fwd(a, b, chunk_size, *, seq_idx=None, causal=False, output
         config: ``BLOCK_SIZE_M/N/K`` config or None (key: ``chunk_size``, ``K``, ``IS_CAUSAL``).
     Returns:
         ``out`` ``[B, C, G, cs, cs]`` (``[B, C, cs, cs]`` without groups). No reduction across programs.
+    Raises:
+        ValueError: ``b`` or ``seq_idx`` of another shape; a given output buffer of another shape, dtype or device; a
+            ``config`` for another kernel or without exactly its block sizes (the message names the argument, the
+            expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     has_groups, batch, seqlen, ngroups, k = _dims(a)
     check_shape("b", b, a.shape, "the shape of a")
@@ -106,6 +112,12 @@ def launch_bmm_chunk_bwd(a, dout, *, residual=None, config=None, out=None):
         out: optional output (same shape as ``a``; stride 1 in the last or the seqlen dim), else ``empty_like(a)``.
     Returns:
         ``out``. Each element is one program's sequential sum over the chunk (no cross-program reduction).
+    Raises:
+        ValueError: ``residual`` or ``out`` not of the shape of ``a``, ``out`` without stride 1 in the last or the
+            seqlen dim; a ``config`` for another kernel or without exactly its block sizes (the message names the
+            argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     has_groups, batch, seqlen, ngroups, k = _dims(a)
     nchunks, chunk_size = dout.shape[1], dout.shape[-1]

@@ -32,6 +32,14 @@ def launch_chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, *, D=None, z=None, se
     Returns:
         ``(out, out_x)``; ``out_x`` (the output before the ``z`` gate) is None without ``z``. No cross-program
         reduction.
+    Raises:
+        ValueError: ``nheads`` not a multiple of ``ngroups``; ``C``, ``cb``, ``z``, ``D``, ``dt``, ``dA_cumsum``,
+            ``states`` or ``seq_idx`` of another shape; a given output buffer of another shape, dtype or device, ``out``
+            without stride 1 in the last dim or ``out_x`` with other strides than ``out``; a ``config`` for another
+            kernel or without exactly its block sizes (the message names the argument, the expected and the actual
+            value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
@@ -134,6 +142,12 @@ def launch_chunk_scan_bwd_dz(x, z, out, dout, chunk_size, *, D=None, has_ddAcs=T
         ``out``); ``dD_partial`` ``[B, C, T, H, P or 1]`` fp32 (None without D), ``T = ceil(cs / BLOCK_SIZE_M)``,
         ``dD = fold(+, dD_partial[b, c, t] for b, c, t)`` (last dim 1 for ``D`` of shape ``[H]``);
         ``ddA_cumsum`` ``[B, H, C, cs]`` fp32 or None; ``outz`` or None.
+    Raises:
+        ValueError: ``z``, ``out``, ``dout`` not of the shape of ``x``, or ``D`` neither ``[H, P]`` nor ``[H]``; a given
+            output buffer of another shape, dtype or device; a ``config`` for another kernel or without exactly its
+            block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     for name, t in (("z", z), ("out", out), ("dout", dout)):
@@ -215,6 +229,12 @@ def launch_chunk_scan_bwd_dstates(C, dA_cumsum, dout, *, seq_idx=None, dtype=Non
         config: ``BLOCK_SIZE_M/N/K`` config or None (key: ``hdim``, ``dstate``, ``chunk_size``).
     Returns:
         ``dprev_states`` ``[B, C, H, P, N]``; each element one program's sequential sum over the chunk.
+    Raises:
+        ValueError: ``nheads`` not a multiple of ``ngroups``; ``C``, ``dA_cumsum`` or ``seq_idx`` of another shape; a
+            given output buffer of another shape, dtype or device; a ``config`` for another kernel or without exactly
+            its block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = dout.shape
     _, _, nchunks, chunk_size = dA_cumsum.shape
@@ -287,6 +307,13 @@ def launch_chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, *, C=None, seq_idx=No
         :func:`launch_chunk_state_bwd_db`), ``dC = fold(+, dC_partial[:, :, s] for s)``;
         ``ddA_partial`` ``[B, H, C, cs, T]`` fp32 or None, ``T = ceil(N / BLOCK_SIZE_N)``, zeroed first;
         upstream's ``ddA_cumsum_prev = sum_t ddA_partial`` (no cumsum here).
+    Raises:
+        ValueError: ``dA_cumsum``, ``dout``, ``seq_idx`` or ``C`` of another shape; ``nheads`` not a multiple of
+            ``ngroups``, ``nheads_per_program`` outside ``[1, nheads // ngroups]``; a given output buffer of another
+            shape, dtype or device; a ``config`` for another kernel or without exactly its block sizes (the message
+            names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, nchunks, nheads, headdim, dstate = prev_states.shape
     _, seqlen, _, _ = dout.shape
@@ -372,6 +399,13 @@ def launch_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, *, seq_idx=None, ngroups=1
     Returns:
         ``dcb_partial`` ``[B, C, S, G, cs, cs]`` fp32 (lower triangle; zeros elsewhere),
         ``dCB = fold(+, dcb_partial[:, :, s] for s)``.
+    Raises:
+        ValueError: ``dt``, ``dA_cumsum``, ``dout`` or ``seq_idx`` of another shape; ``nheads`` not a multiple of
+            ``ngroups``, ``nheads_per_program`` outside ``[1, nheads // ngroups]``; a given output buffer of another
+            shape, dtype or device; a ``config`` for another kernel or without exactly its block sizes (the message
+            names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
@@ -447,6 +481,12 @@ def launch_chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb, *, config=Non
     Returns:
         ``ddA_partial`` ``[B, H, C, T, cs]`` fp32, ``T = ceil(cs / BLOCK_SIZE_M)`` row tiles, every entry written;
         ``ddA = fold(+, ddA_partial[:, :, :, t] for t)``.
+    Raises:
+        ValueError: ``dt``, ``dout``, ``dA_cumsum`` or ``cb`` of another shape, ``nheads`` not a multiple of
+            ``ngroups``; a given output buffer of another shape, dtype or device; a ``config`` for another kernel or
+            without exactly its block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape

@@ -35,6 +35,12 @@ def launch_chunk_cumsum_fwd(dt, A, chunk_size, *, dt_bias=None, dt_softplus=Fals
     Returns:
         ``(dA_cumsum, dt_out)``, both ``[B, H, C, cs]`` fp32 (allocated if not given); positions past ``L`` hold 0
         in ``dt_out`` and the running sum in ``dA_cumsum``.
+    Raises:
+        ValueError: ``A`` or ``dt_bias`` not ``[H]``; a given output buffer of another shape, dtype or device; a
+            ``config`` for another kernel or without exactly its block sizes (the message names the argument, the
+            expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads = dt.shape
     check_shape("A", A, (nheads,), "[H]")
@@ -105,6 +111,12 @@ def launch_chunk_cumsum_bwd(ddA, ddt_out, dt, A, *, dt_bias=None, dt_softplus=Fa
         ``ddt_bias_partial`` ``[B, C, H]`` fp32 (None without ``dt_bias``), same fold for ``ddt_bias``.
         Each partial is one program's ``tl.sum`` over the chunk positions. Both partial buffers are zeroed first
         (the autotuner pre-hook's ``dA_ptr``/``ddt_bias_ptr``).
+    Raises:
+        ValueError: ``ddA``, ``ddt_out``, ``A``, ``dt_bias`` or a given ``ddt`` of another shape; a given output buffer
+            of another shape, dtype or device; a ``config`` for another kernel or without exactly its block sizes (the
+            message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads = dt.shape
     _, _, nchunks, chunk_size = ddA.shape
@@ -184,6 +196,12 @@ def launch_chunk_state_fwd(B, x, dt, dA_cumsum, *, seq_idx=None, states_in_fp32=
         config: ``BLOCK_SIZE_M/N/K`` config or None (key: ``hdim``, ``dstate``, ``chunk_size``).
     Returns:
         ``states`` ``[B, C, H, P, N]``; each element is one program's sequential sum over its chunk.
+    Raises:
+        ValueError: ``nheads`` not a multiple of ``ngroups``; ``B``, ``dt``, ``dA_cumsum`` or ``seq_idx`` of another
+            shape; a given output buffer of another shape, dtype or device; a ``config`` for another kernel or without
+            exactly its block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
@@ -263,6 +281,13 @@ def launch_chunk_state_bwd_db(x, dt, dA_cumsum, dstates, *, B=None, seq_idx=None
         ``ddA_partial`` ``[B, H, C, cs, T]`` fp32 (None without ``B``), ``T = ceil(N / BLOCK_SIZE_N)`` dstate tiles,
         zeroed first (pre-hook); entry ``[..., j, t]`` (``j >= 1``) is tile ``t``'s term for position ``j``, entry
         ``j = 0`` stays 0. Upstream's ``ddA_next = cumsum_j(sum_t ddA_partial)``.
+    Raises:
+        ValueError: ``dt``, ``dA_cumsum``, ``dstates``, ``seq_idx`` or ``B`` of another shape; ``nheads`` not a multiple
+            of ``ngroups``, ``nheads_per_program`` outside ``[1, nheads // ngroups]``; a given output buffer of another
+            shape, dtype or device; a ``config`` for another kernel or without exactly its block sizes (the message
+            names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape

@@ -36,6 +36,13 @@ def launch_chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates,
         ``dD_partial`` (None without D) fp32, zeroed first: ``[B, C, Tm, H, P]`` for ``D`` of shape ``[H, P]``,
         ``[B, C, Tm, H, Tn]`` for ``D`` of shape ``[H]``; ``Tm = ceil(cs / BLOCK_SIZE_M)``;
         ``dD = fold(+, dD_partial[b, c, t] for b, c, t)`` (then over the last dim for ``[H]``).
+    Raises:
+        ValueError: ``nheads`` not a multiple of ``ngroups``; ``B``, ``CB``, ``dt``, ``dA_cumsum``, ``dout``,
+            ``dstates``, ``seq_idx``, ``D`` or a given ``dx`` of another shape; a given output buffer of another shape,
+            dtype or device; a ``config`` for another kernel or without exactly its block sizes (the message names the
+            argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape

@@ -30,6 +30,12 @@ def launch_state_passing_fwd(states, dA_chunk_cumsum, *, initial_states=None, se
     Returns:
         ``(out, final_states)``: ``out`` ``[B, C, H, D]`` holds the state *entering* each chunk (index 0 = initial
         state); ``final_states`` ``[B, H, D]`` fp32. Each element has one program walking the chunks in order.
+    Raises:
+        ValueError: ``dA_chunk_cumsum``, ``initial_states`` or ``seq_idx`` of another shape, ``seq_idx`` without
+            ``chunk_size``; a given output buffer of another shape, dtype or device; a ``config`` for another kernel or
+            without exactly its block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, nchunks, nheads, dim = states.shape
     check_shape("dA_chunk_cumsum", dA_chunk_cumsum, (batch, nheads, nchunks), "[B, H, C]")
@@ -110,6 +116,12 @@ def launch_state_passing_bwd(states, dA_chunk_cumsum, dout, *, dfinal_states=Non
         ``T = ceil(D / BLOCK_SIZE)``, ``ddA_chunk_cumsum = fold(+, ddA_partial[..., t] for t)`` (each entry is one
         program's ``tl.sum`` over its ``BLOCK_SIZE`` slice); ``dinitial_states`` ``[B, H, D]`` or None;
         ``states_converted`` or None (when ``states_dtype`` is None).
+    Raises:
+        ValueError: ``dA_chunk_cumsum``, ``dout``, ``dfinal_states`` or ``seq_idx`` of another shape, ``seq_idx``
+            without ``chunk_size``, non-dense ``states`` to convert; a ``config`` for another kernel or without exactly
+            its block sizes (the message names the argument, the expected and the actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
     batch, nchunks, nheads, dim = states.shape
     check_shape("dA_chunk_cumsum", dA_chunk_cumsum, (batch, nheads, nchunks), "[B, H, C]")

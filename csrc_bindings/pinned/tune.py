@@ -55,14 +55,19 @@ def _log(*a):
 
 
 def build_jobs(args):
-    """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order."""
+    """[(kernel, key, dtype_name)] for the requested shapes, deduplicated, in a stable order.
+
+    Raises:
+        ValueError: a ``--shapes`` entry that is not ``CHUNKxHEADDIMxDSTATE`` integers, or a ``--nheads`` value that
+            is not an integer (``main`` parses the arguments without checking these).
+    """
     jobs, seen = [], set()
     wanted = set(args.kernels.split(",")) if args.kernels else None
     for shape in args.shapes.split(","):
-        cs, p, n = (int(v) for v in shape.split("x"))
-        for nh in (int(v) for v in args.nheads.split(",")):
-            for kernel, key, role in _registry.layer_keys(chunk_size=cs, headdim=p, dstate=n, nheads=nh,
-                                                d_nonssm=args.swiglu_cols):
+        chunk_size, headdim, dstate = (int(v) for v in shape.split("x"))
+        for nheads in (int(v) for v in args.nheads.split(",")):
+            for kernel, key, role in _registry.layer_keys(chunk_size=chunk_size, headdim=headdim, dstate=dstate,
+                                                          nheads=nheads, d_nonssm=args.swiglu_cols):
                 for dt in args.dtypes.split(","):
                     if role == "fp32" and dt != "float32":
                         continue
@@ -76,7 +81,14 @@ def build_jobs(args):
 
 
 def live_candidates():
-    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy."""
+    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy.
+
+    Raises:
+        SystemExit: a live list differs from the spec's ``candidates`` (e.g. mamba-ssm's deterministic mode
+            filtered it).
+        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit` (extras missing, another mamba-ssm
+            version, changed kernel).
+    """
     ns = _native.native()
     out = {}
     for name, spec in _registry.KERNELS.items():
@@ -91,6 +103,52 @@ def live_candidates():
                              f"Run the tuner without them.")
         out[name] = live
     return out
+
+
+class _ZeroRecorder:
+    """Stands for one kernel argument in a pre-hook's argument dict; ``zero_()`` records the argument's name."""
+
+    def __init__(self, name, zeroed):
+        self.name, self.zeroed = name, zeroed
+
+    def zero_(self):
+        self.zeroed.add(self.name)
+        return self
+
+    def clone(self):  # a Triton autotuner's own pre-hook copies its ``restore_value`` arguments
+        return self
+
+
+class _RecorderArgs(dict):
+    """``{name: _ZeroRecorder}`` for whatever name a pre-hook asks for."""
+
+    def __init__(self, zeroed):
+        super().__init__()
+        self.zeroed = zeroed
+
+    def __missing__(self, name):
+        self[name] = rec = _ZeroRecorder(name, self.zeroed)
+        return rec
+
+
+def live_pre_hook_zero(spec) -> set:
+    """The argument names that upstream's live autotuner of Triton kernel ``spec`` zeroes before a launch: every
+    config's ``pre_hook`` and the autotuner's own ``pre_hook`` (its ``reset_to_zero``), each called with a dict of
+    recorders (no tensor is touched). The launchers zero ``spec.pre_hook_zero`` by hand; the GPU test compares.
+
+    Raises:
+        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit`.
+    """
+    _native.kernel_jit(spec)  # checks the kernel and fills native().kernels
+    kernel = _native.native().kernels[spec.name]
+    zeroed: set = set()
+    hooks = [c.pre_hook for c in getattr(kernel, "configs", ()) if getattr(c, "pre_hook", None) is not None]
+    if getattr(kernel, "pre_hook", None) is not None:
+        hooks.append(kernel.pre_hook)
+    for hook in hooks:
+        hook(_RecorderArgs(zeroed))
+    zeroed.update(n for n in (getattr(kernel, "reset_to_zero", None) or ()) if isinstance(n, str))
+    return zeroed
 
 
 def _cfg_dict(cand):
@@ -217,23 +275,23 @@ def phase2(jobs, cands, status, deadline, sizes):
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
         valid = [r for r in rows if "ms" in r]
-        tk = _registry.table_key(arch, dt, kernel, key)
+        tkey = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
                   or r["compile"] in ("skipped: budget", "not compiled"))
         if cut:
-            _log(f"{tk}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
+            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
         elif valid:
             best = min(valid, key=lambda r: r["ms"])
-            table[tk] = best["candidate"]
+            table[tkey] = best["candidate"]
             rule = _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
-            _log(f"{tk}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
+            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; rule "
                  f"{'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
         else:
-            _log(f"{tk}: no valid candidate (left to the rule)")
-        report.append({"key": tk, "rows": rows, "chosen": table.get(tk)})
+            _log(f"{tkey}: no valid candidate (left to the rule)")
+        report.append({"key": tkey, "rows": rows, "chosen": table.get(tkey)})
     return table, report
 
 
@@ -256,6 +314,13 @@ def write_table(path, table, meta, merge=True):
 
 
 def main():
+    """The command line (see the module docstring).
+
+    Raises:
+        SystemExit: bad arguments (argparse's exit status 2), no CUDA GPU, or, from :func:`live_candidates`, live
+            autotuner lists that differ from the specs.
+        ImportError, RuntimeError: the native check (``csrc_bindings.check_native``) fails.
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="256x64x128", help="comma list of CHUNKxHEADDIMxDSTATE")
     ap.add_argument("--nheads", default="24,32,48,64", help="nheads values (only the chunk-cumsum key uses it)")
@@ -326,8 +391,8 @@ def main():
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib
 
-    from . import table
-    importlib.reload(table)
+    from . import table as table_module
+    importlib.reload(table_module)
     _log(f"wrote {len(table)} entries to {out} in {time.time() - t0:.0f} s; table hash {cb.table_hash()}")
     _log("fingerprint:", cb.fingerprint())
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from csrc_bindings._configs import _cost, _table, config_from_dict, device_arch, resolve_config
+from csrc_bindings._configs import _cost, _table, config_from_dict, device_arch, resolve_config, table_key_of
 from csrc_bindings._registry import KERNELS, pinned_config, rule_config, table_key
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -64,9 +64,21 @@ def test_explicit_configs():
     got = resolve_config(spec, key, torch.bfloat16, "cpu", d)
     assert got.source == "explicit" and got.as_dict() == d
     assert resolve_config(spec, key, torch.bfloat16, "cpu", got) is got
-    with pytest.raises(ValueError, match="config for chunk_state_fwd passed to the chunk_scan_fwd launcher"):
+    with pytest.raises(ValueError, match="config: expected a config for chunk_scan_fwd, got one for chunk_state_fwd"):
         resolve_config(KERNELS["chunk_scan_fwd"], key, torch.bfloat16, "cpu", got)
-    with pytest.raises(ValueError, match="chunk_state_fwd: a config needs exactly"):
+    with pytest.raises(ValueError, match=r"config: expected exactly .* for chunk_state_fwd, got"):
         resolve_config(spec, key, torch.bfloat16, "cpu", {"BLOCK_SIZE_M": 64})
-    with pytest.raises(KeyError, match="key needs"):
+    with pytest.raises(KeyError, match="key: expected the names"):
         table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 64})
+
+
+def test_errors_name_the_argument_expected_and_got():
+    from csrc_bindings.layernorm_gated import rmsnorm_heuristic
+    with pytest.raises(KeyError, match=r"kernel: expected one of \[.*\], got 'rmsnorm_gated_fwd'"):
+        pinned_config("rmsnorm_gated_fwd", {}, torch.bfloat16, "sm_90")
+    with pytest.raises(KeyError, match="kernel: expected one of"):
+        rule_config("no_such_kernel")
+    with pytest.raises(KeyError, match="kernel: expected a kernel with an autotuner"):
+        table_key_of(KERNELS["rmsnorm_gated_fwd"], "sm_90", torch.bfloat16, {})
+    with pytest.raises(ValueError, match=r"group_size: expected at most 32768 elements .*, got 40000"):
+        rmsnorm_heuristic(40000, 2)

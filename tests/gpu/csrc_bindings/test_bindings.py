@@ -255,7 +255,6 @@ def _main(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-conv", action="store_true")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     fn = worker_compare if a.mode == "compare" else worker_hashes
     res = fn(a.dtype, a.device, with_conv=not a.no_conv)
     print("@@RESULT@@" + json.dumps(res))
