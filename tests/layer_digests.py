@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     res[RECORDED_ON] = {args.device: environment(args.device)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
-    print(f"{len(res)} configurations written to {args.out}")
+    print(f"{len(names)} configurations written to {args.out}")
     return 0
 
 
