@@ -16,7 +16,7 @@ The pieces ``ordered-ssd check --nproc N`` is built from, usable in any DDP trai
 * :func:`shard_rows`: the documented data sharding (rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of the
   global batch).
 * :func:`rank_fingerprint` / :func:`check_rank_fingerprints`: every rank all-gathers its determinism
-  fingerprint (which includes the world size, and the pinned native-kernel configurations where the native
+  fingerprint (which includes the world size, and the pinned native-kernel configurations where the CUDA
   path is available) and all ranks stop with the same message naming the differing ranks if they differ.
 * :func:`init_distributed`: process-group set-up from the environment ``torchrun`` provides (gloo on the
   CPU, nccl on CUDA with ``cuda:LOCAL_RANK``).

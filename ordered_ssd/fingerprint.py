@@ -27,16 +27,17 @@ def package_versions() -> dict:
     }
 
 
-def determinism_fingerprint(device: torch.device | str, world_size: int = 1, native: Optional[bool] = None) -> dict:
+def determinism_fingerprint(device: torch.device | str, world_size: int = 1,
+                            cuda_path: Optional[bool] = None) -> dict:
     """What the bits of a training step depend on, besides the inputs.
 
     Args:
         device: the compute device.
         world_size: number of data-parallel ranks.
-        native: include the native-kernel configuration (mamba-ssm / causal-conv1d versions, the
-            ``csrc_bindings`` table fingerprint and ordered-ssd's reduction algorithms,
-            ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
-            the native path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
+        cuda_path: include what the CUDA path's bits depend on (the mamba-ssm / causal-conv1d versions, the
+            ``csrc_bindings`` table fingerprint of their kernels' pinned configurations and ordered-ssd's
+            reduction algorithms, ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
+            the CUDA path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
     """
     device = torch.device(device)
     v = package_versions()
@@ -51,11 +52,11 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1, nat
         info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(idx)
         info["cuda"] = v["cuda"]
         info["triton"] = v["triton"]
-        if native is None:
+        if cuda_path is None:
             from .modules import cuda_path_available
 
-            native = cuda_path_available()[0]
-        if native:
+            cuda_path = cuda_path_available()[0]
+        if cuda_path:
             info["mamba-ssm"] = v["mamba-ssm"]
             info["causal-conv1d"] = v["causal-conv1d"]
             info["pinned_configs"] = csrc_bindings.fingerprint()

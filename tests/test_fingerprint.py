@@ -11,9 +11,9 @@ def test_cuda_fingerprint_includes_the_pinned_configs_and_the_reduction(monkeypa
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
     monkeypatch.setattr(csrc_bindings, "fingerprint", lambda: "csrc_bindings/fake")
-    info = determinism_fingerprint("cuda:0", native=True)
+    info = determinism_fingerprint("cuda:0", cuda_path=True)
     assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
-    assert "reduction" not in determinism_fingerprint("cuda:0", native=False)
+    assert "reduction" not in determinism_fingerprint("cuda:0", cuda_path=False)
 
 
 def test_cpu_fingerprint_names_the_threads_and_capability(monkeypatch):

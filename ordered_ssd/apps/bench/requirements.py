@@ -18,9 +18,9 @@ class BenchError(AppError):
 
 def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: Optional[bool] = None,
                          find_spec: Callable = importlib.util.find_spec,
-                         native_path: Optional[Callable] = None) -> Optional[str]:
+                         cuda_path: Optional[Callable] = None) -> Optional[str]:
     """``None`` if ``modes`` can run on ``device`` here, else a one-line message naming what is missing and the
-    install command. ``cuda_available`` / ``find_spec`` / ``native_path`` override the probes (for tests)."""
+    install command. ``cuda_available`` / ``find_spec`` / ``cuda_path`` override the probes (for tests)."""
     try:
         dev_type = torch.device(device).type
     except (RuntimeError, TypeError):
@@ -45,9 +45,9 @@ def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: O
     if problems:
         return (" and ".join(problems) + f"; the benchmark needs a CUDA GPU and the native extras: {INSTALL}")
     if any(m in modes for m in ("ordered", "literal")):
-        if native_path is None:
-            from ...modules import cuda_path_available as native_path
-        ok, why = native_path()
+        if cuda_path is None:
+            from ...modules import cuda_path_available as cuda_path
+        ok, why = cuda_path()
         if not ok:
             return f"OrderedMamba2's CUDA path is unavailable here ({why}); {INSTALL}"
     return None

@@ -12,7 +12,7 @@ def test_missing_requirements_names_what_is_missing():
     msg = bench.missing_requirements("cuda", ["native"], cuda_available=False, find_spec=spec(set()))
     assert msg.startswith("no CUDA device") and "pip install ordered-ssd[cuda]" in msg
     msg = bench.missing_requirements("cuda", ["ordered"], cuda_available=True, find_spec=spec(set()),
-                                     native_path=lambda: (False, "mamba-ssm 2.2 is not supported"))
+                                     cuda_path=lambda: (False, "mamba-ssm 2.2 is not supported"))
     assert "CUDA path is unavailable" in msg and "mamba-ssm 2.2" in msg
     assert bench.missing_requirements("cuda", ["native"], cuda_available=True, find_spec=spec(set())) is None
     assert bench.missing_requirements("cpu", ["ordered", "literal"]) is None

@@ -62,7 +62,7 @@ def _inputs(layer, B, L, dtype, seed=1):
 
 
 @pytest.mark.parametrize("cfg", GRID, ids=IDS)
-def test_native_path_bitwise_repeatable_and_equal_to_literal(cfg):
+def test_cuda_path_bitwise_repeatable_and_equal_to_literal(cfg):
     d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = cfg
     layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
     assert layer.backend_for(torch.empty(1, device="cuda")) == "cuda"
