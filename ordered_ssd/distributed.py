@@ -40,7 +40,8 @@ from .fingerprint import determinism_fingerprint, fingerprint_diff, fingerprint_
 from .fold import accumulation_dtype, lexical_fold, tree_fold
 
 __all__ = [
-    "ordered_all_reduce", "ordered_allreduce_hook", "tree_all_reduce", "check_power_of_two_world", "register_ordered_hook", "ordered_mean", "shard_rows",
+    "ordered_all_reduce", "ordered_allreduce_hook", "tree_all_reduce", "check_power_of_two_world",
+    "register_ordered_hook", "ordered_mean", "shard_rows",
     "rank_fingerprint", "check_rank_fingerprints", "fingerprint_mismatch_message", "RankMismatchError",
     "DistContext", "init_distributed", "TEST_SKEW_ENV",
 ]

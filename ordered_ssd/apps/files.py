@@ -12,8 +12,11 @@ from .errors import AppError
 
 
 def prepare_out_dir(path: str) -> str:
-    """Create ``path`` if needed, check it is writable and return its absolute path; raise :class:`AppError`
-    otherwise."""
+    """Create ``path`` if needed, check it is writable and return its absolute path.
+
+    Raises:
+        AppError: the folder cannot be created or written (the message names ``--out``, the path and why).
+    """
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")

@@ -50,7 +50,8 @@ def format_table(results: dict) -> str:
             if r is None:
                 continue
             if r.get("error"):
-                lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | — | — | — | — | — | error¹ |")
+                lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | — | — | — | — | — "
+                             f"| error¹ |")
                 notes.append(f"{shape_result['name']} {m}: {r['error']}")
                 continue
             child = ""
@@ -138,6 +139,12 @@ def write_results(out_dir: str, results: dict, plot: bool = True) -> dict:
 
 
 def merge_results(paths: Sequence[str]) -> dict:
+    """The results of several ``bench.json`` files as one (``--merge``): shapes in first-seen order, a later file's
+    result for a shape replacing an earlier one's, the first file's meta.
+
+    Raises:
+        BenchError: a file cannot be read, is not JSON, or is not a bench.json.
+    """
     merged, order, meta = {}, [], None
     for p in paths:
         try:

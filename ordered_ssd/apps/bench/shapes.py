@@ -68,14 +68,14 @@ def parse_shape(text: str, name: Optional[str] = None) -> Shape:
             raise ValueError(f"--shape: {label} must be a positive integer, got {v} in {text!r}")
         vals.append(v)
     B, L, d, N, G = vals[:5]
-    P, cs = (vals[5], vals[6]) if len(vals) == 7 else (64, 256)
-    if (2 * d) % P:
-        raise ValueError(f"--shape: headdim {P} must divide d_inner = 2 * d_model = {2 * d} in {text!r}")
-    if ((2 * d) // P) % G:
-        raise ValueError(f"--shape: G {G} must divide the number of heads 2 * d_model / headdim = {(2 * d) // P} "
+    headdim, chunk_size = (vals[5], vals[6]) if len(vals) == 7 else (64, 256)
+    if (2 * d) % headdim:
+        raise ValueError(f"--shape: headdim {headdim} must divide d_inner = 2 * d_model = {2 * d} in {text!r}")
+    if ((2 * d) // headdim) % G:
+        raise ValueError(f"--shape: G {G} must divide the number of heads 2 * d_model / headdim = {(2 * d) // headdim} "
                          f"in {text!r}")
-    shape = Shape(name or "", B, L, d, N, G, P, cs)
-    return shape if name else Shape(shape.spec(), B, L, d, N, G, P, cs)
+    shape = Shape(name or "", B, L, d, N, G, headdim, chunk_size)
+    return shape if name else Shape(shape.spec(), B, L, d, N, G, headdim, chunk_size)
 
 
 def named_or_parsed_shape(text: str) -> Shape:

@@ -20,7 +20,11 @@ def _train_command(spec_path: str, record_path: str, label: str, extra: List[str
 
 
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process (its stderr shown); CheckError if it fails."""
+    """Run ``ordered-ssd _train`` in a fresh process (its stderr shown).
+
+    Raises:
+        CheckError: the process exits non-zero (the message names the run and the exit code).
+    """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
     if res.returncode != 0:
@@ -47,7 +51,10 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
 
     If OMP_NUM_THREADS is unset, each rank gets ``threads`` intra-op threads (default :func:`child_threads`).
     torchrun's and the ranks' output goes to ``log_path``; rank 0's progress lines are forwarded to stderr.
-    On failure, raises CheckError with the ranks' one-line errors (deduplicated), or the log's path.
+
+    Raises:
+        CheckError: torchrun exits non-zero; the message holds the ranks' one-line errors (deduplicated), or the
+            log's path.
     """
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", "0"] + _train_command(spec_path, record_path, label, extra, progress))

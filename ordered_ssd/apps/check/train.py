@@ -81,13 +81,15 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _check_resume_fingerprint(ckpt: dict, resume: str, fp: str, fp_info: dict, allow: bool, holder: str) -> None:
-    """Stop (CheckError naming the differing fields) if the checkpoint's fingerprint is not ``fp``, unless
+def _check_resume_fingerprint(ckpt: dict, resume: str, fingerprint: str, fingerprint_info: dict, allow: bool,
+                              holder: str) -> None:
+    """Stop (CheckError naming the differing fields) if the checkpoint's fingerprint is not ``fingerprint``, unless
     ``allow``."""
-    if ckpt["fingerprint"] != fp and not allow:
-        diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fp_info)
+    if ckpt["fingerprint"] != fingerprint and not allow:
+        diff = fingerprint_diff(json.loads(ckpt["fingerprint_info"]), fingerprint_info)
         raise CheckError(f"checkpoint {resume} was written with determinism fingerprint {ckpt['fingerprint']}, "
-                         f"{holder} {fp} (differs in: {diff}); resuming would not replay the run bit for bit. "
+                         f"{holder} {fingerprint} (differs in: {diff}); resuming would not replay the run bit for "
+                         f"bit. "
                          f"Pass --allow-fingerprint-mismatch to resume anyway.")
 
 
@@ -125,8 +127,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             checkpoint does not match (format, world size, fingerprint).
     """
     device = world.device
-    fp_info = world.fingerprint()
-    fp = fingerprint_string(fp_info)
+    fingerprint_info = world.fingerprint()
+    fingerprint = fingerprint_string(fingerprint_info)
     blocks = world.blocks(spec["batch"])
     corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
     data = ByteData(corpus, spec["seq_len"])
@@ -137,7 +139,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if resume is not None:
         ckpt = torch.load(resume, map_location="cpu", weights_only=True)  # RNG states must stay on the CPU
         world.check_checkpoint(ckpt, resume)
-        _check_resume_fingerprint(ckpt, resume, fp, fp_info, allow_fingerprint_mismatch, world.holder)
+        _check_resume_fingerprint(ckpt, resume, fingerprint, fingerprint_info, allow_fingerprint_mismatch, world.holder)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         _set_rng_state(world.rng_of(ckpt), device)
@@ -181,11 +183,12 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         if world.rank == 0:
             atomic_torch_save(ckpt_path, {
                 "step": end, "data_position": end, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "fingerprint": fp, "fingerprint_info": json.dumps(fp_info, sort_keys=True),
+                "fingerprint": fingerprint, "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
                 "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
     record = None
     if world.rank == 0:
-        record = {"label": label, "spec": spec, "fingerprint": fp, "fingerprint_info": fp_info, "start": start,
+        record = {"label": label, "spec": spec, "fingerprint": fingerprint, "fingerprint_info": fingerprint_info,
+                  "start": start,
                   "steps": steps, "train_s": train_s, "param_names": names, "final": final, "val_loss": None,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
                   **world.record_fields(every, len(steps))}
