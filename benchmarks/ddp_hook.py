@@ -67,6 +67,8 @@ def _args(argv=None):
     a = p.parse_args(argv)
     if a.nproc < 1 or a.iters < 1 or a.warmup < 0:
         p.error("--nproc and --iters must be >= 1, --warmup >= 0")
+    if a.accum < 1 or a.accum & (a.accum - 1):
+        p.error(f"--accum: expected a power of two (the tree accumulator's blocks per rank), got {a.accum}")
     try:
         a.sizes = [float(s) for s in a.sizes_mb.split(",") if s.strip()]
     except ValueError:

@@ -52,8 +52,10 @@ class TreeGradAccumulator:
 
     Args:
         params: the parameters whose gradients are accumulated, in this order (the order of the flat buffers; it
-            does not change any bit, the additions being elementwise). All on one device. A parameter whose
-            ``.grad`` is None after a block's backward counts as zeros for that block.
+            does not change any bit, the additions being elementwise). All on one device. Parameters with
+            ``requires_grad=False`` are left out (their ``.grad`` is never touched). A parameter whose ``.grad``
+            is None after a block's backward counts as zeros for that block; one whose ``.grad`` is None after
+            every block on every rank keeps ``.grad = None`` (the optimizer skips it, as without accumulation).
 
     Accumulation dtype: fp32, as the contract says, for fp32, bf16 and fp16 parameters (bf16/fp16 block gradients
     are widened exactly). A model whose parameters are **all** fp64 accumulates in fp64 (the package's rule,
@@ -66,9 +68,11 @@ class TreeGradAccumulator:
     the binary representation of the block count, plus the block being pushed).
 
     Use: after each block's ``backward()`` call :meth:`add_block`; after the last one :meth:`write_grads` (a
-    collective when a process group is initialised: every rank calls it, with the same number of blocks and
-    the same parameters), then clip and step as usual, and zero the gradients (``set_to_none``, torch's
-    default) before the next step's first backward: autograd adds into a ``.grad`` that is not None.
+    collective when a process group is initialised: every rank calls it), then clip and step as usual, and zero
+    the gradients (``set_to_none``, torch's default) before the next step's first backward: autograd adds into a
+    ``.grad`` that is not None. Before exchanging anything, the ranks compare their block counts, gradient sizes
+    and dtypes (a small all-gather): if they differ, every rank raises the same ``ValueError`` (no rank is left
+    waiting in a collective).
 
     Raises:
         ValueError: no parameters, parameters on several devices, or fp64 mixed with other dtypes.
@@ -76,9 +80,10 @@ class TreeGradAccumulator:
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter]):
-        self.params: List[torch.nn.Parameter] = list(params)
+        self.params: List[torch.nn.Parameter] = [p for p in params
+                                                 if not isinstance(p, torch.Tensor) or p.requires_grad]
         if not self.params:
-            raise ValueError("params: expected at least one parameter, got none")
+            raise ValueError("params: expected at least one parameter that requires grad, got none")
         for p in self.params:
             if not isinstance(p, torch.Tensor) or not p.is_floating_point():
                 raise TypeError(f"params: expected floating-point parameters, got "
@@ -95,6 +100,7 @@ class TreeGradAccumulator:
         self.dtype = torch.float64 if n64 else torch.float32
         self.numel = sum(p.numel() for p in self.params)
         self._stack: List[tuple] = []  # (level, flat buffer): node of 2**level consecutive blocks
+        self._had_grad = [False] * len(self.params)  # a .grad in some block of this rank
         self.blocks = 0
         self.max_buffers_held = 0
 
@@ -107,6 +113,7 @@ class TreeGradAccumulator:
     def reset(self) -> None:
         """Drop every added block (and the buffer counters); the parameters' ``.grad`` are left alone."""
         self._stack = []
+        self._had_grad = [False] * len(self.params)
         self.blocks = 0
         self.max_buffers_held = 0
 
@@ -114,10 +121,11 @@ class TreeGradAccumulator:
     def _flatten_grads(self) -> torch.Tensor:
         flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         off = 0
-        for p in self.params:
+        for i, p in enumerate(self.params):
             k = p.numel()
             seg = flat[off:off + k]
             g = p.grad
+            self._had_grad[i] = self._had_grad[i] or g is not None
             if g is None:
                 seg.zero_()
             else:
@@ -144,6 +152,29 @@ class TreeGradAccumulator:
         self.blocks += 1
 
     # ------------------------------------------------------------------------------------------- results
+    def _agree(self, group) -> List[bool]:
+        """Compare block count, gradient size and dtype across the ranks of ``group`` (every rank raises the same
+        ``ValueError`` if they differ) and return, per parameter, whether any rank saw a ``.grad`` for it."""
+        world = self.world_size(group)
+        if world == 1:
+            return list(self._had_grad)
+        import torch.distributed as dist
+
+        device = self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        dtype_code = 64 if self.dtype == torch.float64 else 32
+        meta = torch.tensor([self.blocks, self.numel, dtype_code, len(self.params)], dtype=torch.int64,
+                            device=device)
+        every = [torch.empty_like(meta) for _ in range(world)]
+        dist.all_gather(every, meta, group=group)
+        rows = [tuple(int(v) for v in t.tolist()) for t in every]
+        if len(set(rows)) != 1:
+            raise ValueError("TreeGradAccumulator: the ranks differ in (blocks, gradient elements, accumulation "
+                             "bits, parameters): " + ", ".join(f"rank {r}: {row}" for r, row in enumerate(rows)) +
+                             "; every rank must add the same number of blocks of the same parameters")
+        seen = torch.tensor(self._had_grad, dtype=torch.int32, device=device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
+        return [bool(v) for v in seen.tolist()]
+
     def _local(self) -> torch.Tensor:
         if not _is_pow2(self.blocks):
             raise ValueError(f"the number of accumulated blocks {self.blocks} is not a power of two: the tree sum "
@@ -168,8 +199,10 @@ class TreeGradAccumulator:
         rank, a copy of :meth:`local_sum`. Collective otherwise.
 
         Raises:
-            ValueError: :attr:`blocks` or the world size is not a power of two.
+            ValueError: the ranks differ in block count, gradient size or dtype (raised on every rank);
+                :attr:`blocks` or the world size is not a power of two.
         """
+        self._agree(group)
         return tree_all_reduce(self._local().clone(), group)
 
     def world_size(self, group=None) -> int:
@@ -187,18 +220,21 @@ class TreeGradAccumulator:
         group is initialised.
 
         Raises:
-            ValueError: as :meth:`reduce`.
+            ValueError: as :meth:`reduce` (no block added included); nothing is written then.
         """
+        seen = self._agree(group)
+        local = self._local()
         if scale is None:
             scale = 1.0 / (self.blocks * self.world_size(group))
-        flat = tree_all_reduce(self._local(), group)  # in place: the buffer is dropped by reset() below
+        flat = tree_all_reduce(local, group)  # in place: the buffer is dropped by reset() below
         flat.mul_(scale)
         off = 0
-        for p in self.params:
+        for p, had_grad in zip(self.params, seen):
             k = p.numel()
-            g = torch.empty_like(p, memory_format=torch.preserve_format)
-            g.copy_(flat[off:off + k].view(p.shape))
-            p.grad = g
+            if had_grad:
+                g = torch.empty_like(p, memory_format=torch.preserve_format)
+                g.copy_(flat[off:off + k].view(p.shape))
+                p.grad = g
             off += k
         self.reset()
 

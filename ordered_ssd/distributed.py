@@ -7,12 +7,13 @@ The pieces ``ordered-ssd check --nproc N`` is built from, usable in any DDP trai
   it folds **rank 0 first** with :func:`ordered_ssd.fold.lexical_fold` in the accumulation dtype (fp32; fp64 for
   fp64), divides by ``N`` (one IEEE division, in the accumulation dtype) and casts once to the tensor's dtype;
   an all-gather of the folded shards gives every rank the whole result (traffic O(numel) per rank).
-* :func:`tree_all_reduce`: the split-invariant reduction of :class:`ordered_ssd.accumulate.TreeGradAccumulator`:
-  the same shard exchange, each shard summed over ranks by the pairwise tree
-  (:func:`ordered_ssd.fold.tree_fold`) in rank order.
   The result does not depend on the backend's reduction algorithm (ring, tree, NVLS), on message arrival
   order or on the DDP bucket layout: the fold is elementwise, so element ``i`` of the result is
   ``(((+0.0 + g_0[i]) + g_1[i]) + ... + g_{N-1}[i]) / N`` whichever bucket and position it sits in.
+* :func:`tree_all_reduce`: the split-invariant reduction of :class:`ordered_ssd.accumulate.TreeGradAccumulator`:
+  the same shard exchange, each shard summed over ranks by the pairwise tree
+  (:func:`ordered_ssd.fold.tree_fold`) in rank order, not divided: element ``i`` is
+  ``tree(g_0[i], ..., g_{N-1}[i])`` wherever it sits.
 * :func:`shard_rows`: the documented data sharding (rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of the
   global batch).
 * :func:`rank_fingerprint` / :func:`check_rank_fingerprints`: every rank all-gathers its determinism

@@ -148,6 +148,33 @@ def test_missing_gradients_count_as_zeros_and_order_is_kept():
     assert a.grad.tolist() == [1.0, 1.0] and b.grad.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_frozen_and_unused_parameters_keep_no_gradient_and_do_not_move():
+    """A requires_grad=False parameter is left out; one that no block gave a gradient keeps .grad None; so AdamW
+    with weight decay leaves both alone, as it would without the accumulator."""
+    used, unused = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    acc = TreeGradAccumulator([used, unused, frozen])
+    assert acc.params == [used, unused] and acc.numel == 4
+    for _ in range(2):
+        used.grad = torch.full((2,), 0.5)
+        acc.add_block()
+    acc.write_grads()
+    assert used.grad.tolist() == [0.5, 0.5] and unused.grad is None and frozen.grad is None
+    opt = torch.optim.AdamW([used, unused, frozen], lr=0.1, weight_decay=0.1)
+    opt.step()
+    assert unused.tolist() == [1.0, 1.0] and frozen.tolist() == [1.0, 1.0] and used.tolist() != [1.0, 1.0]
+    with pytest.raises(ValueError, match="at least one parameter that requires grad"):
+        TreeGradAccumulator([frozen])
+
+
+def test_write_grads_without_blocks_raises_and_writes_nothing():
+    p = torch.nn.Parameter(torch.zeros(2))
+    acc = TreeGradAccumulator([p])
+    with pytest.raises(ValueError, match="the number of accumulated blocks 0 is not a power of two"):
+        acc.write_grads()
+    assert p.grad is None
+
+
 def test_non_power_of_two_blocks_raise():
     p = torch.nn.Parameter(torch.zeros(2))
     acc = TreeGradAccumulator([p])

@@ -115,6 +115,23 @@ def test_reduce_gives_the_same_bits_for_every_split(split_results):
         assert first["two_level_4_ranks"][blocks] != expected["grads"]
 
 
+def test_ddp_no_sync_and_bf16_autocast_give_the_same_bits_for_every_split(split_results):
+    """The documented use with DistributedDataParallel (every block under no_sync) under CPU bf16 autocast over
+    fp32 parameters: the gradients after write_grads have the bits of one process's tree for R = 1, 2, 4."""
+    expected = split_results[0]["ddp_autocast"]["expected"]
+    assert split_results[0]["ddp_autocast"]["left_to_right"] != expected  # the data is order-sensitive
+    for res in split_results:
+        for R in ("1", "2", "4"):
+            assert res["ddp_autocast"]["got"][R] == expected, R
+
+
+def test_ranks_that_disagree_all_raise_the_same_error(split_results):
+    messages = [res["mismatch"] for res in split_results]
+    assert messages[0] is not None and "the ranks differ in (blocks, gradient elements" in messages[0]
+    assert "rank 0: (2," in messages[0] and "rank 1: (4," in messages[0]
+    assert messages[0] == messages[1] and messages[2] == messages[3]
+
+
 def test_ordered_all_reduce_bits_unchanged_vs_the_all_gather_algorithm(split_results):
     for res in split_results:
         for world in ("2", "4"):
@@ -294,6 +311,60 @@ def _worker_split(out: str) -> None:
                 old = lexical_fold(gathered.view(R, numel), dtype=D.accumulation_dtype(dtype)).div_(R).to(dtype)
                 cases[str(numel)] = [tensor_sha256(mine), tensor_sha256(old)]
             result["ordered"][str(R)][str(dtype).split(".")[1]] = cases
+
+    # with DistributedDataParallel (every block under no_sync) and bf16 autocast over fp32 parameters: the same
+    # bits as one process's tree over the autocast block gradients, for every split of 4 blocks. (A small MLP:
+    # OrderedMamba2's CPU path refuses bf16 inputs, so CPU autocast cannot run the LM.)
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(5)
+    mlp = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.GELU(), torch.nn.Linear(48, 24))
+    mlp_params = list(mlp.parameters())
+    mlp_sizes = [p.numel() for p in mlp_params]
+    inputs = torch.randn(4, 3, 24, generator=torch.Generator().manual_seed(6)) * torch.logspace(-2, 2, 24)
+
+    def autocast_block_loss(module, k):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return module(inputs[k]).float().square().mean()
+
+    def mlp_digest(flat):
+        return [tensor_sha256(t.view(p.shape).to(p.dtype)) for t, p in zip(flat.split(mlp_sizes), mlp_params)]
+
+    autocast_grads = []
+    for k in range(4):
+        mlp.zero_grad(set_to_none=True)
+        autocast_block_loss(mlp, k).backward()
+        autocast_grads.append(torch.cat([p.grad.reshape(-1).float() for p in mlp_params]))
+    l2r = autocast_grads[0].clone()
+    for g in autocast_grads[1:]:
+        l2r += g
+    result["ddp_autocast"] = {"expected": mlp_digest(tree_sum(autocast_grads) / 4), "got": {},
+                              "left_to_right": mlp_digest(l2r / 4)}
+    for R in (1, 2, 4):
+        m, r = 4 // R, rank % R
+        mlp.zero_grad(set_to_none=True)
+        ddp = DistributedDataParallel(mlp, process_group=groups[R])
+        acc = TreeGradAccumulator(mlp.parameters())
+        for k in range(r * m, (r + 1) * m):
+            with ddp.no_sync():
+                autocast_block_loss(ddp, k).backward()
+            acc.add_block()
+        acc.write_grads(group=groups[R])
+        result["ddp_autocast"]["got"][str(R)] = [tensor_sha256(p.grad) for p in mlp_params]
+        ddp = None
+
+    # ranks that disagree on the block count: every rank raises the same one-line error, none hangs
+    model.zero_grad(set_to_none=True)
+    acc = TreeGradAccumulator(model.parameters())
+    for k in range(2 if rank % 2 == 0 else 4):
+        _block_loss(model, data, k).backward()
+        acc.add_block()
+    try:
+        acc.write_grads(group=groups[2])
+        result["mismatch"] = None
+    except ValueError as e:
+        result["mismatch"] = str(e)
+    model.zero_grad(set_to_none=True)
 
     # traffic: the shapes each collective is handed
     real_a2a, real_ag = D._all_to_all_flat, D._all_gather_flat

@@ -17,24 +17,25 @@ from ordered_ssd.apps.lm import ByteData, lm_loss, load_corpus
 from tests.apps.helpers import TINY_CHECK, run_cli
 
 TINY = TINY_CHECK + ["--batch", "4"]
+TINY_B2 = TINY_CHECK + ["--batch", "8"]  # blocks of 2 examples: the folds inside a block are exercised too
 
 
 @pytest.fixture(scope="module")
 def split_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("split-check")
-    return run_cli("check", *TINY, "--split-invariance", "--out", str(out)), out
+    return run_cli("check", *TINY_B2, "--split-invariance", "--out", str(out)), out
 
 
 def test_split_check_is_split_invariant_and_reports(split_check):
     res, out = split_check
     assert res.returncode == 0, res.stderr + res.stdout
     assert "splits (ranks x accumulation steps) 1x4, 2x2, 4x1; tree accumulation" in res.stdout
-    assert "in blocks of 1" in res.stdout
+    assert "in blocks of 2" in res.stdout
     assert "replay (split 2x2 stopped at 3, resumed) vs 1x4: identical" in res.stdout
     assert "verdict: SPLIT-INVARIANT: 6 steps" in res.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["ok"] is True and report["verdict"] == "SPLIT-INVARIANT" and report["first_difference"] is None
-    assert report["block"] == 1 and report["reference"] == "1x4" and report["accumulate"] == "tree"
+    assert report["block"] == 2 and report["reference"] == "1x4" and report["accumulate"] == "tree"
     assert [s["label"] for s in report["splits"]] == ["1x4", "2x2", "4x1"]
     assert report["replay"] == {"split": "2x2", "stop_at": 3}
     assert set(report["runs"]) == {"1x4", "2x2", "4x1", "replay"}
@@ -56,7 +57,7 @@ def test_split_check_is_split_invariant_and_reports(split_check):
 
 
 def test_split_loss_is_the_tree_of_the_block_losses(split_check):
-    """Step 0: the recorded loss is ((l0 + l1) + (l2 + l3)) / 4 of the four blocks' mean losses."""
+    """Step 0: the recorded loss is ((l0 + l1) + (l2 + l3)) / 4 of the four blocks' mean losses (2 examples each)."""
     res, out = split_check
     assert res.returncode == 0, res.stderr
     report = json.loads((out / "report.json").read_text())
@@ -65,7 +66,8 @@ def test_split_loss_is_the_tree_of_the_block_losses(split_check):
     model, _ = build_model(spec, torch.device("cpu"))
     data = ByteData(load_corpus(spec["data"], spec["data_bytes"])[0], spec["seq_len"])
     with torch.no_grad():
-        ls = [lm_loss(model(x), y) for x, y in (data.batch(spec["seed"], 0, 4, offset=j, count=1) for j in range(4))]
+        ls = [lm_loss(model(x), y)
+              for x, y in (data.batch(spec["seed"], 0, 8, offset=2 * j, count=2) for j in range(4))]
     assert float.fromhex(report["runs"]["4x1"]["losses"][0]) == float(((ls[0] + ls[1]) + (ls[2] + ls[3])) / 4)
 
 
