@@ -101,13 +101,19 @@ def _load_main(seconds):
     print(json.dumps({"load_iterations": n}))
 
 
-def _child_digests(env_extra):
-    env = dict(os.environ, **env_extra)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-digests"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed ({out.returncode}): {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _child_digests(envs):
+    """First-step digests of fresh child processes, one per environment of ``envs``, run at the same time (each
+    compiles every kernel anew when its Triton cache is empty)."""
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-digests"],
+                              env=dict(os.environ, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for extra in envs]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"child failed ({proc.returncode}): {err[-2000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 def main(argv=None):
@@ -156,8 +162,7 @@ def main(argv=None):
     runs = [{"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-")} for _ in range(fresh)]
     runs.append({"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-"), "CUDA_LAUNCH_BLOCKING": "1"})
     same = 0
-    for env_extra in runs:
-        digests = _child_digests(env_extra)
+    for env_extra, digests in zip(runs, _child_digests(runs)):
         ok = digests == here
         same += ok
         report["fresh"].append({"env": sorted(env_extra), "identical": ok})
