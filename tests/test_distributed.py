@@ -46,15 +46,19 @@ def test_shard_rows():
 
 
 # ----------------------------------------------------------------------------------------------- the hook
-@pytest.fixture(scope="module")
-def hook_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hook")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-           "--max-restarts", "0", "-m", "tests.test_distributed", "--worker", "hook", "--out", str(out)]
+def _run_workers(out, worker: str, nproc: int) -> list:
+    """This file's ``worker`` on ``nproc`` gloo processes under torchrun; every rank's JSON result."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "--max-restarts", "0", "-m", "tests.test_distributed", "--worker", worker, "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT,
                          timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[:6000]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def hook_results(tmp_path_factory):
+    return _run_workers(tmp_path_factory.mktemp("hook"), "hook", 3)
 
 
 def test_ordered_all_reduce_is_the_rank_ordered_lexical_fold(hook_results):
@@ -90,13 +94,7 @@ def test_ddp_hook_gradients_equal_the_fold_of_rank_gradients(hook_results):
 # ----------------------------------------------------------------------------------------------- split invariance
 @pytest.fixture(scope="module")
 def split_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("split")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           "--max-restarts", "0", "-m", "tests.test_distributed", "--worker", "split", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(OMP_NUM_THREADS="1"), cwd=ROOT,
-                         timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[:6000]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    return _run_workers(tmp_path_factory.mktemp("split"), "split", 4)
 
 
 def test_reduce_gives_the_same_bits_for_every_split(split_results):

@@ -179,11 +179,17 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
         for lab, rec in runs.items():
             summary["runs"][lab].update({k: rec[k] for k in ("rank_s_per_step", "ranks_agree", "ranks_disagreeing",
                                                              "world_size")})
-    note = _plot(os.path.join(out_dir, "loss.png"), runs)
+    write_report(out_dir, summary, runs, print_fn)
+    return ok
+
+
+def write_report(out_dir: str, summary: dict, runs: dict, print_fn: Callable, **plot_kw) -> None:
+    """Plot the runs' losses to ``loss.png`` (when matplotlib can), write ``summary`` (with its ``plot`` field)
+    to ``report.json`` atomically, and print where both are."""
+    note = _plot(os.path.join(out_dir, "loss.png"), runs, **plot_kw)
     summary["plot"] = None if note else "loss.png"
     atomic_write_json(os.path.join(out_dir, "report.json"), summary)
     if note:
         print_fn(f"note: {note}")
     print_fn(f"report: {os.path.join(out_dir, 'report.json')}"
              + ("" if note else f", plot: {os.path.join(out_dir, 'loss.png')}"))
-    return ok

@@ -22,7 +22,7 @@ from ..files import atomic_write_json, prepare_out_dir
 from ..lm import ByteData, load_corpus
 from .errors import CheckError
 from .launch import Launcher, child_threads
-from .report import _plot, _print_table, compare_runs, load_record, merge_restart
+from .report import _print_table, compare_runs, load_record, merge_restart, write_report
 from .train import build_model
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
@@ -218,11 +218,5 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}
     for rec in runs.values():
         rec.setdefault("mixer", spec["mixer"])
-    note = _plot(os.path.join(out_dir, "loss.png"), runs, title="ordered-ssd check --split-invariance: loss per split")
-    summary["plot"] = None if note else "loss.png"
-    atomic_write_json(os.path.join(out_dir, "report.json"), summary)
-    if note:
-        print_fn(f"note: {note}")
-    print_fn(f"report: {os.path.join(out_dir, 'report.json')}"
-             + ("" if note else f", plot: {os.path.join(out_dir, 'loss.png')}"))
+    write_report(out_dir, summary, runs, print_fn, title="ordered-ssd check --split-invariance: loss per split")
     return ok
