@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
 import torch
 
+from .._version import __version__
 from .errors import EXIT_OK, EXIT_USAGE, AppError, run_reporting
 from .files import positive_int
 from .lm import DataError
@@ -17,36 +19,43 @@ from .lm import DataError
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``ordered-ssd`` (``bench`` takes its own arguments: see :func:`main`)."""
     parser = argparse.ArgumentParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,env,bench}")  # _train: internal
 
     check = sub.add_parser("check",
                            help="train a byte-level Mamba-2 LM on real text and prove the run is reproducible",
                            description="Train the same model three times (this process; a fresh process; a fresh "
                                        "process stopped at step k and resumed from its checkpoint) and compare the "
                                        "loss, gradient and parameter bits. Exit 0 only if all three agree.")
-    check.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
+    check.add_argument("--device", default="auto",
+                       help="cpu, cuda, cuda:N or auto (default: auto, cuda if available, else cpu)")
     check.add_argument("--data", default=None,
                        help="text file or directory to train on (default: the Python standard library's sources)")
-    check.add_argument("--data-bytes", type=positive_int, default=None, help="read at most this many bytes")
+    check.add_argument("--data-bytes", type=positive_int, default=None,
+                       help="read at most this many bytes" + _per_device("data_bytes"))
     check.add_argument("--out", default="ordered-ssd-check", help="output directory (default: ./ordered-ssd-check)")
-    check.add_argument("--steps", type=positive_int, default=None)
-    check.add_argument("--stop-at", type=positive_int, default=None, help="step k of the restart run (default steps/2)")
-    check.add_argument("--batch", type=positive_int, default=None)
-    check.add_argument("--seq-len", type=positive_int, default=None)
-    check.add_argument("--d-model", type=positive_int, default=None)
-    check.add_argument("--n-layers", type=positive_int, default=None)
-    check.add_argument("--d-state", type=positive_int, default=None)
-    check.add_argument("--headdim", type=positive_int, default=None)
-    check.add_argument("--ngroups", type=positive_int, default=1)
-    check.add_argument("--chunk-size", type=positive_int, default=None)
-    check.add_argument("--lr", type=float, default=None)
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--steps", type=positive_int, default=None, help="training steps" + _per_device("steps"))
+    check.add_argument("--stop-at", type=positive_int, default=None, help="step k of the restart run (default: steps/2)")
+    check.add_argument("--batch", type=positive_int, default=None,
+                       help="sequences per step, the global batch" + _per_device("batch"))
+    check.add_argument("--seq-len", type=positive_int, default=None, help="bytes per sequence" + _per_device("seq_len"))
+    check.add_argument("--d-model", type=positive_int, default=None, help="model width" + _per_device("d_model"))
+    check.add_argument("--n-layers", type=positive_int, default=None, help="Mamba-2 blocks" + _per_device("n_layers"))
+    check.add_argument("--d-state", type=positive_int, default=None, help="SSM state size" + _per_device("d_state"))
+    check.add_argument("--headdim", type=positive_int, default=None,
+                       help="head dimension, a divisor of 2 * d_model" + _per_device("headdim"))
+    check.add_argument("--ngroups", type=positive_int, default=1, help="B/C groups, a divisor of the heads (default: 1)")
+    check.add_argument("--chunk-size", type=positive_int, default=None,
+                       help="SSD chunk length" + _per_device("chunk_size"))
+    check.add_argument("--lr", type=float, default=None, help="AdamW learning rate" + _per_device("lr"))
+    check.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the batches (default: 0)")
     check.add_argument("--native", action="store_true",
-                       help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control")
+                       help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control (default: off)")
     check.add_argument("--nproc", type=positive_int, default=None,
                        help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
                             "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "
-                            "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md)")
+                            "trains on rows [r*B/N, (r+1)*B/N) of the global batch (see docs/distributed.md; "
+                            "default: one process, no torchrun)")
     check.add_argument("--split-invariance", action="store_true",
                        help="instead of a, b, c: train the same global batch (--batch) with every split (R ranks x M "
                             "accumulation steps of --batch/(R*M) examples; default off) under torchrun, replay one "
@@ -59,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--split-invariance's gradient accumulation: tree (default), the library's pairwise tree "
                             "over the blocks in global order; sequential, a control: left to right per rank, then "
                             "the rank-ordered mean (expected NOT SPLIT-INVARIANT)")
-    check.add_argument("--quiet", action="store_true", help="no progress bars")
+    check.add_argument("--quiet", action="store_true", help="no progress bars (default: progress bars on stderr)")
 
     sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")
     # `ordered-ssd bench ARGS` is dispatched to ordered_ssd.apps.bench before this parser runs (see main); the
@@ -69,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "OrderedMamba2 and its literal mode (GPU; `ordered-ssd bench --help`)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
-    train = sub.add_parser("_train", help=argparse.SUPPRESS)  # one training run, used by `check` in fresh processes
+    train = sub.add_parser("_train")  # one training run, used by `check` in fresh processes; no help: not listed
     train.add_argument("--spec", required=True)
     train.add_argument("--record", required=True)
     train.add_argument("--label", required=True)
@@ -79,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--allow-fingerprint-mismatch", action="store_true")
     train.add_argument("--quiet", action="store_true")
     return parser
+
+
+def _per_device(key: str) -> str:
+    """`` (default: <cpu> on the CPU, <cuda> on CUDA)``: the per-device default of a ``check`` option."""
+    from .check.spec import DEFAULTS
+
+    return f" (default: {DEFAULTS['cpu'][key]} on the CPU, {DEFAULTS['cuda'][key]} on CUDA)"
 
 
 def _splits(text: str):
@@ -152,8 +168,25 @@ def _cmd_bench(rest: List[str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``ordered-ssd``: the exit status (0 success, 1 ``check`` found a difference, 2 usage or
-    data error with one line on stderr, 130 interrupted)."""
+    """Entry point of ``ordered-ssd``: the exit status (0 success, 1 ``check`` found a difference or stdout was
+    closed early, e.g. ``ordered-ssd env | head -1``, 2 usage or data error with one line on stderr, 130
+    interrupted)."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also after argparse's SystemExit (--help, --version): a closed pipe shows up at the flush
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of stdout has gone (``| head -1``): no traceback. As the ``signal`` module's documentation
+        # recommends ("Note on SIGPIPE"), point stdout at devnull so that the interpreter's final flush does not
+        # raise again, and exit 1.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    """:func:`main` without the closed-pipe handling."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":  # its own parser: REMAINDER would not take options such as --shapes
         return _cmd_bench(argv[1:])

@@ -41,7 +41,7 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     parser.add_argument("--shapes", type=_argtype(parse_shape_list), default=None,
                    help="comma-separated named shapes (default: all, unless --shape is given)")
     parser.add_argument("--shape", type=_argtype(parse_shape), action="append", default=[], metavar=SHAPE_FORMAT,
-                   help="an extra shape (repeatable); headdim 64 and chunk 256 unless given")
+                   help="an extra shape (repeatable; default: none); headdim 64 and chunk 256 unless given")
     parser.add_argument("--modes", type=_argtype(parse_modes), default=None,
                    help=f"comma-separated from {','.join(MODES)} (default: all on CUDA, ordered on the CPU)")
     parser.add_argument("--repeats", type=positive_int, default=20, help="timed steps per mode (median; default 20)")
@@ -49,7 +49,7 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                    help="untimed steps per mode first (native autotuning happens here; default 5)")
     parser.add_argument("--bit-repeats", type=positive_int, default=10,
                    help="steps per mode whose gradient digests must agree (default 10)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the layer (default 0)")
     parser.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
     parser.add_argument("--breakdown", action="store_true",
                    help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape")
@@ -61,13 +61,13 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "process's native)")
     parser.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="start no new shape or child process after this many seconds (skipped work is marked, exit "
-                        "status 1); a child still running 15 s after it is killed")
+                        "status 1); a child still running 15 s after it is killed (default: no limit)")
     parser.add_argument("--device", default="cuda",
                    help="cuda or cuda:N (default); cpu runs the harness on the reference path in fp32 "
                         "(ordered/literal only): a smoke test, not a benchmark")
     parser.add_argument("--merge", nargs="+", default=None, metavar="BENCH_JSON",
                    help="measure nothing: combine earlier bench.json files (a later file's shape replaces an "
-                        "earlier one of the same name) and write the table, JSON and chart to --out")
+                        "earlier one of the same name) and write the table, JSON and chart to --out (default: measure)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--_child-spec", dest="child_spec", default=None, help=argparse.SUPPRESS)
     return parser
