@@ -2,9 +2,14 @@
 # The GPU gate in one device call, the test files split over four parallel pytest processes (the GPU is mostly idle:
 # the tests are launch-bound), every log under $OUT.
 #
-#   device tool, carry [".gpu"]:  source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests
-#   other steps:                  ... bash benchmarks/gpu_gate.sh bench   (ordered-ssd bench --breakdown)
-#                                 ... bash benchmarks/gpu_gate.sh check   (ordered-ssd check --native)
+#   bash benchmarks/gpu_gate.sh tests    the GPU test suite
+#   bash benchmarks/gpu_gate.sh bench    ordered-ssd bench --breakdown
+#   bash benchmarks/gpu_gate.sh check    ordered-ssd check --native
+#
+# It needs the GPU install of the README ("Benchmark (GPU)": a CUDA build of torch, mamba-ssm and causal-conv1d
+# built without build isolation, then `pip install -e ".[cuda,bench]"`) plus pytest. On the project's own GPU
+# machine that environment is `.gpu/`, prepared by `../shared/gpu/prepare.sh` (neither is part of this repository):
+# `source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests`, with `.gpu` carried to the machine.
 #
 # Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call.
 # Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
