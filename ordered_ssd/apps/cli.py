@@ -12,7 +12,7 @@ import torch
 
 from .._version import __version__
 from .errors import EXIT_OK, EXIT_USAGE, AppError, run_reporting
-from .files import positive_int
+from .files import positive_float, positive_int
 from .lm import DataError
 
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--ngroups", type=positive_int, default=1, help="B/C groups, a divisor of the heads (default: 1)")
     check.add_argument("--chunk-size", type=positive_int, default=None,
                        help="SSD chunk length" + _per_device("chunk_size"))
-    check.add_argument("--lr", type=float, default=None, help="AdamW learning rate" + _per_device("lr"))
+    check.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate" + _per_device("lr"))
     check.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the batches (default: 0)")
     check.add_argument("--native", action="store_true",
                        help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control (default: off)")

@@ -3,10 +3,12 @@ directory, then a rename), the output directory, argparse value types."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import tempfile
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 from .errors import AppError
 
@@ -25,6 +27,51 @@ def prepare_out_dir(path: str) -> str:
     except OSError as e:
         raise AppError(f"--out: output directory {path} is not writable: {e.strerror or e}") from None
     return os.path.abspath(path)
+
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def locked_out_dir(path: str) -> Iterator[str]:
+    """Hold an exclusive, non-blocking ``flock`` on ``path/.lock`` while the block runs (released on exit, also on
+    an error; the kernel releases it if the process dies). The lock file stays (removing it would race).
+
+    Raises:
+        AppError: another process holds the lock (the message names the folder).
+    """
+    import fcntl
+
+    lock_path = os.path.join(path, LOCK_NAME)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by child processes
+    except OSError as e:
+        raise AppError(f"--out: cannot create the lock file {lock_path}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AppError(f"--out: output directory {path} is in use: another run holds its lock ({lock_path}); "
+                           f"wait for it to finish or choose another --out") from None
+        try:
+            yield path
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def remove_stale(path: str, names: Sequence[str]) -> None:
+    """Remove the files ``names`` of a previous run from ``path`` (if present), so that a run interrupted later
+    leaves no verdict that looks like its own."""
+    for name in names:
+        try:
+            os.unlink(os.path.join(path, name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise AppError(f"--out: cannot remove the previous {os.path.join(path, name)}: {e.strerror or e}"
+                           ) from None
 
 
 def atomic_write(path: str, write: Callable[[str], None], suffix: str = "") -> None:
@@ -91,3 +138,14 @@ def positive_int(s: str) -> int:
 def nonnegative_int(s: str) -> int:
     """argparse type: an int >= 0."""
     return _integer(s, 0, "non-negative")
+
+
+def positive_float(s: str) -> float:
+    """argparse type: a finite float > 0 (not nan, not inf)."""
+    try:
+        value = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {s!r}")
+    return value

@@ -14,6 +14,7 @@ The training batch of step ``s`` is a pure function of ``(seed, s)``: windows at
 from __future__ import annotations
 
 import os
+import stat
 import sysconfig
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -85,11 +86,31 @@ def _python_files(root: str) -> List[str]:
     return sorted(found, key=lambda p: os.path.relpath(p, root))
 
 
-def _text_files(root: str) -> List[str]:
+def _is_special(path: str) -> bool:
+    """Whether ``path`` (symlinks followed) is there but not a regular file: a FIFO, a device, a socket (reading
+    one can block forever). A path that cannot be stat-ed is not special: reading it gives the error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _text_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
+    """The non-hidden files under ``root``, sorted by relative path; special files (:func:`_is_special`) are left
+    out and appended to ``skipped``."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
+        for f in filenames:
+            if f.startswith("."):
+                continue
+            path = os.path.join(dirpath, f)
+            if _is_special(path):
+                if skipped is not None:
+                    skipped.append(os.path.relpath(path, root))
+            else:
+                found.append(path)
     return sorted(found, key=lambda p: os.path.relpath(p, root))
 
 
@@ -97,7 +118,8 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
     """Bytes of the corpus (at most ``max_bytes``) and a description of where they came from.
 
     Raises:
-        DataError: the path does not exist, cannot be read, or holds no bytes.
+        DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, or holds
+            no bytes. In a directory, special files are skipped and named in the description.
     """
     if path is None:
         root = stdlib_root()
@@ -107,8 +129,15 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
         root, files = os.path.dirname(path), [path]
         source = f"file {path}"
     elif os.path.isdir(path):
-        root, files = path, _text_files(path)
+        skipped: List[str] = []
+        root, files = path, _text_files(path, skipped)
         source = f"directory {path} ({len(files)} files, sorted by path)"
+        if skipped:
+            skipped.sort()
+            source = (f"directory {path} ({len(files)} files, sorted by path; skipped {len(skipped)} special "
+                      f"file(s), not regular files: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})")
+    elif _is_special(path):
+        raise DataError(f"--data: {path} is not a regular file or a directory (a FIFO, device or socket)")
     else:
         raise DataError(f"--data: no such file or directory: {path}")
     chunks, total = [], 0
@@ -142,10 +171,28 @@ class ByteData:
         self.sha256 = tensor_sha256(data.to(torch.uint8))
         self.n_bytes = len(data)
 
+    def starts(self, seed: int, step: int, batch_size: int) -> torch.Tensor:
+        """The start of every row's window of step ``step``'s batch, uniform over the ``last + 1`` windows
+        ``0 .. last`` (``last = len(train) - seq_len - 1``, the last window ends at the last training byte).
+
+        Drawn as in earlier versions: ``randint(0, last)`` (which never gives ``last``), then a second draw
+        ``randint(0, last + 1)`` per row replaces the row's start by ``last`` where it gives ``last``, so every
+        window has probability ``1 / (last + 1)``; a row's window differs from the earlier versions' only where
+        the second draw hits (probability ``1 / (last + 1)``). With ``last == 0`` (the smallest corpus) every row
+        is window 0.
+        """
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        last = len(self.train) - self.seq_len - 1
+        if last > 0:
+            starts = torch.randint(0, last, (batch_size,), generator=generator)
+        else:
+            starts = torch.zeros(batch_size, dtype=torch.int64)
+        hit = torch.randint(0, last + 1, (batch_size,), generator=generator) == last
+        return torch.where(hit, torch.full_like(starts, last), starts)
+
     def batch(self, seed: int, step: int, batch_size: int, offset: int = 0, count: Optional[int] = None):
         """Inputs and targets ``[count, seq_len]`` of rows ``offset .. offset+count`` of step ``step``'s batch."""
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.train) - self.seq_len - 1, (batch_size,), generator=generator)
+        starts = self.starts(seed, step, batch_size)
         count = batch_size if count is None else count
         starts = starts[offset:offset + count]
         idx = starts[:, None] + torch.arange(self.seq_len + 1)

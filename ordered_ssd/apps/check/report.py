@@ -3,10 +3,15 @@ plot and ``report.json``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Callable, Optional
 
 from ..files import atomic_savefig, atomic_write_json
+
+#: a previous run's verdict and plot in ``--out``, removed before a run writes anything (an interrupted run leaves
+#: no verdict that looks like its own)
+STALE = ("report.json", "loss.png")
 
 
 def load_record(path: str) -> dict:
@@ -55,6 +60,37 @@ def compare_runs(ref: dict, other: dict) -> dict:
                         and out.get("first_param_diff") is None and out["final_equal"] is True
                         and ref.get("val_loss") == other.get("val_loss"))
     return out
+
+
+def first_nonfinite(runs: dict, labels) -> Optional[dict]:
+    """The first step at which the training loss of one of the runs ``labels`` is nan or inf (``{"step", "run",
+    "loss"}``; ``step`` None where only the validation loss is), or None if every loss is finite."""
+    found = []
+    for lab in labels:
+        rec = runs[lab]
+        for s in rec["steps"]:
+            if not math.isfinite(float.fromhex(s["loss"])):
+                found.append({"step": s["step"], "run": lab, "loss": repr(float.fromhex(s["loss"]))})
+                break
+        else:
+            if rec.get("val_loss") is not None and not math.isfinite(float.fromhex(rec["val_loss"])):
+                found.append({"step": None, "run": lab, "loss": repr(float.fromhex(rec["val_loss"]))})
+    if not found:
+        return None
+    return min(found, key=lambda f: (f["step"] is None, f["step"] or 0))
+
+
+def diverged_verdict(diverged: dict) -> str:
+    """``DIVERGED at step k`` (or ``DIVERGED in the validation loss``)."""
+    return ("DIVERGED in the validation loss" if diverged["step"] is None
+            else f"DIVERGED at step {diverged['step']}")
+
+
+def _describe_divergence(diverged: dict, lr) -> str:
+    where = ("the validation loss" if diverged["step"] is None
+             else f"the training loss from step {diverged['step']}")
+    return (f"{where} of run {diverged['run']} is {diverged['loss']} (not finite): the training diverged "
+            f"(--lr {lr}), and a diverged run proves nothing about reproducibility")
 
 
 def _plot(path: str, runs: dict, title: str = "ordered-ssd check: loss of every run") -> Optional[str]:
@@ -130,7 +166,9 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     cmp_b, cmp_c = compare_runs(runs["a"], runs["b"]), compare_runs(runs["a"], runs["c"])
     cmp_native = compare_runs(runs["native-1"], runs["native-2"]) if native else None
     ranks_agree = all(runs[lab].get("ranks_agree", True) for lab in ("a", "b", "c"))
-    ok = cmp_b["identical"] and cmp_c["identical"] and ranks_agree
+    reproducible = cmp_b["identical"] and cmp_c["identical"] and ranks_agree
+    diverged = first_nonfinite(runs, ("a", "b", "c"))
+    ok = reproducible and diverged is None
     _print_table(runs, stop_at, print_fn)
     if ddp:
         print_fn(f"b (fresh processes) vs a:             {_describe(cmp_b)}")
@@ -154,17 +192,23 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
                     " (per rank: " + ", ".join(f"{1000 * t:.1f}" for t in rec["rank_s_per_step"]) + ")")
         print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step{per_rank}, "
                  f"val loss {float.fromhex(rec['val_loss']):.4f}")
-    verdict = "REPRODUCIBLE" if ok else "NOT REPRODUCIBLE"
+    verdict = "REPRODUCIBLE" if reproducible else "NOT REPRODUCIBLE"
     n_steps = len(runs["a"]["steps"])
-    if ddp:
+    if diverged is not None:
+        verdict = diverged_verdict(diverged)
+        print_fn(f"verdict: {verdict}: {_describe_divergence(diverged, spec.get('lr'))}; the digests of a, b and c "
+                 f"{'are identical' if reproducible else 'differ'}")
+    elif ddp:
         print_fn(f"verdict: {verdict}: {n_steps} steps, world size {nproc}, loss, per-parameter gradient and final "
                  f"parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
                  f"(fresh processes; restart at step {stop_at})")
     else:
         print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and final parameter digests "
                  f"{'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step {stop_at})")
+    if diverged is not None and not reproducible:
+        print_fn("(the runs also differ: see the comparisons above)")
 
-    summary = {"verdict": verdict, "ok": ok, "spec": spec, "data_source": source, "n_params": n_params,
+    summary = {"verdict": verdict, "ok": ok, "reproducible": reproducible, "diverged": diverged, "spec": spec, "data_source": source, "n_params": n_params,
                "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
                "fingerprint_info": runs["a"]["fingerprint_info"],
                "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},

@@ -7,11 +7,11 @@ from typing import Optional
 
 import torch
 
-from ..files import atomic_write_json, prepare_out_dir
+from ..files import atomic_write_json, locked_out_dir, prepare_out_dir, remove_stale
 from ..lm import ByteData, load_corpus
 from .errors import CheckError
 from .launch import Launcher
-from .report import load_record, merge_restart, report
+from .report import STALE, load_record, merge_restart, report
 from .train import build_model, train_run
 
 DDP_BUCKET_CAP_MB = 25.0  # set explicitly; it changes DDP's bucket layout (speed), never the bits (elementwise fold)
@@ -49,10 +49,20 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
         CheckError: bad ``stop_at``, a global batch not divisible by ``nproc``, too few GPUs, unwritable output,
             or a failed run (one-line message).
     """
-    ddp = nproc is not None
-    if ddp:
+    if nproc is not None:
         _check_nproc(spec, nproc)
+    if not 0 < stop_at < spec["steps"]:
+        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
     out_dir = prepare_out_dir(out_dir)
+    with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
+        return _run_check(spec, out_dir, stop_at=stop_at, native=native, progress=progress, print_fn=print_fn,
+                          nproc=nproc)
+
+
+def _run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress: bool, print_fn,
+               nproc: Optional[int]) -> int:
+    """:func:`run_check` in its locked output directory."""
+    ddp = nproc is not None
     corpus, source = load_corpus(spec["data"], spec["data_bytes"])
     data = ByteData(corpus, spec["seq_len"])
     spec = dict(spec, data_sha256=data.sha256)
@@ -60,8 +70,7 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
         spec = dict(spec, nproc=nproc, ddp={"bucket_cap_mb": DDP_BUCKET_CAP_MB, "hook": "ordered_allreduce_hook",
                                             "backend": "nccl" if torch.device(spec["device"]).type == "cuda"
                                             else "gloo"})
-    if not 0 < stop_at < spec["steps"]:
-        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
     runs_dir = os.path.join(out_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
     spec_path = os.path.join(runs_dir, "spec.json")

@@ -18,11 +18,11 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..files import atomic_write_json, prepare_out_dir
+from ..files import atomic_write_json, locked_out_dir, prepare_out_dir, remove_stale
 from ..lm import ByteData, load_corpus
 from .errors import CheckError
 from .launch import Launcher, child_threads
-from .report import _print_table, compare_runs, load_record, merge_restart, write_report
+from .report import STALE, _print_table, compare_runs, diverged_verdict, first_nonfinite, load_record, merge_restart, write_report
 from .train import build_model
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
@@ -126,9 +126,18 @@ def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
     out_dir = prepare_out_dir(out_dir)
+    with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
+        return _run_split_check(spec, out_dir, splits=splits, block=block, stop_at=stop_at, accumulate=accumulate,
+                                progress=progress, print_fn=print_fn)
+
+
+def _run_split_check(spec: dict, out_dir: str, *, splits: List[Tuple[int, int]], block: int, stop_at: int,
+                     accumulate: str, progress: bool, print_fn: Callable) -> int:
+    """:func:`run_split_check` in its locked output directory."""
     corpus, source = load_corpus(spec["data"], spec["data_bytes"])
     data = ByteData(corpus, spec["seq_len"])
     spec = dict(spec, data_sha256=data.sha256)
+    remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
     threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))
     runs_dir = os.path.join(out_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
@@ -172,7 +181,9 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
     ref = label(splits[0])
     comparisons = {f"{lab}_vs_{ref}": compare_runs(runs[ref], rec) for lab, rec in runs.items() if lab != ref}
     ranks_agree = all(rec.get("ranks_agree", True) for rec in runs.values())
-    ok = all(c["identical"] for c in comparisons.values()) and ranks_agree
+    invariant = all(c["identical"] for c in comparisons.values()) and ranks_agree
+    diverged = first_nonfinite(runs, list(runs))
+    ok = invariant and diverged is None
     first = _first_difference(comparisons)
     _print_table(runs, stop_at, print_fn)
     for key, cmp in comparisons.items():
@@ -191,8 +202,13 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step (per rank: {per_rank}), "
                  f"val loss {float.fromhex(rec['val_loss']):.4f}")
     n_steps = len(runs[ref]["steps"])
-    verdict = "SPLIT-INVARIANT" if ok else "NOT SPLIT-INVARIANT"
-    if ok:
+    verdict = "SPLIT-INVARIANT" if invariant else "NOT SPLIT-INVARIANT"
+    if diverged is not None:
+        verdict = diverged_verdict(diverged)
+        print_fn(f"verdict: {verdict}: the loss of run {diverged['run']} is {diverged['loss']} (not finite): the "
+                 f"training diverged (--lr {spec.get('lr')}); the runs are "
+                 f"{'identical' if invariant else 'different'}")
+    elif ok:
         print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and parameter digests after "
                  f"every step identical across the splits {', '.join(label(s) for s in splits)} and the replay of "
                  f"{label(replay)} (restart at step {stop_at}), every rank agreeing")
@@ -204,7 +220,7 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
     else:
         print_fn(f"verdict: {verdict}: the ranks of a run disagree")
     summary = {
-        "verdict": verdict, "ok": ok, "mode": "split-invariance", "spec": spec, "data_source": source,
+        "verdict": verdict, "ok": ok, "split_invariant": invariant, "diverged": diverged, "mode": "split-invariance", "spec": spec, "data_source": source,
         "n_params": n_params, "stop_at": stop_at, "wall_s": wall, "threads": threads, "block": block,
         "accumulate": accumulate, "splits": [{"label": label(s), "ranks": s[0], "accum": s[1]} for s in splits],
         "reference": ref, "replay": {"split": label(replay), "stop_at": stop_at}, "ranks_agree": ranks_agree,
