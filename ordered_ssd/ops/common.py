@@ -9,6 +9,8 @@ from typing import Optional
 
 import torch
 
+from .._checks import check_tensor
+
 __all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "not_supported", "autocast_dtype"]
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
@@ -25,8 +27,7 @@ def require_cuda(name: str, t) -> None:
     Raises:
         TypeError: ``t`` is not a tensor. ValueError: it is not on a CUDA device (the message names ``name``).
     """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    check_tensor(name, t)
     if t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (the ordered CUDA path), got device {t.device}")
 
