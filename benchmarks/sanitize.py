@@ -3,9 +3,10 @@
 Every case builds an ``OrderedMamba2`` (fixed seed), runs one training step (forward, backward with a fixed output
 gradient) and synchronises, so that every kernel of the ordered CUDA path and every code path runs at least once:
 partial last chunk, ``L < d_conv``, ``L = 1``, ``ngroups > 1``, ``D_has_hdim``, ``rmsnorm=False``, ``seq_idx``,
-fp16 / bf16 / fp32, the literal mode, ``use_mem_eff_path=False``, the gated MLP and the projection biases. One
-more case, ``conv-channel-last-fwd``, calls causal-conv1d's channel-last forward alone through its binding: the
-smallest reproducer of the one ``initcheck`` finding (see ``docs/guarantees.md``).
+fp16 / bf16 / fp32, the literal mode, ``use_mem_eff_path=False``, the gated MLP and the projection biases. Three
+more cases (:data:`PROBES`) run no layer: causal-conv1d's channel-last forward alone (on a ``randn`` input and on
+the output of a cuBLAS GEMM) and a cuBLAS GEMM followed by a torch elementwise kernel: the smallest reproducers of
+``initcheck``'s findings (see ``docs/guarantees.md``).
 
     python benchmarks/sanitize.py --list
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \\
@@ -83,12 +84,36 @@ def run_conv_channel_last_fwd() -> None:
     torch.cuda.synchronize()
 
 
+def run_matmul_then_add() -> None:
+    """No ordered-ssd code: ``c = a @ b`` (cuBLAS, bf16) then ``c + 1`` (a torch elementwise kernel reads ``c``)."""
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    (a @ a + 1).sum()
+    torch.cuda.synchronize()
+
+
+def run_conv_after_matmul() -> None:
+    """causal-conv1d's channel-last forward on an input written by a cuBLAS GEMM (as ``in_proj`` writes xBC)."""
+    import csrc_bindings
+
+    a = torch.randn(80, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    x = (a @ b).reshape(2, 40, 96).transpose(1, 2)  # [B, D, L], channel-last
+    weight = torch.randn(96, 4, device="cuda", dtype=torch.bfloat16)
+    csrc_bindings.launch_causal_conv1d_fwd(x, weight, None, silu_activation=True)
+    torch.cuda.synchronize()
+
+
+#: the cases without a layer: the smallest reproducers of ``initcheck``'s findings
+PROBES = {"conv-channel-last-fwd": run_conv_channel_last_fwd, "matmul-then-add": run_matmul_then_add,
+          "conv-after-matmul": run_conv_after_matmul}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", help="run only this case (repeatable; default: every case)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     args = ap.parse_args(argv)
-    names = [*CASES, "conv-channel-last-fwd"]
+    names = [*CASES, *PROBES]
     if args.list:
         print("\n".join(names))
         return 0
@@ -99,8 +124,8 @@ def main(argv=None) -> int:
         if name not in names:
             print(f"sanitize: --case: expected one of {names}, got {name!r}", file=sys.stderr)
             return 2
-        if name == "conv-channel-last-fwd":
-            run_conv_channel_last_fwd()
+        if name in PROBES:
+            PROBES[name]()
         else:
             run_layer_case(name)
         print(f"sanitize: {name} ran", flush=True)
