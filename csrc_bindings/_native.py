@@ -168,6 +168,20 @@ def native_conv():
     return _load_once("conv", _load_conv)
 
 
+def mamba2_class():
+    """mamba-ssm's ``Mamba2`` module class (``mamba_ssm.modules.mamba2.Mamba2``), imported and version-checked at
+    first use (for :func:`ordered_ssd.convert_to_mamba2`).
+
+    Raises:
+        ImportError: mamba-ssm is not installed. RuntimeError: another mamba-ssm version.
+    """
+    def load():
+        module = _import_extra("mamba_ssm.modules.mamba2", "mamba-ssm")
+        _check_version("mamba_ssm", module)
+        return module.Mamba2
+    return _load_once("mamba2_class", load)
+
+
 def _checked(cache: dict, name: str, check):
     """``cache[name]``, computed by ``check()`` (thread-safe) the first time."""
     got = cache.get(name)

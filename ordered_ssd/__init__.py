@@ -12,6 +12,8 @@ Layout (each layer rests on the ones below it):
   depend on, digests of them, the rank-ordered data-parallel reduction;
 * :mod:`ordered_ssd.accumulate` -- :class:`TreeGradAccumulator`, the split-invariant gradient accumulation
   (the same bits for every split of a global batch over ranks and accumulation steps);
+* :mod:`ordered_ssd.convert` -- :func:`convert_to_ordered` / :func:`convert_to_mamba2`: swap a model's
+  mamba-ssm ``Mamba2`` layers for ``OrderedMamba2`` in place, and back;
 * :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
 
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
@@ -22,6 +24,7 @@ from .modules import GatedRMSNorm, OrderedMamba2
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
+from .convert import convert_to_mamba2, convert_to_ordered
 from ._version import __version__
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "accumulation_dtype",
     "TreeGradAccumulator",
     "tree_sum",
+    "convert_to_ordered",
+    "convert_to_mamba2",
     "digest",
     "__version__",
 ]
