@@ -18,25 +18,30 @@ __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BACKENDS = (None, "cuda", "reference")
 _cuda_status = None
 
 
-def cuda_path_available():
-    """``(True, "")`` if the ordered CUDA path can run here (a CUDA device, triton, mamba-ssm 2.3.2.post1 and
-    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once per process."""
+def _cuda_path_status():
     global _cuda_status
     if _cuda_status is None:
         if not torch.cuda.is_available():
-            _cuda_status = (False, "no CUDA device")
+            _cuda_status = (False, "no CUDA device", RuntimeError)
         else:
             try:
                 import csrc_bindings
 
                 csrc_bindings.check_native()
-                _cuda_status = (True, "")
+                _cuda_status = (True, "", None)
             except (ImportError, RuntimeError) as e:
-                _cuda_status = (False, str(e))
+                _cuda_status = (False, str(e), type(e))
     return _cuda_status
+
+
+def cuda_path_available():
+    """``(True, "")`` if the ordered CUDA path can run here (a CUDA device, triton, mamba-ssm 2.3.2.post1 and
+    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once per process."""
+    return _cuda_path_status()[:2]
 
 
 class GatedRMSNorm(nn.Module):
@@ -87,10 +92,12 @@ class OrderedMamba2(nn.Module):
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
     same inputs give the same bits, and the partial of an example does not depend on the rest of
     the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
-    Compute path (:meth:`backend_for`): ``"cuda"``, on CUDA with the native extras installed:
-    mamba-ssm's Triton SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations
-    (:mod:`ordered_ssd.ops`); ``"reference"`` elsewhere (CPU, fp64, or CUDA without the extras): the
-    pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run
+    Compute path (:meth:`backend_for`): ``"cuda"`` for CUDA inputs of dtype fp32/bf16/fp16: mamba-ssm's Triton
+    SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations (:mod:`ordered_ssd.ops`);
+    ``"reference"`` for CPU and fp64 inputs: the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64
+    only). Never a silent fallback: on CUDA without the native extras (or with other versions) the forward raises
+    ``ImportError`` / ``RuntimeError`` with the reason and the install command, unless ``layer.backend =
+    "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above). Set ``layer.literal = True`` to run
     the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
     """
 
@@ -207,6 +214,7 @@ class OrderedMamba2(nn.Module):
 
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
+        self.backend = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -282,11 +290,31 @@ class OrderedMamba2(nn.Module):
         return out
 
     def backend_for(self, u: torch.Tensor) -> str:
-        """``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 when
-        :func:`cuda_path_available`, else ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
-        if u.device.type == "cuda" and u.dtype != torch.float64 and cuda_path_available()[0]:
-            return "cuda"
-        return "reference"
+        """The compute path for input ``u``: ``layer.backend`` when set (``"cuda"`` or ``"reference"``), else
+        ``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 and
+        ``"reference"`` for CPU or fp64 tensors.
+
+        Raises:
+            ValueError: ``layer.backend`` is not None, ``"cuda"`` or ``"reference"``; ``"cuda"`` for a non-CUDA
+                ``u``.
+            ImportError / RuntimeError: ``"cuda"`` chosen (or asked for) but the CUDA path cannot run here (no
+                CUDA device, mamba-ssm / causal-conv1d / triton missing or of other versions): the message gives
+                the reason, the install command, and ``layer.backend = "reference"`` as the explicit way out.
+        """
+        backend = self.backend
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend: expected None, 'cuda' or 'reference', got {backend!r}")
+        if backend is None:
+            backend = "cuda" if u.device.type == "cuda" and u.dtype != torch.float64 else "reference"
+        if backend == "cuda":
+            if u.device.type != "cuda":
+                raise ValueError(f"backend: 'cuda' needs u on a CUDA device, got u on {u.device}")
+            ok, why, exc = _cuda_path_status()
+            if not ok:
+                raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why}. Install the native "
+                          "extras as the README's GPU section says, or set layer.backend = 'reference' to run the "
+                          "pure-PyTorch reference (fp32/fp64, slow) on this device.")
+        return backend
 
     def _forward_cuda(self, u, seq_idx):
         from einops import rearrange

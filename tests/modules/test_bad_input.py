@@ -89,3 +89,36 @@ def test_step_and_inference_cache_not_supported():
         layer.step(None, None, None)
     with pytest.raises(NotImplementedError, match="allocate_inference_cache"):
         layer.allocate_inference_cache(1, 8)
+
+
+def test_backend_attribute_is_validated_and_forces_the_path(monkeypatch):
+    layer = OrderedMamba2(d_model=16, d_state=8, headdim=8, chunk_size=8)
+    u = torch.randn(1, 4, 16)
+    layer.backend = "fast"
+    with pytest.raises(ValueError, match=r"backend: expected None, 'cuda' or 'reference', got 'fast'"):
+        layer(u)
+    layer.backend = "cuda"
+    with pytest.raises(ValueError, match=r"backend: 'cuda' needs u on a CUDA device, got u on cpu"):
+        layer(u)
+    layer.backend = "reference"
+    assert layer.backend_for(u) == "reference"
+
+
+def test_cuda_without_the_extras_raises_instead_of_falling_back(monkeypatch):
+    """A CUDA fp32/bf16/fp16 input never silently runs the reference: without the CUDA path the layer raises the
+    probe's own exception type with the reason (checked here with a stand-in probe and a stand-in CUDA tensor)."""
+    from ordered_ssd.modules import mamba2 as mod
+
+    layer = OrderedMamba2(d_model=16, d_state=8, headdim=8, chunk_size=8)
+    monkeypatch.setattr(mod, "_cuda_status", (False, "mamba_ssm is not installed", ImportError))
+
+    class FakeCuda:
+        device = torch.device("cuda")
+        dtype = torch.bfloat16
+
+    with pytest.raises(ImportError, match=r"cannot run here: mamba_ssm is not installed\. .*layer.backend = "
+                                          r"'reference'"):
+        layer.backend_for(FakeCuda())
+    layer.backend = "reference"
+    assert layer.backend_for(FakeCuda()) == "reference"
+    assert mod.cuda_path_available() == (False, "mamba_ssm is not installed")
