@@ -144,7 +144,7 @@ def main(argv=None):
         print(json.dumps({name: run_shape(name, 1)[0] for name in SHAPES}))
         return 0
     if not torch.cuda.is_available():
-        print("stress: needs a CUDA GPU with the native extras (pip install ordered-ssd[cuda])", file=sys.stderr)
+        print("stress: needs a CUDA GPU with the native extras (pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0)", file=sys.stderr)
         return 2
     steps, fresh = (100, 1) if args.short else (args.steps, args.fresh)
     os.makedirs(args.out, exist_ok=True)

@@ -43,7 +43,7 @@ def check_native(conv: bool = True) -> dict:
     """Import the native extras now and run the version + signature check; return the installed versions.
 
     Raises:
-        ImportError: an extra is missing (``pip install ordered-ssd[cuda]``).
+        ImportError: an extra is missing (``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``).
         RuntimeError: unsupported installed version or changed kernel signature (message names both versions).
     """
     from ._native import conv_op, kernel_jit, native, native_conv

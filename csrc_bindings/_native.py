@@ -21,7 +21,10 @@ import torch
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
-INSTALL_HINT = "pip install ordered-ssd[cuda]"
+#: The install command of the native extras (mamba-ssm needs torch at build time, hence no build isolation; a
+#: CUDA build of torch must be installed first; README, "Benchmark (GPU)").
+INSTALL_HINT = ("pip install --no-build-isolation mamba-ssm==" + SUPPORTED_VERSIONS["mamba_ssm"] + " causal-conv1d=="
+                + SUPPORTED_VERSIONS["causal_conv1d"])
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -39,8 +42,7 @@ def installed_version(dist: str) -> str | None:
 
 def _version_error(dist: str, installed: str | None) -> str:
     return (f"csrc_bindings supports {dist}=={SUPPORTED_VERSIONS[dist]} only, but {dist}=={installed} is installed. "
-            f"Install the supported version with `{INSTALL_HINT}` (it pins mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']}"
-            f" and causal-conv1d=={SUPPORTED_VERSIONS['causal_conv1d']}).")
+            f"Install the supported versions with `{INSTALL_HINT}` (after a CUDA build of torch).")
 
 
 def _check_version(dist: str, module) -> str:
@@ -151,7 +153,7 @@ def native():
     """The checked Triton side (triton, mamba-ssm); imported and version-checked once, at first use.
 
     Raises:
-        ImportError: triton or mamba-ssm is not installed (message names ``pip install ordered-ssd[cuda]``).
+        ImportError: triton or mamba-ssm is not installed (message names ``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``).
         RuntimeError: the installed mamba-ssm is not the supported version (message names installed and supported
             versions).
     """

@@ -20,7 +20,7 @@ parameter is a lexical fp32 fold over per-(example, chunk, tile) partials, cast 
 same backward by launching the kernels once per example (a batch of one) and concatenating the partials before the
 same folds; it gives the same bits (tested on the GPU). The Functions are once-differentiable (their backward calls
 native kernels): a double backward raises ``RuntimeError``. Scope: CUDA tensors with the native extras installed
-(``pip install ordered-ssd[cuda]``), else ``ImportError`` at the first launch.
+(``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``), else ``ImportError`` at the first launch.
 """
 from __future__ import annotations
 

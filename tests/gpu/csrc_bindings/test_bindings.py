@@ -331,7 +331,7 @@ def test_version_mismatch_message(monkeypatch):
     with pytest.raises(RuntimeError) as ei:
         _native._check_version("mamba_ssm", SimpleNamespace(__version__="9.9.9"))
     msg = str(ei.value)
-    assert "9.9.9" in msg and "2.3.2.post1" in msg and "pip install ordered-ssd[cuda]" in msg
+    assert "9.9.9" in msg and "2.3.2.post1" in msg and "pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0" in msg
 
 
 def test_describe_launch_and_fingerprint():
