@@ -128,7 +128,7 @@ def check_conv_width(name: str, width: int) -> None:
 INT32_NUMEL = 2 ** 31
 
 
-def cuda_path_sizes(*, batch: int, seqlen: int, nheads: int, headdim: int, ngroups: int, dstate: int,
+def cuda_path_sizes(*, batch: int, seqlen: int, nheads: int, headdim: int, dstate: int,
                     chunk_size: int, zxbcdt_width: int = 0) -> dict:
     """Upper bounds on the element counts of the largest tensors the CUDA path indexes for a ``[B, L]`` input
     (from the sizes alone: nothing is allocated). Partials with a split or tile axis are bounded by their largest

@@ -81,7 +81,9 @@ class OrderedMamba2(nn.Module):
     Raises (at construction, before any parameter is allocated): ``TypeError`` / ``ValueError``
     naming the argument for non-int or non-positive sizes, ``d_ssm`` not a multiple of
     ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
-    ``dt_limit`` or ``A_init_range`` with min > max.
+    ``dt_limit`` or ``A_init_range`` with min > max (or NaN). Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
+    accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks it in :meth:`forward` (the constructor cannot
+    know where the layer will run).
 
     Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
@@ -299,7 +301,7 @@ class OrderedMamba2(nn.Module):
         2..4 (causal-conv1d's widths) and every tensor under 2**31 elements (the kernels' 32-bit offsets)."""
         _checks.check_conv_width("d_conv", self.d_conv)
         _checks.check_cuda_path_sizes(batch=batch, seqlen=seqlen, nheads=self.nheads, headdim=self.headdim,
-                                      ngroups=self.ngroups, dstate=self.d_state, chunk_size=self.chunk_size,
+                                      dstate=self.d_state, chunk_size=self.chunk_size,
                                       zxbcdt_width=self.in_proj.weight.shape[0])
 
     def _forward_cuda(self, u, seq_idx):

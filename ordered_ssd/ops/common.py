@@ -99,7 +99,7 @@ def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias
     if B.dim() != 4 or tuple(B.shape[:2]) != (Bsz, L) or B.shape[2] < 1 or H % B.shape[2]:
         raise ValueError(f"B: expected shape [B, L, G, N] = ({Bsz}, {L}, G, N) with G dividing H = {H}, "
                          f"got {tuple(B.shape)}")
-    G, N = B.shape[2], B.shape[3]
+    N = B.shape[3]
     _checks.check_float("C", C, CUDA_DTYPES)
     _checks.check_shape("C", C, B.shape, "[B, L, G, N] (that of B)")
     if D is not None:
@@ -108,7 +108,7 @@ def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias
     _optional("dt_bias", dt_bias, (H,), "[H]")
     _checks.check_same_device("x", x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
     _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=x.device)
-    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, ngroups=G, dstate=N,
+    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, dstate=N,
                                   chunk_size=chunk_size)
 
 
@@ -168,7 +168,7 @@ def check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A,
                               dt_bias=dt_bias, A=A, D=D, seq_idx=seq_idx, rmsnorm_weight=rmsnorm_weight,
                               outproj_weight=outproj_weight, outproj_bias=outproj_bias)
     _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=zxbcdt.device)
-    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, ngroups=ngroups, dstate=N,
+    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, dstate=N,
                                   chunk_size=chunk_size, zxbcdt_width=width)
 
 

@@ -24,7 +24,7 @@ def read_checkpoint(path: str) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckError(f"checkpoint {path}: expected a checkpoint file, got no such file") from None
-    except Exception as e:  # torch.load raises RuntimeError, UnpicklingError, EOFError, ... for a bad file
+    except Exception as e:  # noqa: BLE001 -- a bad file gives RuntimeError, UnpicklingError, EOFError, ...
         first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
         raise CheckError(f"checkpoint {path}: expected a torch.save file that loads with weights_only=True, got one "
                          f"that does not (corrupt or truncated?): {type(e).__name__}: {first}") from None
