@@ -93,22 +93,31 @@ def test_pinned_config_that_does_not_fit_the_device():
     _raises(ValueError, r"(?i)shared memory", step)
 
 
-def test_chunk_size_not_a_power_of_two_runs_and_matches_the_reference():
-    """Documented non-error: the kernels take chunk_size as a runtime argument and mask the last tile, so 48 works;
-    fp32 CUDA against the fp64 reference of the same layer on the CPU."""
-    layer = _layer(torch.float32, chunk_size=48)
-    assert layer.backend_for(torch.empty(1, device="cuda")) == "cuda"
-    g = torch.Generator(device="cuda").manual_seed(1)
-    u = torch.randn(2, 200, 256, device="cuda", generator=g)
-    dout = torch.randn(2, 200, 256, device="cuda", generator=g)
+def _grads_cuda(chunk_size, u, dout):
+    layer = _layer(torch.float32, chunk_size=chunk_size)
+    assert layer.backend_for(u) == "cuda"
     x = u.clone().requires_grad_(True)
     out = layer(x)
     out.backward(dout)
+    res = {"out": out.detach(), "u": x.grad}
+    res.update({n: p.grad for n, p in layer.named_parameters()})
+    return {k: v.double().cpu() for k, v in res.items()}
+
+
+def test_chunk_size_not_a_power_of_two_runs_and_matches_the_reference():
+    """Documented non-error: the kernels take chunk_size as a runtime argument and mask the last tile, so 48 works.
+    Its error against the fp64 reference (on the CPU, same parameters) is within twice that of chunk size 64 (the
+    Triton dots of fp32 inputs use TF32, so a fixed tolerance would be loose)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u = torch.randn(2, 200, 256, device="cuda", generator=g)
+    dout = torch.randn(2, 200, 256, device="cuda", generator=g)
     ref_layer = _layer(torch.float32, chunk_size=48).to("cpu", torch.float64)
     xr = u.detach().cpu().double().requires_grad_(True)
     out_r = ref_layer(xr)
     out_r.backward(dout.cpu().double())
-    assert rel_err(out.detach().double().cpu(), out_r.detach()) < 1e-4
-    assert rel_err(x.grad.double().cpu(), xr.grad) < 1e-4
-    for (name, p), (_, pr) in zip(layer.named_parameters(), ref_layer.named_parameters()):
-        assert rel_err(p.grad.double().cpu(), pr.grad) < 1e-3, name
+    ref = {"out": out_r.detach(), "u": xr.grad}
+    ref.update({n: p.grad for n, p in ref_layer.named_parameters()})
+    got48, got64 = _grads_cuda(48, u, dout), _grads_cuda(64, u, dout)
+    for name, r in ref.items():
+        e48, e64 = rel_err(got48[name], r), rel_err(got64[name], r)
+        assert e48 <= 2 * e64 + 1e-5, (name, e48, e64)
