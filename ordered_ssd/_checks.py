@@ -65,13 +65,13 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         raise ValueError(f"u: expected last dimension d_model={d_model}, got shape {tuple(u.shape)}")
     if Bsz < 1 or L < 1:
         raise ValueError(f"u: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
+    if u.device != device:  # first: the dtypes allowed depend on the device
+        raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")
     if u.dtype not in allowed_dtypes:
         names = ", ".join(str(t) for t in allowed_dtypes)
         raise TypeError(f"u: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:
         raise TypeError(f"u: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
-    if u.device != device:
-        raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")
 
 
 def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, device: torch.device) -> None:
@@ -87,3 +87,74 @@ def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, d
         raise ValueError(f"seq_idx: expected device {device}, got {seq_idx.device}")
     if seqlen > 1 and bool((seq_idx[:, 1:] < seq_idx[:, :-1]).any()):
         raise ValueError("seq_idx: expected non-decreasing ids along L (packed sequences), got a decrease")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], dims: str) -> None:
+    """``t.shape == expected``, else ``ValueError("x: expected shape [B, L, H, P] = (2, 8, 4, 16), got (2, 8, 4)")``."""
+    got, want = tuple(t.shape), tuple(int(v) for v in expected)
+    if got != want:
+        raise ValueError(f"{name}: expected shape {dims} = {want}, got {got}")
+
+
+def check_float(name: str, t, allowed: Sequence[torch.dtype]) -> torch.Tensor:
+    """``t`` is a tensor whose dtype is one of ``allowed`` (TypeError otherwise)."""
+    check_tensor(name, t)
+    if t.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{name}: expected dtype in ({names}), got {t.dtype}")
+    return t
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, **tensors) -> None:
+    """Every tensor of ``tensors`` that is not None is on ``ref``'s device (ValueError naming the first that is not)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name}: expected device {ref.device} (that of {ref_name}), got {t.device}")
+
+
+#: Conv widths causal-conv1d 1.7.0's CUDA kernels are compiled for (the CUDA path's ``d_conv``).
+CONV_WIDTHS = (2, 3, 4)
+
+
+def check_conv_width(name: str, width: int) -> None:
+    """``width`` in :data:`CONV_WIDTHS` (ValueError otherwise): causal-conv1d has kernels for widths 2..4 only."""
+    if width not in CONV_WIDTHS:
+        raise ValueError(f"{name}: expected 2, 3 or 4 on the CUDA path (causal-conv1d's kernel widths), got {width}")
+
+
+#: The CUDA path's kernels compute element offsets in 32-bit integers (the Triton kernels of mamba-ssm 2.3.2.post1
+#: multiply ``tl.program_id`` (int32) by int32 strides; causal-conv1d 1.7.0 indexes with 32-bit ``index_t``), so
+#: every tensor they index must have fewer than ``2**31`` elements.
+INT32_NUMEL = 2 ** 31
+
+
+def cuda_path_sizes(*, batch: int, seqlen: int, nheads: int, headdim: int, dstate: int,
+                    chunk_size: int, zxbcdt_width: int = 0) -> dict:
+    """Upper bounds on the element counts of the largest tensors the CUDA path indexes for a ``[B, L]`` input
+    (from the sizes alone: nothing is allocated). Partials with a split or tile axis are bounded by their largest
+    partition (one split per head, one tile per position), so the bounds are conservative.
+
+    Returns ``{description: numel}``."""
+    nchunks = -(-seqlen // chunk_size)
+    padded = nchunks * chunk_size
+    sizes = {
+        "x / dx [B, L, H, P]": batch * seqlen * nheads * headdim,
+        "states [B, C, H, P, N]": batch * nchunks * nheads * headdim * dstate,
+        "dB / dC partials [B, L, H, N]": batch * seqlen * nheads * dstate,
+        "dCB partials [B, C, H, cs, cs]": batch * padded * nheads * chunk_size,
+        "dt partials [B, H, C, cs, P]": batch * nheads * padded * headdim,
+    }
+    if zxbcdt_width:
+        sizes["zxbcdt [B, L, d_in_proj]"] = batch * seqlen * zxbcdt_width
+    return sizes
+
+
+def check_cuda_path_sizes(**dims) -> None:
+    """Raise ValueError if a tensor of :func:`cuda_path_sizes` reaches :data:`INT32_NUMEL` elements (the limit of
+    the kernels' 32-bit offsets), naming the tensor, the shape and the limit. Checked from the sizes alone, before
+    anything is allocated or launched."""
+    for what, numel in cuda_path_sizes(**dims).items():
+        if numel >= INT32_NUMEL:
+            raise ValueError(f"B={dims['batch']}, L={dims['seqlen']}: expected fewer than 2**31 elements in every "
+                             f"tensor of the CUDA path (its kernels use 32-bit offsets), got {numel} in {what}; "
+                             f"split the batch or the sequence")

@@ -86,7 +86,9 @@ class OrderedMamba2(nn.Module):
     Raises (at construction, before any parameter is allocated): ``TypeError`` / ``ValueError``
     naming the argument for non-int or non-positive sizes, ``d_ssm`` not a multiple of
     ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
-    ``dt_limit`` or ``A_init_range`` with min > max.
+    ``dt_limit`` or ``A_init_range`` with min > max (or NaN). Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
+    accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks it in :meth:`forward` (the constructor cannot
+    know where the layer will run).
 
     Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
@@ -255,7 +257,12 @@ class OrderedMamba2(nn.Module):
 
         Raises:
             TypeError / ValueError (naming the argument) for a wrong type, rank, shape, dtype or
-            device, before any computation. NaN or inf in ``u`` are not checked; they propagate.
+            device, before any computation; on the CUDA path also ValueError for ``d_conv`` outside 2..4
+            (causal-conv1d's kernels; the reference path takes any width) or an input so large that a tensor of
+            the path would reach 2**31 elements (the kernels' 32-bit offsets;
+            :func:`ordered_ssd._checks.cuda_path_sizes`). The path is never switched to work around either.
+            NaN or inf in ``u`` or in a parameter are not checked; they propagate (per example for ``u``:
+            ``docs/guarantees.md``).
         """
         if inference_params is not None:
             raise NotImplementedError("OrderedMamba2.forward: inference_params (decoding with a state cache) "
@@ -280,6 +287,7 @@ class OrderedMamba2(nn.Module):
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
         if backend == "cuda":
+            self._check_cuda_path(Bsz, L)
             out = self._forward_cuda(u, seq_idx)
         else:
             params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
@@ -315,6 +323,14 @@ class OrderedMamba2(nn.Module):
                           "extras as the README's GPU section says, or set layer.backend = 'reference' to run the "
                           "pure-PyTorch reference (fp32/fp64, slow) on this device.")
         return backend
+
+    def _check_cuda_path(self, batch: int, seqlen: int) -> None:
+        """What the CUDA path needs beyond what the reference accepts, checked before any kernel: ``d_conv`` in
+        2..4 (causal-conv1d's widths) and every tensor under 2**31 elements (the kernels' 32-bit offsets)."""
+        _checks.check_conv_width("d_conv", self.d_conv)
+        _checks.check_cuda_path_sizes(batch=batch, seqlen=seqlen, nheads=self.nheads, headdim=self.headdim,
+                                      dstate=self.d_state, chunk_size=self.chunk_size,
+                                      zxbcdt_width=self.in_proj.weight.shape[0])
 
     def _forward_cuda(self, u, seq_idx):
         from einops import rearrange

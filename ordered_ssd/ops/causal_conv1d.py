@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 import csrc_bindings
 
 from ..fold import fold_dims
-from .common import custom_bwd, custom_fwd, require_cuda
+from .common import check_causal_conv1d_args, custom_bwd, custom_fwd, require_cuda
 
 __all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "OrderedCausalConv1dFunction",
            "ordered_causal_conv1d"]
@@ -75,11 +75,13 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
         [B, D, L], the dtype of ``x``.
 
     Raises:
-        TypeError: ``x`` is not a tensor. ValueError: ``x`` not on CUDA; an unknown ``activation``; shapes the
-        kernels reject (from :mod:`csrc_bindings`, naming the argument).
+        TypeError: a non-tensor or a dtype outside fp32/fp16/bf16. ValueError: a wrong shape, W outside 2..4, mixed
+        devices, ``x`` of 2**31 elements or more (:func:`~ordered_ssd.ops.common.check_causal_conv1d_args`), then
+        ``x`` not on CUDA, an unknown ``activation``; all before any kernel.
 
     Determinism: ``dweight``/``dbias`` are fp32 folds of per-example partials in example order.
     """
+    check_causal_conv1d_args(x, weight, bias, seq_idx)
     require_cuda("x", x)
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")

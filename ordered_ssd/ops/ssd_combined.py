@@ -35,7 +35,8 @@ import csrc_bindings
 
 from ..fold import fold_dims, lexical_cumsum, rmsnorm_rows_per_program
 from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .common import NO_LIMIT, custom_bwd, custom_fwd, not_supported, require_cuda
+from .common import (NO_LIMIT, check_chunk_scan_args, check_split_conv1d_scan_args, custom_bwd, custom_fwd,
+                     not_supported, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 
@@ -442,10 +443,15 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
     Raises:
         NotImplementedError: ``initial_states``, ``cu_seqlens``, ``return_final_states``,
             ``return_varlen_states`` (not supported yet).
-        ValueError: non-CUDA tensors or shapes the kernels do not accept.
+        TypeError / ValueError (:func:`~ordered_ssd.ops.common.check_chunk_scan_args`, before any kernel): a
+            non-tensor, a dtype outside fp32/fp16/bf16, a wrong rank, shape or device (all tensors on x's device),
+            ``chunk_size`` not an int >= 1 (any such int: the kernels mask the last chunk tile, so no power of two is
+            needed), a tensor of the CUDA path reaching 2**31 elements (32-bit offsets); then ValueError for
+            non-CUDA tensors. NaN/inf values are not checked: they propagate.
     """
     not_supported(initial_states=initial_states, cu_seqlens=cu_seqlens, return_final_states=return_final_states,
                   return_varlen_states=return_varlen_states)
+    check_chunk_scan_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
     require_cuda("x", x)
     return OrderedMambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus,
                                                  tuple(dt_limit), literal)
@@ -470,14 +476,16 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
 
     Raises:
         NotImplementedError: ``initial_states`` / ``return_final_states``.
-        ValueError: ``D`` 1-d without ``headdim``; non-CUDA tensors; shapes the kernels reject.
+        TypeError / ValueError (:func:`~ordered_ssd.ops.common.check_split_conv1d_scan_args`, before any kernel):
+            a dtype outside fp32/fp16/bf16, ``D`` 1-d without ``headdim``, shapes that do not fit together, a conv
+            width outside 2..4, ``chunk_size`` not an int >= 1, mixed devices, a tensor of the CUDA path reaching
+            2**31 elements; then ValueError for non-CUDA tensors. NaN/inf values are not checked: they propagate.
     """
     not_supported(initial_states=initial_states, return_final_states=return_final_states)
+    check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx,
+                                 rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
+                                 outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups)
     require_cuda("zxbcdt", zxbcdt)
-    if outproj_bias is not None and outproj_weight is None:
-        raise ValueError("outproj_bias: expected None when outproj_weight is None, got a tensor")
-    if D.dim() == 1 and headdim is None:
-        raise ValueError("headdim: required when D is 1-d ([H]), got None")
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return OrderedMambaSplitConv1dScanCombinedFn.apply(
         zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, tuple(dt_limit), activation,

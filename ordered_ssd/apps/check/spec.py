@@ -55,7 +55,8 @@ def spec_from_args(args) -> dict:
         raise DataError(f"--ngroups: expected a divisor of the number of heads "
                         f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
     if args.data is not None and not os.path.exists(args.data):
-        raise DataError(f"--data: no such file or directory: {args.data}")
+        raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
+                        f"directory)")
     if args.native and device.type != "cuda":
         raise DataError("--native: the native Mamba2 control needs a CUDA device (and mamba-ssm)")
     nproc = getattr(args, "nproc", None)
