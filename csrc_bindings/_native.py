@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._resources import fit_launch, layer_sizes
+from ._resources import fit_launch, layer_sizes, out_of_resources
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
@@ -249,7 +249,15 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
     pos = tuple(full[n] for n in names)
+    config = cfg.as_dict()
+
+    def sizes():
+        return layer_sizes(full, dict(cfg.meta))
     with device_guard(ref):
-        stages = fit_launch(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit",
-                            sizes=lambda: layer_sizes(full, dict(cfg.meta)))
-        jit[grid](*pos, num_warps=cfg.num_warps, num_stages=stages)
+        stages = fit_launch(name, jit, grid, pos, {}, config, ref, explicit=cfg.source == "explicit", sizes=sizes)
+        try:
+            jit[grid](*pos, num_warps=cfg.num_warps, num_stages=stages)
+        except Exception as exc:
+            if type(exc).__name__ == "OutOfResources":  # raised by Triton before launching (e.g. registers)
+                raise out_of_resources(name, exc, {**config, "num_stages": stages}, ref, sizes) from exc
+            raise

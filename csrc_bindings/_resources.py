@@ -17,7 +17,7 @@ every launch, and by ordered-ssd's own fold kernel):
 * **The rule** ``fit-stages-v1`` (:func:`fit_stages`): a configuration that does not fit runs with the same block
   sizes and ``num_warps`` and ``num_stages`` lowered one at a time, down to 1; the first that fits is launched.
   ``num_stages`` only sets how many tiles the pipeliner loads ahead: the loop bodies, hence every sum, are the
-  same (checked bit for bit on the H200, ``tests/gpu/csrc_bindings/test_resources.py``). A configuration passed
+  same (compared bit for bit by the GPU test ``tests/gpu/csrc_bindings/test_resources.py``). A configuration passed
   explicitly by the caller is never changed. When nothing fits, ``ValueError`` names the kernel, the
   configuration, the bytes asked and the limit, and the layer sizes the kernel's block sizes come from
   (e.g. ``headdim=512``), before anything is launched.
@@ -112,14 +112,24 @@ def fit_stages(kernel: str, config: Mapping, asked: Callable[[int], int], limit:
                      f"No configuration of this kernel fits this shape on this device: use smaller layer sizes.")
 
 
-def _spec_key(v):
+def _spec_key(v, _int=int, _tensor=torch.Tensor):
     """What Triton specialises a launch argument on (dtype and 16-byte alignment of a tensor; an int's value when
-    it is 1, else whether it divides by 16; any other value itself)."""
-    if isinstance(v, torch.Tensor):
+    it is 1, else whether it divides by 16; any other value itself). Called for every argument of every launch."""
+    t = type(v)
+    if t is _int:
+        return 1 if v == 1 else ("d16" if v % 16 == 0 else "i")
+    if isinstance(v, _tensor):
         return (v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, bool) or not isinstance(v, int):
-        return v if v is None or isinstance(v, (bool, float, str)) else type(v).__name__
-    return 1 if v == 1 else ("d16" if v % 16 == 0 else "i")
+    return v if v is None or t in (bool, float, str) else t.__name__
+
+
+def out_of_resources(kernel: str, exc: Exception, config: Mapping, ref: torch.Tensor, sizes="") -> ValueError:
+    """The ``ValueError`` for Triton's ``OutOfResources`` raised at a launch (Triton raises it before launching):
+    the safety net behind :func:`fit_launch`, whose check should have caught it first."""
+    sizes = sizes() if callable(sizes) else sizes
+    where = f" (layer sizes: {sizes})" if sizes else ""
+    return ValueError(f"{kernel}: configuration {_describe(config)} does not fit "
+                      f"{torch.cuda.get_device_name(ref.device)}{where}: {exc}")
 
 
 def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Mapping, ref: torch.Tensor, *,
@@ -134,7 +144,7 @@ def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Map
     if not ref.is_cuda:
         return stages
     warps = int(config["num_warps"])
-    key = (kernel, tuple(config.items()), explicit, ref.device.index, tuple(_spec_key(a) for a in args),
+    key = (kernel, tuple(config.items()), explicit, ref.device.index, tuple(map(_spec_key, args)),
            tuple((k, _spec_key(v)) for k, v in kwargs.items()))
     got = _verdicts.get(key)
     if got is not None:
@@ -142,6 +152,8 @@ def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Map
 
     def asked(s: int) -> int:
         compiled = jit.warmup(*args, grid=grid, num_warps=warps, num_stages=s, **kwargs)
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
+            compiled = compiled.result()
         return int(compiled.metadata.shared)
 
     got = fit_stages(kernel, config, asked, shared_memory_limit(ref.device), sizes=sizes, explicit=explicit,

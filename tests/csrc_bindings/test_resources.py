@@ -137,3 +137,25 @@ def test_off_cuda_nothing_is_compiled():
     jit = FakeJit({})
     got = _resources.fit_launch("k", jit, (1,), (1,), {}, CONFIG, torch.empty(1))
     assert got == 3 and jit.warmups == []
+
+
+class OutOfResources(Exception):
+    """Stands for ``triton.runtime.errors.OutOfResources`` (matched by name, so triton is not imported)."""
+
+
+def test_triton_out_of_resources_at_the_launch_becomes_the_clear_error(monkeypatch, fake_cuda):
+    jit = FakeJit({2: 1000})
+
+    def refuse(grid):
+        def run(*args, num_warps, num_stages):
+            raise OutOfResources("out of resource: threads, Required: 512, Hardware limit: 256")
+        return run
+    monkeypatch.setattr(FakeJit, "__getitem__", lambda self, grid: refuse(grid))
+    monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
+    cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 16, 2, "table")
+    with pytest.raises(ValueError) as err:
+        _native.launch(SPEC, (1,), {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}, cfg, fake_cuda)
+    assert str(err.value) == (
+        "fake_kernel: configuration BLOCK_SIZE_M=64, num_warps=16, num_stages=2 does not fit Fake GPU (layer sizes: "
+        "headdim=512; BLOCK_SIZE_K=512): out of resource: threads, Required: 512, Hardware limit: 256")
+    assert isinstance(err.value.__cause__, OutOfResources)
