@@ -154,6 +154,8 @@ def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Map
         compiled = jit.warmup(*args, grid=grid, num_warps=warps, num_stages=s, **kwargs)
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode returns a future
             compiled = compiled.result()
+        if compiled is None:  # a user's jit_cache_hook skipped the compile: Triton's own check remains
+            return 0
         return int(compiled.metadata.shared)
 
     got = fit_stages(kernel, config, asked, shared_memory_limit(ref.device), sizes=sizes, explicit=explicit,
