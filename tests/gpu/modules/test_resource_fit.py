@@ -1,8 +1,10 @@
 """GPU: a layer of headdim 512 (d_model 1024, expand 2: 4 heads; d_state 128, chunk_size 256) runs on the H200.
 
-In fp32, ``chunk_state_bwd_db`` and ``chunk_scan_bwd_dC`` at their pinned configuration (rule ``mincost-v1``,
-3 stages) ask 262,400 bytes of shared memory per program, more than the H200's 232,448 (Triton raised
-``OutOfResources`` in the backward before ``fit-stages-v1``); the rule runs them at 2 stages (131,328 bytes).
+In fp32, ``chunk_state_bwd_db`` and ``chunk_scan_bwd_dC`` (262,400 bytes) and ``chunk_scan_bwd_dcb`` (262,144) at
+their pinned configuration (rule ``mincost-v1``, 3 stages) ask more shared memory per program than the H200's
+232,448 (compiled offline for sm_90 on the example problems; Triton raised ``OutOfResources`` in the backward
+before ``fit-stages-v1``); the rule runs them at 2 stages (about 131 KB). Only kernels that hold a whole
+``[*, headdim]`` tile (``BLOCK_SIZE_K = 512``) may be lowered, and only to 2 stages.
 In bf16 every kernel fits as pinned. Checked: the step runs, its outputs and gradients are finite, repeat bit for
 bit, and (fp32) match the fp64 reference.
 """
@@ -12,6 +14,8 @@ import torch
 from ordered_ssd import OrderedMamba2
 from tests.helpers import bits_equal, rel_err
 
+#: the kernels whose BLOCK_SIZE_K is next_pow2(headdim) (one [*, headdim] tile per pipeline buffer)
+WIDE_K = {"chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_ddAcs_stable"}
 SHAPE = {"d_model": 1024, "headdim": 512, "d_state": 128, "expand": 2, "chunk_size": 256}
 
 
@@ -42,9 +46,10 @@ def _inputs(dtype, B=2, L=512):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_headdim_512_layer_steps_and_repeats(dtype):
+def test_headdim_512_layer_steps_and_repeats(dtype, monkeypatch):
     from csrc_bindings import _resources
 
+    monkeypatch.setattr(_resources, "_verdicts", {})  # this test's launches only
     layer = _layer(dtype)
     assert layer.nheads == 4
     u, dout = _inputs(dtype)
@@ -58,7 +63,8 @@ def test_headdim_512_layer_steps_and_repeats(dtype):
     lowered = {key[0]: stages for key, stages in _resources._verdicts.items()
                if stages != dict(key[1])["num_stages"]}
     if dtype == torch.float32:
-        assert lowered.get("chunk_state_bwd_db") == 2 and lowered.get("chunk_scan_bwd_dC") == 2, lowered
+        assert lowered, "expected the headdim-wide kernels (262,400 bytes at 3 stages) to run at fewer stages"
+        assert set(lowered) <= WIDE_K and set(lowered.values()) == {2}, lowered
         ref_layer = OrderedMamba2(**SHAPE, device="cpu", dtype=torch.float64)
         ref_layer.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
         ref = _step(ref_layer, u.double().cpu(), dout.double().cpu())
