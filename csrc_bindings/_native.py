@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ._resources import fit_launch, layer_sizes, out_of_resources
+from ._resources import launch_fitting, layer_sizes
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
@@ -231,10 +231,10 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
     ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
     config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
     ``num_warps``/``num_stages`` from ``cfg``, under the device guard of ``ref``'s device. A missing or unexpected
-    name raises RuntimeError before launching. Before the launch, the compiled kernel's shared memory is checked
-    against the device's limit (:func:`csrc_bindings._resources.fit_launch`, rule ``fit-stages-v1``: fewer
-    ``num_stages`` if that fits, else ``ValueError`` naming the kernel, the configuration, the bytes, the limit and
-    the layer sizes; a configuration with ``source == "explicit"`` is never changed).
+    name raises RuntimeError before launching. A launch that Triton refuses for shared memory (before launching)
+    runs at fewer ``num_stages`` (:func:`csrc_bindings._resources.launch_fitting`, rule ``fit-stages-v1``), else
+    ``ValueError`` names the kernel, the configuration, the bytes, the limit and the layer sizes; a configuration
+    with ``source == "explicit"`` is never changed.
     """
     jit = kernel_jit(spec)
     name, names = spec.name, spec.arg_names
@@ -249,15 +249,8 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
     pos = tuple(full[n] for n in names)
-    config = cfg.as_dict()
 
     def sizes():
         return layer_sizes(full, dict(cfg.meta))
     with device_guard(ref):
-        stages = fit_launch(name, jit, grid, pos, {}, config, ref, explicit=cfg.source == "explicit", sizes=sizes)
-        try:
-            jit[grid](*pos, num_warps=cfg.num_warps, num_stages=stages)
-        except Exception as exc:
-            if type(exc).__name__ == "OutOfResources":  # raised by Triton before launching (e.g. registers)
-                raise out_of_resources(name, exc, {**config, "num_stages": stages}, ref, sizes) from exc
-            raise
+        launch_fitting(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit", sizes=sizes)

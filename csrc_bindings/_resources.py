@@ -1,29 +1,32 @@
-"""Shared memory: what a launch asks for, what the device allows, and the check before every launch.
+"""Shared memory: what a launch asks for, what the device allows, and the rule for what does not fit.
 
-A Triton kernel whose compiled form asks for more shared memory per program than the device allows raises
-``triton.runtime.errors.OutOfResources`` when it is first launched, after every kernel before it in the step has
-run. The launchers check first instead (:func:`fit_launch`, called by :func:`csrc_bindings._native.launch` before
-every launch, and by ordered-ssd's own fold kernel):
+A Triton kernel whose compiled form asks for more shared memory per program than the device allows is refused by
+Triton when it is launched: ``CompiledKernel`` compares its ``metadata.shared`` with the device's limit and raises
+``triton.runtime.errors.OutOfResources`` *before* launching. Left alone, that error ends the step after every
+kernel before it has run, with no hint of which layer size caused it. :func:`launch_fitting` (every launch of
+:func:`csrc_bindings._native.launch`, and ordered-ssd's own fold kernel) launches at the pinned configuration, and
+when Triton refuses it for shared memory (nothing of that kernel has run):
 
-* **The number asked** is read from the compiled kernel (``JITFunction.warmup`` compiles, or takes from Triton's
-  cache, exactly the kernel the launch would run, without launching it; ``CompiledKernel.metadata.shared`` is the
-  number Triton compares with the device limit). It is exact where an estimate from the block sizes is not: the
-  software pipeliner keeps ``num_stages`` buffers on sm_90 (wgmma) but ``num_stages - 1`` on sm_8x, pipelines
+* **The number asked** is read from the compiled kernel at each candidate stage count (``JITFunction.warmup``
+  compiles, or takes from Triton's cache, exactly the kernel a launch would run, without launching it;
+  ``metadata.shared`` is the number Triton compares). It is exact where an estimate from the block sizes is not:
+  the software pipeliner keeps ``num_stages`` buffers on sm_90 (wgmma) but ``num_stages - 1`` on sm_8x, pipelines
   only loads it can vectorise, and adds scratch for layout conversions. The verdict is cached per kernel,
-  configuration, device and specialisation (tensor dtypes and 16-byte alignment, integers equal to 1 or
-  divisible by 16, constexpr values: what Triton specialises on), so later launches pay one dictionary lookup.
+  configuration, device and specialisation (tensor dtypes and 16-byte alignment, integers equal to 1 or divisible
+  by 16, constexpr values: what Triton specialises on).
 * **The limit** is ``torch.cuda.get_device_properties(device).shared_memory_per_block_optin`` (the number Triton
   itself compares with), cached per device (:func:`shared_memory_limit`).
-* **The rule** ``fit-stages-v1`` (:func:`fit_stages`): a configuration that does not fit runs with the same block
-  sizes and ``num_warps`` and ``num_stages`` lowered one at a time, down to 1; the first that fits is launched.
-  ``num_stages`` only sets how many tiles the pipeliner loads ahead: the loop bodies, hence every sum, are the
-  same (compared bit for bit by the GPU test ``tests/gpu/csrc_bindings/test_resources.py``). A configuration passed
-  explicitly by the caller is never changed. When nothing fits, ``ValueError`` names the kernel, the
-  configuration, the bytes asked and the limit, and the layer sizes the kernel's block sizes come from
-  (e.g. ``headdim=512``), before anything is launched.
+* **The rule** ``fit-stages-v1`` (:func:`fit_stages`): the same block sizes and ``num_warps`` with ``num_stages``
+  lowered one at a time, down to 1; the first that fits is launched. ``num_stages`` only sets how many tiles the
+  pipeliner loads ahead: the loop bodies, hence every sum, are the same (compared bit for bit by the GPU test
+  ``tests/gpu/csrc_bindings/test_resources.py``). A configuration passed explicitly by the caller is never changed.
+  When nothing fits, ``ValueError`` names the kernel, the configuration, the bytes asked and the limit, and the
+  layer sizes the kernel's block sizes come from (e.g. ``headdim=512``); any other ``OutOfResources`` (threads,
+  from the registers a kernel needs) becomes a ``ValueError`` naming the same.
 
-The rule depends on the compiled kernel (so on the triton version, the GPU arch, the shapes and dtypes) and on the
-device limit only: the same on every run. Imports nothing native.
+A launch that fits costs nothing extra (one ``try``). The stage count launched depends on the compiled kernel (so on
+the triton version, the GPU arch, the shapes and dtypes) and on the device limit only: the same on every run.
+Imports nothing native.
 """
 from __future__ import annotations
 
@@ -124,8 +127,8 @@ def _spec_key(v, _int=int, _tensor=torch.Tensor):
 
 
 def out_of_resources(kernel: str, exc: Exception, config: Mapping, ref: torch.Tensor, sizes="") -> ValueError:
-    """The ``ValueError`` for Triton's ``OutOfResources`` raised at a launch (Triton raises it before launching):
-    the safety net behind :func:`fit_launch`, whose check should have caught it first."""
+    """The ``ValueError`` for a Triton ``OutOfResources`` that the rule does not handle (threads; or shared memory
+    that Triton refuses although :func:`fit_launch` found it to fit)."""
     sizes = sizes() if callable(sizes) else sizes
     where = f" (layer sizes: {sizes})" if sizes else ""
     return ValueError(f"{kernel}: configuration {_describe(config)} does not fit "
@@ -135,7 +138,8 @@ def out_of_resources(kernel: str, exc: Exception, config: Mapping, ref: torch.Te
 def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Mapping, ref: torch.Tensor, *,
                sizes="", explicit: bool = False) -> int:
     """The ``num_stages`` at which ``jit[grid](*args, **kwargs, num_warps=.., num_stages=..)`` fits ``ref``'s device
-    (:func:`fit_stages` on the compiled kernels' ``metadata.shared``); cached. Off CUDA: ``config["num_stages"]``.
+    (:func:`fit_stages` on the compiled kernels' ``metadata.shared``, compiled without launching); cached per
+    specialisation. Off CUDA: ``config["num_stages"]``.
 
     Raises:
         ValueError: as :func:`fit_stages`.
@@ -163,3 +167,37 @@ def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Map
     with _lock:
         _verdicts[key] = got
     return got
+
+
+def launch_fitting(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Mapping, ref: torch.Tensor, *,
+                   sizes="", explicit: bool = False) -> int:
+    """``jit[grid](*args, **kwargs, num_warps=.., num_stages=..)`` at ``config``; if Triton refuses it for shared
+    memory (before launching), at the stage count :func:`fit_launch` picks. Returns the stage count launched.
+
+    Args:
+        config: the configuration as a dict with ``num_warps`` and ``num_stages`` (for the message and the rule).
+        sizes: the layer sizes for a message (a string or a function returning one).
+        explicit: the caller passed the configuration: it is never changed.
+
+    Raises:
+        ValueError: nothing fits (as :func:`fit_stages`), or Triton refuses the launch for another resource or
+            despite the check (the message names the kernel, the configuration, the layer sizes and Triton's
+            numbers); nothing of this kernel has run.
+    """
+    warps, stages = int(config["num_warps"]), int(config["num_stages"])
+    try:
+        jit[grid](*args, **kwargs, num_warps=warps, num_stages=stages)
+        return stages
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfResources":
+            raise
+        if getattr(exc, "name", None) != "shared memory":
+            raise out_of_resources(kernel, exc, config, ref, sizes) from exc
+    fitted = fit_launch(kernel, jit, grid, args, kwargs, config, ref, sizes=sizes, explicit=explicit)
+    try:
+        jit[grid](*args, **kwargs, num_warps=warps, num_stages=fitted)
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfResources":
+            raise
+        raise out_of_resources(kernel, exc, {**config, "num_stages": fitted}, ref, sizes) from exc
+    return fitted

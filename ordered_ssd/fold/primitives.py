@@ -289,8 +289,8 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     :class:`LexicalFold` over the partials. A partial's bits depend on ``L`` and :data:`GEMM_FOLD_CONFIGS`
     only, not on ``E`` or on the other examples. The configuration is :func:`~ordered_ssd.fold.gemm_fold_config`
     for the device's shared memory (fewer pipeline stages on devices with less than the pinned one needs: the
-    same bits); a compiled kernel that still does not fit raises ``ValueError`` before the launch. Elsewhere each partial is one ``torch.mm`` in the accumulation
-    dtype, folded by :class:`LexicalFold`.
+    same bits); a compiled kernel that Triton still refuses raises ``ValueError`` before anything is launched.
+    Elsewhere each partial is one ``torch.mm`` in the accumulation dtype, folded by :class:`LexicalFold`.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -348,11 +348,10 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     consts = {"HAS_INIT": init is not None, "IEEE": a.dtype == torch.float32, "BM": BM, "BN": BN, "BK": BK,
               "GROUP_M": GROUP_M}
     with torch.cuda.device(a.device):
-        # the compiled kernel's shared memory against the device's (ValueError, before the launch, if it exceeds)
-        _resources.fit_launch("fold_example_gemms", gemm_fold_kernel, grid, args, consts,
-                              {**consts, "num_warps": num_warps, "num_stages": num_stages}, a, explicit=True,
-                              sizes=lambda: f"M={M}, N={N}, dtype={a.dtype}")
-        gemm_fold_kernel[grid](*args, **consts, num_warps=num_warps, num_stages=num_stages)
+        # a compiled kernel that still does not fit: ValueError before anything is launched
+        _resources.launch_fitting("fold_example_gemms", gemm_fold_kernel, grid, args, consts,
+                                  {**consts, "num_warps": num_warps, "num_stages": num_stages}, a, explicit=True,
+                                  sizes=lambda: f"M={M}, N={N}, dtype={a.dtype}")
     return out
 
 

@@ -18,9 +18,9 @@ import math
 
 import torch
 
-__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES",
-           "REDUCTION_VERSION", "gemm_fold_config", "gemm_fold_configs_for", "gemm_fold_shared_bytes",
-           "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
+__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L",
+           "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "gemm_fold_config", "gemm_fold_configs_for",
+           "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32.
@@ -59,8 +59,8 @@ def gemm_fold_shared_bytes(config: tuple, dtype: torch.dtype) -> int:
     3.6.0 (``metadata.shared``, 16-byte aligned inputs), the kernel keeps ``num_stages`` buffers for bf16/fp16 on
     sm_90 (wgmma; at least 2) and ``num_stages - 1`` (at least 1) on sm_80/86/89 and for fp32 everywhere: bf16
     128x128x64 asks 131,072 / 98,304 / 65,536 bytes at 4 / 3 / 2 stages on sm_90 and 98,304 / 65,536 / 32,768 on
-    sm_86. The estimate is the largest of these; the launch also checks the compiled kernel itself
-    (:func:`csrc_bindings._resources.fit_launch`).
+    sm_86. The estimate is the largest of these; should Triton still refuse the compiled kernel, the launch raises
+    ``ValueError`` before anything runs (:func:`csrc_bindings._resources.launch_fitting`).
     """
     BM, BN, BK, _, _, stages = config
     return max(int(stages), 2) * (BM * BK + BK * BN) * dtype.itemsize

@@ -70,8 +70,17 @@ def test_layer_sizes_names_the_layer_arguments_and_the_block_sizes_derived_from_
         "headdim=512, dstate=128, chunk_size=256; BLOCK_SIZE_K=512")
 
 
+class OutOfResources(Exception):
+    """Stands for ``triton.runtime.errors.OutOfResources`` (matched by name, so triton is not imported)."""
+
+    def __init__(self, required, limit, name):
+        super().__init__(f"out of resource: {name}, Required: {required}, Hardware limit: {limit}")
+        self.required, self.limit, self.name = required, limit, name
+
+
 class FakeJit:
-    """A JIT function whose compiled kernels ask ``table[num_stages]`` bytes; records warmups and launches."""
+    """A JIT function whose compiled kernels ask ``table[num_stages]`` bytes; a launch asking more than the H200
+    allows raises :class:`OutOfResources` before launching, as Triton does. Records warmups and launches."""
 
     def __init__(self, table):
         self.table, self.warmups, self.launches = table, [], []
@@ -82,6 +91,8 @@ class FakeJit:
 
     def __getitem__(self, grid):
         def run(*args, num_warps, num_stages):
+            if self.table[num_stages] > H200:
+                raise OutOfResources(self.table[num_stages], H200, "shared memory")
             self.launches.append((grid, args, num_warps, num_stages))
         return run
 
@@ -97,6 +108,15 @@ def fake_cuda(monkeypatch):
 
 
 SPEC = KernelSpec(name="fake_kernel", module="fake", attr="fake", arg_names="x hdim BLOCK_SIZE_M BLOCK_SIZE_K")
+ARGS = {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}
+
+
+def test_a_fitting_launch_compiles_nothing_extra(monkeypatch, fake_cuda):
+    jit = FakeJit({3: H200})
+    monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
+    cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 4, 3, "table")
+    _native.launch(SPEC, (1,), ARGS, cfg, fake_cuda)
+    assert jit.warmups == [] and jit.launches == [((1,), (7, 512, 64, 512), 4, 3)]
 
 
 def test_launch_lowers_the_stages_of_a_pinned_config_and_caches_the_verdict(monkeypatch, fake_cuda):
@@ -104,7 +124,7 @@ def test_launch_lowers_the_stages_of_a_pinned_config_and_caches_the_verdict(monk
     monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
     cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 4, 4, "rule")
     for _ in range(3):
-        _native.launch(SPEC, (1,), {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}, cfg, fake_cuda)
+        _native.launch(SPEC, (1,), ARGS, cfg, fake_cuda)
     assert jit.warmups == [4, 3, 2]  # compiled once per stage count, the verdict cached afterwards
     assert [launch[3] for launch in jit.launches] == [2, 2, 2]
     assert jit.launches[0][1] == (7, 512, 64, 512) and jit.launches[0][2] == 4
@@ -115,7 +135,7 @@ def test_launch_raises_before_launching_when_nothing_fits(monkeypatch, fake_cuda
     monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
     cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 4, 2, "table")
     with pytest.raises(ValueError) as err:
-        _native.launch(SPEC, (1,), {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}, cfg, fake_cuda)
+        _native.launch(SPEC, (1,), ARGS, cfg, fake_cuda)
     assert str(err.value) == (
         "fake_kernel: configuration BLOCK_SIZE_M=64, num_warps=4, num_stages=2 asks 262400 bytes of shared memory "
         "per program, more than the 232448 bytes Fake GPU allows (shared_memory_per_block_optin) (layer sizes: "
@@ -129,7 +149,7 @@ def test_launch_keeps_an_explicit_config_and_raises_if_it_does_not_fit(monkeypat
     monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
     cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 4, 3, "explicit")
     with pytest.raises(ValueError, match="an explicit configuration is never changed"):
-        _native.launch(SPEC, (1,), {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}, cfg, fake_cuda)
+        _native.launch(SPEC, (1,), ARGS, cfg, fake_cuda)
     assert jit.warmups == [3] and jit.launches == []
 
 
@@ -139,23 +159,19 @@ def test_off_cuda_nothing_is_compiled():
     assert got == 3 and jit.warmups == []
 
 
-class OutOfResources(Exception):
-    """Stands for ``triton.runtime.errors.OutOfResources`` (matched by name, so triton is not imported)."""
-
-
-def test_triton_out_of_resources_at_the_launch_becomes_the_clear_error(monkeypatch, fake_cuda):
+def test_other_out_of_resources_becomes_the_clear_error(monkeypatch, fake_cuda):
     jit = FakeJit({2: 1000})
 
-    def refuse(grid):
+    def refuse(self, grid):
         def run(*args, num_warps, num_stages):
-            raise OutOfResources("out of resource: threads, Required: 512, Hardware limit: 256")
+            raise OutOfResources(512, 256, "threads")
         return run
-    monkeypatch.setattr(FakeJit, "__getitem__", lambda self, grid: refuse(grid))
+    monkeypatch.setattr(FakeJit, "__getitem__", refuse)
     monkeypatch.setattr(_native, "kernel_jit", lambda spec: jit)
     cfg = KernelConfig("fake_kernel", (("BLOCK_SIZE_M", 64),), 16, 2, "table")
     with pytest.raises(ValueError) as err:
-        _native.launch(SPEC, (1,), {"x": 7, "hdim": 512, "BLOCK_SIZE_K": 512}, cfg, fake_cuda)
+        _native.launch(SPEC, (1,), ARGS, cfg, fake_cuda)
     assert str(err.value) == (
         "fake_kernel: configuration BLOCK_SIZE_M=64, num_warps=16, num_stages=2 does not fit Fake GPU (layer sizes: "
         "headdim=512; BLOCK_SIZE_K=512): out of resource: threads, Required: 512, Hardware limit: 256")
-    assert isinstance(err.value.__cause__, OutOfResources)
+    assert isinstance(err.value.__cause__, OutOfResources) and jit.warmups == []

@@ -5,7 +5,7 @@
   64; fp32 at headdim 256, where the kernels that block the head dimension whole hold 256-wide tiles);
 * a configuration passed explicitly that does not fit raises ``ValueError`` naming the kernel, the bytes, the limit
   and ``headdim=512``, and launches nothing;
-* with a faked smaller limit the pinned configuration of such a kernel runs at fewer stages, with the same bits.
+* the pinned configuration of such a kernel, refused by Triton, runs at fewer stages, with the same bits.
 """
 import dataclasses
 
@@ -80,8 +80,8 @@ def test_an_explicit_config_that_does_not_fit_raises_before_launching(monkeypatc
 
 
 def test_a_pinned_config_runs_at_fewer_stages_with_the_same_bits(monkeypatch):
-    """At a faked limit that the 2-stage kernel fits but the 3-stage one does not, the pinned configuration runs
-    at 2 stages and gives the bits of an explicit 2-stage launch."""
+    """Triton refuses the pinned 3-stage kernel (262,400 bytes at headdim 512 in fp32 on sm_90; a limit faked
+    below 200,000 bytes elsewhere); the launch runs it at 2 stages, with the bits of an explicit 2-stage launch."""
     from csrc_bindings import _resources
     from csrc_bindings._registry import pinned_config
 

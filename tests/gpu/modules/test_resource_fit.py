@@ -73,8 +73,9 @@ def test_headdim_512_layer_steps_and_repeats(dtype, monkeypatch):
 
 
 def test_a_device_with_less_shared_memory_gets_the_clear_error(monkeypatch):
-    """With the limit faked below what even one stage of ``chunk_state_bwd_db`` needs at headdim 512 (131,072
-    bytes in fp32), the step raises ``ValueError`` naming the kernel, the bytes, the limit and headdim=512."""
+    """With the limit faked below what even one stage of the headdim-wide kernels needs at headdim 512 (131,072
+    bytes in fp32; the rule reads the faked limit once Triton refuses their pinned 3 stages), the step raises
+    ``ValueError`` naming the bytes, the limit and headdim=512."""
     from csrc_bindings import _resources
 
     monkeypatch.setattr(_resources, "_verdicts", {})
