@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import torch
 
+from ._resources import launch_fitting, layer_sizes
+
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
 #: The install command of the native extras (mamba-ssm needs torch at build time, hence no build isolation; a
@@ -245,7 +247,10 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
     ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
     config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
     ``num_warps``/``num_stages`` from ``cfg``, under the device guard of ``ref``'s device. A missing or unexpected
-    name raises RuntimeError before launching.
+    name raises RuntimeError before launching. A launch that Triton refuses for shared memory (before launching)
+    runs at fewer ``num_stages`` (:func:`csrc_bindings._resources.launch_fitting`, rule ``fit-stages-v1``), else
+    ``ValueError`` names the kernel, the configuration, the bytes, the limit and the layer sizes; a configuration
+    with ``source == "explicit"`` is never changed.
     """
     jit = kernel_jit(spec)
     name, names = spec.name, spec.arg_names
@@ -259,5 +264,9 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         extra = [n for n in full if n not in names]
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
+    pos = tuple(full[n] for n in names)
+
+    def sizes():
+        return layer_sizes(full, dict(cfg.meta))
     with device_guard(ref):
-        jit[grid](*[full[n] for n in names], num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        launch_fitting(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit", sizes=sizes)

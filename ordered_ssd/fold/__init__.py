@@ -22,11 +22,13 @@ over a partition axis. Importing this package does not import triton.
 """
 from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped, lexical_cumsum,
                          lexical_fold, tree_fold)
-from .settings import (GEMM_FOLD_CONFIGS, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES, REDUCTION_VERSION,
-                       accumulation_dtype, linear_weight_grad_is_fused, reduction_fingerprint,
+from .settings import (GEMM_FOLD_CONFIGS, GEMM_FOLD_FIT_RULE, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES,
+                       REDUCTION_VERSION, accumulation_dtype, gemm_fold_config, gemm_fold_configs_for,
+                       gemm_fold_shared_bytes, linear_weight_grad_is_fused, reduction_fingerprint,
                        rmsnorm_rows_per_program)
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms",
            "fold_example_gemms_grouped", "accumulation_dtype",
-           "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
+           "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",
+           "gemm_fold_shared_bytes", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
