@@ -11,7 +11,7 @@ import torch
 
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "not_supported", "autocast_dtype"]
+__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "autocast_dtype"]
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
@@ -30,17 +30,6 @@ def require_cuda(name: str, t) -> None:
     check_tensor(name, t)
     if t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (the ordered CUDA path), got device {t.device}")
-
-
-def not_supported(**kwargs) -> None:
-    """Raise ``NotImplementedError`` naming the first argument that is set (not None / False).
-
-    Raises:
-        NotImplementedError: as said.
-    """
-    for name, value in kwargs.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"{name} is not supported by the ordered path yet; pass None/False")
 
 
 def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
