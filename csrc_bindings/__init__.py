@@ -17,7 +17,8 @@ This is the only part of ordered-ssd that touches mamba-ssm 2.3.2.post1 and caus
 
 Layout: one file per upstream module, named as upstream (``ssd_chunk_state.py``, ``ssd_bmm.py``,
 ``ssd_state_passing.py``, ``ssd_chunk_scan.py``, ``ssd_combined.py``, ``k_activations.py``, ``layernorm_gated.py``
-and ``selective_state_update.py`` of ``mamba_ssm/ops/triton/``; ``causal_conv1d.py`` for causal-conv1d's interface), each holding, per kernel, its
+and ``selective_state_update.py`` of ``mamba_ssm/ops/triton/``; ``causal_conv1d.py`` for causal-conv1d's interface),
+each holding, per kernel, its
 launcher, its example runner and its spec (:class:`~csrc_bindings._spec.KernelSpec`: argument names, autotune key,
 candidates, pre-hook). :mod:`._registry` assembles them; :mod:`._configs` resolves configurations (the pinned table
 and its tuner are in :mod:`.pinned`); :mod:`._native` loads and checks the natives.

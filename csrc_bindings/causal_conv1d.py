@@ -1,4 +1,5 @@
-"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd`` / ``_update``): the mirror of
+"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd`` / ``_update``):
+the mirror of
 ``causal_conv1d/causal_conv1d_interface.py`` (the ``causal_conv1d_fn`` wrappers, which call the same ops through
 ``causal_conv1d/cpp_functions.py``).
 

@@ -11,8 +11,6 @@ inside the program, so nothing is summed across programs or examples.
 """
 from __future__ import annotations
 
-import torch
-
 from ._configs import KernelConfig
 from ._native import launch
 from ._spec import KernelSpec

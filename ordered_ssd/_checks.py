@@ -113,7 +113,8 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seqlen: int, devic
     if cu_seqlens.dtype not in _INT_DTYPES:
         raise TypeError(f"cu_seqlens: expected an integer dtype (torch.int32), got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
-        raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape {tuple(cu_seqlens.shape)}")
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens: expected device {device}, got {cu_seqlens.device}")
     if batch != 1:

@@ -419,8 +419,9 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
         if scan != "chunked":
             raise ValueError(f"scan: expected 'chunked' with return_states=True, got {scan!r}")
         conv_state = reference_conv_state(xBC_in, dims.d_conv, cu_seqlens)
-        y, ssm_state = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw, return_final_states=cu_seqlens is None,
-                                            cu_seqlens=cu_seqlens, return_varlen_states=cu_seqlens is not None)
+        y, ssm_state = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw,
+                                            return_final_states=cu_seqlens is None, cu_seqlens=cu_seqlens,
+                                            return_varlen_states=cu_seqlens is not None)
     elif scan == "chunked":
         y = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw)
     elif scan == "sequential":

@@ -30,7 +30,8 @@ def test_prefill_then_steps_equal_the_forward(opts, prompt):
         full = reference_mamba2_layer(u, params, dims)
         out, conv_state, ssm_state = reference_mamba2_layer(u[:, :prompt], params, dims, return_states=True)
         assert torch.equal(out, full[:, :prompt]) or rel_err(out, full[:, :prompt]) < 1e-12
-        assert conv_state.shape == (2, dims.conv_dim, dims.d_conv) and ssm_state.shape == (2, dims.nheads, dims.headdim, dims.d_state)
+        assert conv_state.shape == (2, dims.conv_dim, dims.d_conv)
+        assert ssm_state.shape == (2, dims.nheads, dims.headdim, dims.d_state)
         for t in range(prompt, prompt + steps):
             y = reference_mamba2_step(u[:, t:t + 1], params, dims, conv_state, ssm_state)
             assert y.shape == (2, 1, layer.d_model)
