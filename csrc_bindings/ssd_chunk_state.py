@@ -415,12 +415,17 @@ def launch_chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, *, 
     return states
 
 
-def _example_chunk_state_varlen(p, config=None):
+def example_cu_seqlens(p):
+    """The packed sequences of the varlen example: example 0 of problem ``p`` cut at ``L / 3``, ``cs + 1`` and
+    ``2 L / 3`` (sequences ending inside a chunk, spanning one, and starting before it), int32 on its device."""
     L, cs = p["seqlen"], p["chunk_size"]
-    cuts = sorted({0, L, max(1, L // 3), max(1, (2 * L) // 3), min(L - 1, cs + 1) if L > 1 else L})
-    cu = torch.tensor(cuts, dtype=torch.int32, device=p["x"].device)
-    return (launch_chunk_state_varlen(p["Bm"][0], p["x"][0], p["dt"][0], p["dA_cumsum"][0], cu, p["states"][0],
-                                      config=config),)
+    cuts = sorted({0, L} | {c for c in (L // 3, cs + 1, (2 * L) // 3) if 0 < c < L})
+    return torch.tensor(cuts, dtype=torch.int32, device=p["x"].device)
+
+
+def _example_chunk_state_varlen(p, config=None):
+    return (launch_chunk_state_varlen(p["Bm"][0], p["x"][0], p["dt"][0], p["dA_cumsum"][0], example_cu_seqlens(p),
+                                      p["states"][0], config=config),)
 
 
 CHUNK_STATE_VARLEN = KernelSpec(

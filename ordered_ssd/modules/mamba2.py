@@ -371,7 +371,7 @@ class OrderedMamba2(nn.Module):
             return_varlen_states=cache is not None and cu_seqlens is not None)
         if cache is not None:
             y, last_state, *rest = y
-            cache[1].copy_(rest[0] if cu_seqlens is not None else last_state)
+            cache[1].copy_((rest[0] if cu_seqlens is not None else last_state).detach())
         y = rearrange(y, "b l h p -> b l (h p)")
         if self.rmsnorm:
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
