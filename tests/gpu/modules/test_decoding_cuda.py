@@ -162,11 +162,13 @@ def test_varlen_prefill_writes_each_sequence_cache_as_native(dtype):
     e_o, e_n = rel_err(ssm_o.double().cpu(), ssm_ref), rel_err(ssm_n.double().cpu(), ssm_ref)
     assert e_o <= 2 * e_n + FLOOR[dtype], (e_o, e_n)
     assert rel_err(conv_o.double().cpu(), conv_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
-    # a step of each sequence after the varlen prefill: against each sequence run alone (fp64)
+    # a step of each sequence after the varlen prefill, against each sequence run alone (fp64), within twice the
+    # error of mamba-ssm's Mamba2 stepping from its own varlen prefill
     nxt = torch.randn(4, 1, 256, device="cuda", generator=g).to(dtype)
     with torch.inference_mode():
-        params = SimpleNamespace(key_value_memory_dict={0: (conv_o, ssm_o)}, seqlen_offset=1)
-        steps = ours(nxt, inference_params=params)
-        for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            alone = ref(torch.cat([u[:, lo:hi], nxt[i:i + 1]], 1).double().cpu())[0, -1]
-            assert rel_err(steps[i, 0].double().cpu(), alone) < (1e-3 if dtype == torch.float32 else 3e-2), i
+        steps = [layer(nxt, inference_params=SimpleNamespace(key_value_memory_dict={0: cache}, seqlen_offset=1))
+                 for layer, cache in zip((ours, native), caches)]
+        alone = torch.stack([ref(torch.cat([u[:, lo:hi], nxt[i:i + 1]], 1).double().cpu())[0, -1]
+                             for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist()))])
+    e_o, e_n = rel_err(steps[0][:, 0].double().cpu(), alone), rel_err(steps[1][:, 0].double().cpu(), alone)
+    assert e_o <= 2 * e_n + FLOOR[dtype], (e_o, e_n)

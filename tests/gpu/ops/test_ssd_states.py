@@ -167,22 +167,25 @@ def test_packed_sequences_equal_separate_sequences_and_varlen_states(dtype, with
             seq_idx=seq_idx.cpu(), initial_states=None if init is None else init.double().cpu(),
             return_final_states=True, cu_seqlens=cu.cpu(), return_varlen_states=True)
     assert varlen.shape == (len(lengths), H, P, N)
+    yardstick = {}
     for name, o, n, r in (("out", out, out_n, ref_out), ("final", final, final_n, ref_final)):
         e_o, e_n = rel_err(o.double().cpu(), r), rel_err(n.double().cpu(), r)
         assert e_o <= 2 * e_n + FLOOR[dtype], (name, e_o, e_n)
+        yardstick[name] = e_n
     # upstream's varlen kernel drops the initial state of a first sequence that ends inside chunk 0 (ours adds it
     # back): mamba-ssm's error on the other sequences is the yardstick
     e_n = rel_err(varlen_n[1:].double().cpu(), ref_varlen[1:])
     for i in range(len(lengths)):
         e_o = rel_err(varlen[i].double().cpu(), ref_varlen[i])
         assert e_o <= 2 * e_n + FLOOR[dtype], (i, e_o, e_n)
-    # packed == separate: each sequence alone, its final state == its varlen state
+    # packed == separate: each sequence alone, its final state == its varlen state (both carry rounding errors of
+    # the size of mamba-ssm's own against fp64: 4x that is the tolerance)
+    tol = 4 * max(*yardstick.values(), e_n) + FLOOR[dtype]
     with torch.no_grad():
         for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
             sep, sep_final = _ours(t["x"][:, lo:hi], t["dt"][:, lo:hi], t["A"], t["B"][:, lo:hi], t["C"][:, lo:hi],
                                    CS, D=t["D"], dt_bias=t["dt_bias"], dt_softplus=True,
                                    initial_states=init if i == 0 else None, return_final_states=True)
-            tol = 1e-3 if dtype == torch.float32 else 3e-2
             assert rel_err(out[:, lo:hi].double(), sep.double()) < tol, i
             assert rel_err(varlen[i].double(), sep_final[0].double()) < tol, i
 
