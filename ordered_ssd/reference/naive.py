@@ -289,12 +289,11 @@ def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
     if return_varlen_states:
         if entering is None:
             entering = torch.zeros_like(states)
-        result += (_varlen_states(cu_seqlens, dA_cumsum[0], dtc[0], Bc[0], xc[0], entering[0],
-                                  sc[0] if seq_idx is not None else None, last_prev, chunk_size),)
+        result += (_varlen_states(cu_seqlens, dA_cumsum[0], dtc[0], Bc[0], xc[0], entering[0], chunk_size),)
     return result
 
 
-def _varlen_states(cu_seqlens, dA_cumsum, dtc, Bc, xc, entering, sc, last_prev, chunk_size):
+def _varlen_states(cu_seqlens, dA_cumsum, dtc, Bc, xc, entering, chunk_size):
     """State at the end of each packed sequence (B == 1; the tensors of example 0): [S, H, P, N].
 
     Sequence ``i`` ends at ``e = cu_seqlens[i + 1] - 1`` in chunk ``c = e // chunk_size``, position ``r``; its state is
