@@ -91,9 +91,9 @@ def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None,
         return out, out_x, dt_out, dA_cumsum, states, final_states
     varlen_states = csrc_bindings.launch_chunk_state_varlen(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens,
                                                             states[0])
-    if initial_states is not None:
+    if initial_states is not None and (seq_idx is None or int(seq_idx[0, 0]) == 0):
         # Upstream's kernel adds the state entering the last chunk only for a sequence that started before it; the
-        # first sequence also starts from the initial state when it ends inside chunk 0 (as the reference says).
+        # first sequence (id 0) also starts from the initial state when it ends inside chunk 0 (as the reference).
         end = int(cu_seqlens[1])
         if end <= chunk_size:
             decay = torch.exp(dA_cumsum[0, :, 0, end - 1])  # [H] fp32
