@@ -85,3 +85,15 @@ def test_split_conv1d_scan_refuses_bad_arguments():
     with pytest.raises(ValueError, match=r"^zxbcdt: expected a CUDA tensor"):
         ordered_mamba_split_conv1d_scan_combined(zxbcdt, weight, None, torch.zeros(2), -torch.ones(2), D, 4,
                                                  initial_states=torch.zeros(2, 2, 4, 2), headdim=4)
+
+
+def test_decode_ops_refuse_cpu_and_bad_arguments():
+    from ordered_ssd.ops import ordered_causal_conv1d_update, ordered_selective_state_update
+
+    with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
+        ordered_causal_conv1d_update(torch.randn(2, 8), torch.zeros(2, 8, 4), torch.randn(8, 4))
+    with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor, got NoneType"):
+        ordered_causal_conv1d_update(None, torch.zeros(2, 8, 4), torch.randn(8, 4))
+    with pytest.raises(ValueError, match=r"^state: expected a CUDA tensor"):
+        ordered_selective_state_update(torch.zeros(2, 2, 4, 4), torch.randn(2, 2, 4), torch.rand(2, 2),
+                                       -torch.ones(2), torch.randn(2, 1, 4), torch.randn(2, 1, 4))

@@ -172,3 +172,28 @@ def test_varlen_prefill_writes_each_sequence_cache_as_native(dtype):
                              for i, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist()))])
     e_o, e_n = rel_err(steps[0][:, 0].double().cpu(), alone), rel_err(steps[1][:, 0].double().cpu(), alone)
     assert e_o <= 2 * e_n + FLOOR[dtype], (e_o, e_n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("extra", [dict(dt_limit=(0.01, 0.05)), dict(D_has_hdim=True)], ids=["dt_limit", "D_hdim"])
+def test_step_with_what_upstreams_step_lacks(dtype, extra):
+    """dt_limit (ignored by Mamba2.step) and D_has_hdim (which Mamba2.step cannot run): prefill + steps against the
+    fp64 forward over all tokens, within twice the error of the CUDA forward over the same tokens (no native
+    yardstick here)."""
+    torch.manual_seed(0)
+    kw = dict(d_model=256, d_state=64, headdim=32, chunk_size=64, layer_idx=0, **extra)
+    ours = OrderedMamba2(**kw, device="cuda")
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ours = ours.to(dtype)
+    ref = OrderedMamba2(**kw, dtype=torch.float64)
+    ref.load_state_dict({k: v.double().cpu() for k, v in ours.state_dict().items()})
+    g = torch.Generator(device="cuda").manual_seed(4)
+    u = torch.randn(2, 90, 256, device="cuda", generator=g).to(dtype)
+    with torch.inference_mode():
+        got, _ = _decode(ours, u, 70)
+        full = ours(u)
+        want = ref(u.double().cpu())
+    e_o, e_f = rel_err(got.double().cpu(), want), rel_err(full.double().cpu(), want)
+    assert e_o <= 2 * e_f + FLOOR[dtype], (e_o, e_f)
