@@ -17,7 +17,8 @@ This is the only part of ordered-ssd that touches mamba-ssm 2.3.2.post1 and caus
 
 Layout: one file per upstream module, named as upstream (``ssd_chunk_state.py``, ``ssd_bmm.py``,
 ``ssd_state_passing.py``, ``ssd_chunk_scan.py``, ``ssd_combined.py``, ``k_activations.py``, ``layernorm_gated.py``
-of ``mamba_ssm/ops/triton/``; ``causal_conv1d.py`` for causal-conv1d's interface), each holding, per kernel, its
+and ``selective_state_update.py`` of ``mamba_ssm/ops/triton/``; ``causal_conv1d.py`` for causal-conv1d's interface),
+each holding, per kernel, its
 launcher, its example runner and its spec (:class:`~csrc_bindings._spec.KernelSpec`: argument names, autotune key,
 candidates, pre-hook). :mod:`._registry` assembles them; :mod:`._configs` resolves configurations (the pinned table
 and its tuner are in :mod:`.pinned`); :mod:`._native` loads and checks the natives.
@@ -28,14 +29,16 @@ from ._configs import KernelConfig, fingerprint, table_hash
 from ._native import INSTALL_HINT, SUPPORTED_VERSIONS, installed_version, mamba2_class
 from ._registry import CONV_OPS, KERNELS, describe_launch, layer_keys, pinned_config, rule_config, table_key
 from ._resources import FIT_RULE, shared_memory_limit
-from .causal_conv1d import launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, sequence_segments
+from .causal_conv1d import (launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, launch_causal_conv1d_update,
+                            sequence_segments)
 from .k_activations import launch_swiglu_bwd, launch_swiglu_fwd
 from .layernorm_gated import launch_rmsnorm_gated_bwd, launch_rmsnorm_gated_fwd
 from .ssd_bmm import launch_bmm_chunk_bwd, launch_bmm_chunk_fwd
 from .ssd_chunk_scan import (launch_chunk_scan_bwd_dC, launch_chunk_scan_bwd_dcb, launch_chunk_scan_bwd_ddAcs_stable,
                              launch_chunk_scan_bwd_dstates, launch_chunk_scan_bwd_dz, launch_chunk_scan_fwd)
+from .selective_state_update import launch_selective_state_update
 from .ssd_chunk_state import (launch_chunk_cumsum_bwd, launch_chunk_cumsum_fwd, launch_chunk_state_bwd_db,
-                              launch_chunk_state_fwd)
+                              launch_chunk_state_fwd, launch_chunk_state_varlen)
 from .ssd_combined import launch_chunk_scan_chunk_state_bwd_dx
 from .ssd_state_passing import launch_state_passing_bwd, launch_state_passing_fwd
 
@@ -67,5 +70,6 @@ __all__ = [
     "launch_chunk_scan_fwd", "launch_chunk_scan_bwd_dz", "launch_chunk_scan_bwd_dstates", "launch_chunk_scan_bwd_dC",
     "launch_chunk_scan_bwd_dcb", "launch_chunk_scan_bwd_ddAcs_stable", "launch_chunk_scan_chunk_state_bwd_dx",
     "launch_rmsnorm_gated_fwd", "launch_rmsnorm_gated_bwd", "launch_swiglu_fwd", "launch_swiglu_bwd",
-    "launch_causal_conv1d_fwd", "launch_causal_conv1d_bwd_per_example",
+    "launch_causal_conv1d_fwd", "launch_causal_conv1d_bwd_per_example", "launch_chunk_state_varlen",
+    "launch_causal_conv1d_update", "launch_selective_state_update",
 ]

@@ -1,4 +1,5 @@
-"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd``): the mirror of
+"""Launchers for causal-conv1d 1.7.0's C++ ops (``causal_conv1d_cuda.causal_conv1d_fwd`` / ``_bwd`` / ``_update``):
+the mirror of
 ``causal_conv1d/causal_conv1d_interface.py`` (the ``causal_conv1d_fn`` wrappers, which call the same ops through
 ``causal_conv1d/cpp_functions.py``).
 
@@ -214,4 +215,60 @@ CAUSAL_CONV1D_BWD = KernelSpec(
     #                   dinitial_states, silu_activation)
     name="causal_conv1d_bwd", module=UPSTREAM, attr="causal_conv1d_bwd", arity=12,
     example=_example_causal_conv1d_bwd,
+)
+
+
+# ---------------------------------------------------------------------------------------------- causal_conv1d_update
+def launch_causal_conv1d_update(x, conv_state, weight, bias=None, *, silu_activation=True, cache_seqlens=None,
+                                conv_state_indices=None, out=None):
+    """One decoding step of the conv, in place on ``conv_state``. Source: ``causal_conv1d_cuda.causal_conv1d_update``
+    (upstream ``causal_conv1d_update``).
+
+    Args:
+        x: ``[B, D]`` or ``[B, D, L]`` new inputs (fp32/fp16/bf16); conv_state: ``[B, D, S]`` with ``S >= W - 1``
+            (``Mamba2``'s cache: a transposed view of a contiguous ``[B, S, D]``), shifted left by ``L`` and filled
+            with ``x`` in place; weight: ``[D, W]``, ``W`` in 2..4; bias: ``[D]`` or None;
+            cache_seqlens / conv_state_indices: ``[B]`` int32 or None (circular buffer; continuous batching).
+        silu_activation: apply SiLU.
+        out: optional output shaped like ``x``, else ``torch.empty_like(x)``.
+    Returns:
+        ``out`` (shape of ``x``). One thread per (example, channel) walks its ``W`` taps: no reduction across threads.
+    Raises:
+        ValueError: ``x`` not 2-d or 3-d, ``conv_state`` not ``[B, D, S]`` with ``S >= W - 1``, ``weight`` not
+            ``[D, W]`` with ``W`` in 2..4, ``bias`` not ``[D]`` (the message names the argument, the expected and the
+            actual value).
+        RuntimeError: causal-conv1d's own checks (dtype, strides).
+        ImportError, RuntimeError: at the first call, from :func:`csrc_bindings._native.conv_op`: causal-conv1d
+            missing, another version, or the op's number of arguments changed.
+    """
+    check(x.dim() in (2, 3), f"x: expected a 2-d [B, D] or 3-d [B, D, L] tensor, got shape {tuple(x.shape)}")
+    x3 = x.unsqueeze(-1) if x.dim() == 2 else x
+    _, _, _, width = _check_conv(x3, weight, bias)
+    batch, dim = x3.shape[:2]
+    check(conv_state.dim() == 3 and conv_state.shape[1] == dim and conv_state.shape[2] >= width - 1,
+          f"conv_state: expected shape [B, D, S] with D = {dim} and S >= W - 1 = {width - 1}, "
+          f"got {tuple(conv_state.shape)}")
+    if conv_state_indices is None:
+        check_shape("conv_state", conv_state, (batch, dim, conv_state.shape[2]), "[B, D, S]")
+    op = conv_op(CAUSAL_CONV1D_UPDATE)
+    if out is None:
+        out = torch.empty_like(x3)
+    else:
+        out = out.unsqueeze(-1) if out.dim() == 2 else out
+        check_shape("out", out, x3.shape)
+    with device_guard(x):
+        op(x3, conv_state, weight, bias, out, bool(silu_activation), cache_seqlens, conv_state_indices)
+    return out.squeeze(-1) if x.dim() == 2 else out
+
+
+def _example_causal_conv1d_update(p, config=None):
+    Bsz, D = p["conv_x"].shape[0], p["conv_x"].shape[-1]
+    state = p["conv_x"][:, :4].clone().transpose(1, 2)  # [B, D, W] view of a contiguous [B, W, D], as Mamba2's
+    return launch_causal_conv1d_update(p["conv_x"][:, 4].reshape(Bsz, D), state, p["conv_w"], p["conv_b"]), state
+
+
+CAUSAL_CONV1D_UPDATE = KernelSpec(
+    # causal_conv1d_update(x, conv_state, weight, bias, out, silu_activation, cache_seqlens, conv_state_indices)
+    name="causal_conv1d_update", module=UPSTREAM, attr="causal_conv1d_update", arity=8,
+    example=_example_causal_conv1d_update,
 )

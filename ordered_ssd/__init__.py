@@ -2,11 +2,11 @@
 
 Layout (each layer rests on the ones below it):
 
-* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer;
+* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer (training, and ``Mamba2``'s decoding);
 * :mod:`ordered_ssd.ops` -- the ordered operations of its CUDA path, one file per upstream operation
   (composition, autograd Function, public function), on the launchers of :mod:`csrc_bindings`;
-* :mod:`ordered_ssd.reference` -- the pure-PyTorch layer and its ordered backward (the path elsewhere, and the
-  oracle of the tests);
+* :mod:`ordered_ssd.reference` -- the pure-PyTorch layer, its ordered backward and its decoding step (the path
+  elsewhere, and the oracle of the tests);
 * :mod:`ordered_ssd.fold` -- the order of every sum, and every setting that decides it;
 * :mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.digest`, :mod:`ordered_ssd.distributed` -- what the bits
   depend on, digests of them, the rank-ordered data-parallel reduction;

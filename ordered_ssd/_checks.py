@@ -158,3 +158,53 @@ def check_cuda_path_sizes(**dims) -> None:
             raise ValueError(f"B={dims['batch']}, L={dims['seqlen']}: expected fewer than 2**31 elements in every "
                              f"tensor of the CUDA path (its kernels use 32-bit offsets), got {numel} in {what}; "
                              f"split the batch or the sequence")
+
+
+def check_initial_states(initial_states: Optional[torch.Tensor], *, shape: tuple, device: torch.device) -> None:
+    """``initial_states`` must be None or a floating [B, H, P, N] tensor of ``shape`` on ``device``."""
+    if initial_states is None:
+        return
+    check_tensor("initial_states", initial_states)
+    if not initial_states.is_floating_point():
+        raise TypeError(f"initial_states: expected a floating dtype, got {initial_states.dtype}")
+    if tuple(initial_states.shape) != tuple(shape):
+        raise ValueError(f"initial_states: expected shape [B, H, P, N] = {tuple(shape)}, "
+                         f"got {tuple(initial_states.shape)}")
+    if initial_states.device != device:
+        raise ValueError(f"initial_states: expected device {device}, got {initial_states.device}")
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seqlen: int, device: torch.device,
+                     seq_idx: Optional[torch.Tensor] = None) -> list:
+    """``cu_seqlens`` must be a 1-d integer tensor on ``device`` of S + 1 >= 2 offsets of S packed sequences of one
+    example (``batch == 1``): starting at 0, strictly increasing (every sequence non-empty: upstream's varlen
+    kernels read out of bounds for an empty one), ending at ``seqlen``. With ``seq_idx`` [1, L], the ids must change
+    exactly at the offsets. Returns the offsets as a list of ints (reads the tensor: one device sync on CUDA)."""
+    check_tensor("cu_seqlens", cu_seqlens)
+    if cu_seqlens.dtype not in _INT_DTYPES:
+        raise TypeError(f"cu_seqlens: expected an integer dtype (torch.int32), got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens: expected device {device}, got {cu_seqlens.device}")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens: expected batch size 1 (sequences packed into one example), got B={batch}")
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] == 0, got {cu[0]}")
+    if any(b <= a for a, b in zip(cu[:-1], cu[1:])):
+        raise ValueError(f"cu_seqlens: expected strictly increasing offsets (no empty sequence), got {cu}")
+    if cu[-1] != seqlen:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] == B * L = {seqlen}, got {cu[-1]}")
+    if seq_idx is not None:
+        ids = seq_idx[0].to(torch.long)
+        starts = torch.tensor(cu[1:-1], dtype=torch.long, device=ids.device)
+        change = torch.zeros(seqlen, dtype=torch.bool, device=ids.device)
+        change[1:] = ids[1:] != ids[:-1]
+        marked = torch.zeros_like(change)
+        marked[starts] = True
+        if not bool(torch.equal(change, marked)):
+            raise ValueError("seq_idx: expected ids that change exactly at the offsets of cu_seqlens "
+                             f"{cu}, got ids that do not")
+    return cu

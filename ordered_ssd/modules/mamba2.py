@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 
 from .. import _checks
-from ..reference import Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_gated_rmsnorm
+from ..reference import (Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_conv_state,
+                         reference_gated_rmsnorm, reference_mamba2_layer)
+from . import _decode
 
 __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
@@ -101,6 +103,11 @@ class OrderedMamba2(nn.Module):
     ``ImportError`` / ``RuntimeError`` with the reason and the install command, unless ``layer.backend =
     "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above). Set ``layer.literal = True`` to run
     the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
+
+    Decoding (as ``Mamba2``): :meth:`allocate_inference_cache`, :meth:`_get_states_from_cache`, :meth:`step` and
+    ``forward(..., inference_params=...)`` (a prefill at ``seqlen_offset == 0`` writes the cache, later calls run
+    :meth:`step`); the cache is ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N]. See
+    ``docs/decoding.md``.
     """
 
     def __init__(
@@ -250,26 +257,41 @@ class OrderedMamba2(nn.Module):
             seqlen: None, or L when ``u`` is flattened to [B * L, d_model].
             seq_idx: None or [B, L] integer ids of packed sequences, non-decreasing along L; the
                 conv and the SSM state do not cross a change of id.
-            cu_seqlens, inference_params: not supported (``NotImplementedError`` if given).
+            cu_seqlens: None or [S + 1] integer offsets of S sequences packed into one example (B == 1), strictly
+                increasing from 0 to L. As upstream, it matters only with ``inference_params``: the prefill then
+                writes one cache entry per sequence (``seq_idx`` must mark the same sequences).
+            inference_params: None or mamba-ssm's ``InferenceParams`` (``key_value_memory_dict``, ``seqlen_offset``;
+                needs ``layer_idx``). At ``seqlen_offset == 0`` (prefill) the output is computed as without it (the
+                non-fused path, as upstream) and this layer's cache (:meth:`_get_states_from_cache`) receives the
+                conv inputs and the SSM state after the last position (per sequence with ``cu_seqlens``); at
+                ``seqlen_offset > 0``, ``u`` is one token per example ([B, 1, d_model]) and :meth:`step` runs.
 
         Returns:
             Tensor of the shape of ``u``.
 
         Raises:
             TypeError / ValueError (naming the argument) for a wrong type, rank, shape, dtype or
-            device, before any computation; on the CUDA path also ValueError for ``d_conv`` outside 2..4
-            (causal-conv1d's kernels; the reference path takes any width) or an input so large that a tensor of
-            the path would reach 2**31 elements (the kernels' 32-bit offsets;
-            :func:`ordered_ssd._checks.cuda_path_sizes`). The path is never switched to work around either.
-            NaN or inf in ``u`` or in a parameter are not checked; they propagate (per example for ``u``:
-            ``docs/guarantees.md``).
+            device, before any computation: also ``cu_seqlens`` (not a 1-d integer tensor, not from 0 to B * L,
+            not strictly increasing, B != 1, ids of ``seq_idx`` changing elsewhere, or ``seq_idx`` missing with
+            ``inference_params``), ``inference_params`` without ``key_value_memory_dict``/``seqlen_offset``,
+            ``layer_idx`` None, a cached state of another batch size, several tokens at ``seqlen_offset > 0``. On
+            the CUDA path also ValueError for ``d_conv`` outside 2..4 (causal-conv1d's kernels; the reference path
+            takes any width) or an input so large that a tensor of the path would reach 2**31 elements (the
+            kernels' 32-bit offsets; :func:`ordered_ssd._checks.cuda_path_sizes`). The path is never switched to
+            work around either. NaN or inf in ``u`` or in a parameter are not checked; they propagate (per
+            example for ``u``: ``docs/guarantees.md``).
         """
-        if inference_params is not None:
-            raise NotImplementedError("OrderedMamba2.forward: inference_params (decoding with a state cache) "
-                                      "is not supported; pass None")
-        if cu_seqlens is not None:
-            raise NotImplementedError("OrderedMamba2.forward: cu_seqlens (variable-length batches) is not "
-                                      "supported; pack with seq_idx instead")
+        if inference_params is not None and _decode.check_inference_params(inference_params) > 0:
+            if cu_seqlens is not None:
+                _checks.check_tensor("cu_seqlens", cu_seqlens)
+                if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+                    raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape "
+                                     f"{tuple(cu_seqlens.shape)}")
+            u3 = u if seqlen is None else u.reshape(-1, seqlen, u.shape[-1])
+            batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else u3.shape[0]
+            conv_state, ssm_state = self._get_states_from_cache(inference_params, batch)
+            out, _, _ = self.step(u3, conv_state, ssm_state)
+            return out if seqlen is None else out.reshape(u.shape[0], -1)
         flat = seqlen is not None
         if flat:
             _checks.check_int("seqlen", seqlen)
@@ -286,13 +308,20 @@ class OrderedMamba2(nn.Module):
                                   allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
+        if cu_seqlens is not None:
+            _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=u.device, seq_idx=seq_idx)
+            if inference_params is not None and seq_idx is None:
+                raise ValueError("seq_idx: required with cu_seqlens and inference_params (the packed sequences must "
+                                 "not see each other in the conv and the scan), got None")
+        cache = None
+        if inference_params is not None:
+            batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else Bsz
+            cache = self._get_states_from_cache(inference_params, batch)
         if backend == "cuda":
             self._check_cuda_path(Bsz, L)
-            out = self._forward_cuda(u, seq_idx)
+            out = self._forward_cuda(u, seq_idx, cache, cu_seqlens)
         else:
-            params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
-                                    for p in self.layer_params()))
-            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+            out = self._forward_reference(u, seq_idx, cache, cu_seqlens)
         if flat:
             out = out.reshape(Bsz * L, -1)
         return out
@@ -332,17 +361,34 @@ class OrderedMamba2(nn.Module):
                                       dstate=self.d_state, chunk_size=self.chunk_size,
                                       zxbcdt_width=self.in_proj.weight.shape[0])
 
-    def _forward_cuda(self, u, seq_idx):
+    def _forward_reference(self, u, seq_idx, cache, cu_seqlens):
+        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype) for p in self.layer_params()))
+        needs_grad = torch.is_grad_enabled() and (u.requires_grad or any(p is not None and p.requires_grad
+                                                                         for p in params))
+        if cache is None or needs_grad:  # the ordered backward
+            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+        if cache is not None:  # a prefill: write the cache (no gradient flows into it)
+            with torch.no_grad():
+                out_nograd, conv_state, ssm_state = reference_mamba2_layer(u, params, self.dims, seq_idx,
+                                                                           return_states=True, cu_seqlens=cu_seqlens)
+            cache[0].copy_(conv_state)
+            cache[1].copy_(ssm_state)
+            if not needs_grad:
+                out = out_nograd
+        return out
+
+    def _forward_cuda(self, u, seq_idx, cache=None, cu_seqlens=None):
         from einops import rearrange
 
         from .. import ops
 
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous() if cu_seqlens is not None else None
         zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
         A = -torch.exp(self.A_log.float())
         D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
         conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
-        if self.use_mem_eff_path:
+        if self.use_mem_eff_path and cache is None:
             return ops.ordered_mamba_split_conv1d_scan_combined(
                 zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
                 activation=self.activation, rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
@@ -353,6 +399,8 @@ class OrderedMamba2(nn.Module):
         d_mlp = self.d_inner - self.d_ssm
         z0, x0, z, xBC, dt = torch.split(
             zxbcdt, [d_mlp, d_mlp, self.d_ssm, self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads], dim=-1)
+        if cache is not None:  # the prefill's conv state: the last d_conv conv inputs (per sequence with cu_seqlens)
+            cache[0].copy_(reference_conv_state(xBC.detach(), self.d_conv, cu_seqlens))
         xBC = ops.ordered_causal_conv1d(xBC.transpose(1, 2), conv_w, self.conv1d.bias, seq_idx=seq_idx,
                                        activation=self.activation).transpose(1, 2)
         x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
@@ -361,7 +409,12 @@ class OrderedMamba2(nn.Module):
             rearrange(B, "b l (g n) -> b l g n", g=self.ngroups), rearrange(C, "b l (g n) -> b l g n", g=self.ngroups),
             chunk_size=self.chunk_size, D=D,
             z=None if self.rmsnorm else rearrange(z, "b l (h p) -> b l h p", p=self.headdim),
-            dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal)
+            dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal,
+            cu_seqlens=cu_seqlens if cache is not None else None, return_final_states=cache is not None,
+            return_varlen_states=cache is not None and cu_seqlens is not None)
+        if cache is not None:
+            y, last_state, *rest = y
+            cache[1].copy_((rest[0] if cu_seqlens is not None else last_state).detach())
         y = rearrange(y, "b l h p -> b l (h p)")
         if self.rmsnorm:
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
@@ -370,18 +423,51 @@ class OrderedMamba2(nn.Module):
             y = torch.cat([torch.nn.functional.silu(z0) * x0, y], dim=-1)
         return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
-    def step(self, *args, **kwargs):
-        """Single-token decoding: not supported yet.
+    # ------------------------------------------------------------------ decoding
+    def step(self, hidden_states, conv_state, ssm_state):
+        """One decoding step (``Mamba2.step``): ``hidden_states`` [B, 1, d_model] -> ``(out [B, 1, d_model],
+        conv_state, ssm_state)``, the cache updated in place.
+
+        ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N] as :meth:`allocate_inference_cache` makes
+        them (after a prefill through ``forward(..., inference_params=...)``). CUDA path: causal-conv1d's
+        ``causal_conv1d_update`` and mamba-ssm's ``selective_state_update`` (:mod:`ordered_ssd.ops.decode`; the
+        ``conv_state`` must have the dtype of ``hidden_states``), the projections and the gated RMSNorm as in the
+        forward; elsewhere the reference (:func:`ordered_ssd.reference.reference_mamba2_step`). Unlike upstream,
+        ``dt_limit`` is applied (so a step equals the forward over the same tokens for every setting). Runs without
+        autograd: decoding is inference, and the native step kernels have no backward.
+
+        Determinism: no kernel of a step sums across programs or examples (see :mod:`ordered_ssd.ops.decode`), so
+        steps are bitwise repeatable and an example's output does not depend on the rest of the batch.
 
         Raises:
-            NotImplementedError: always.
+            TypeError / ValueError (naming the argument): ``hidden_states`` not [B, 1, d_model] of the layer's dtype
+            and device; a cache tensor of another shape, device, or (CUDA) dtype.
         """
-        raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")
+        out = _decode.step(self, hidden_states, conv_state, ssm_state)
+        return out, conv_state, ssm_state
 
-    def allocate_inference_cache(self, *args, **kwargs):
-        """The decoding cache: not supported yet.
+    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
+        """``(conv_state [batch_size, conv_dim, d_conv], ssm_state [batch_size, H, P, N])``, zeros on the device of
+        ``out_proj.weight``: ``conv_state`` a transposed view of a contiguous [B, d_conv, conv_dim] tensor in
+        ``dtype`` or ``conv1d.weight``'s dtype, ``ssm_state`` in ``dtype`` or ``in_proj.weight``'s dtype (as
+        ``Mamba2``). ``max_seqlen`` is unused (the state does not grow).
 
         Raises:
-            NotImplementedError: always.
+            TypeError / ValueError: ``batch_size`` not an int >= 1; ``dtype`` not a floating torch.dtype.
         """
-        raise NotImplementedError("OrderedMamba2.allocate_inference_cache: decoding is not supported")
+        _checks.check_int("batch_size", batch_size)
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype: expected None or a floating torch.dtype, got {dtype!r}")
+        return _decode.new_cache(self, batch_size, self.out_proj.weight.device,
+                                 self.conv1d.weight.dtype if dtype is None else dtype,
+                                 self.in_proj.weight.dtype if dtype is None else dtype)
+
+    def _get_states_from_cache(self, inference_params, batch_size, initialize_states=False):
+        """This layer's ``(conv_state, ssm_state)`` in ``inference_params.key_value_memory_dict[layer_idx]``,
+        allocated (zeros, the parameters' device and dtypes) on first use, zeroed with ``initialize_states``.
+
+        Raises:
+            ValueError: ``layer_idx`` is None; a cached state of another batch size. TypeError: ``inference_params``
+            without ``key_value_memory_dict`` / ``seqlen_offset``.
+        """
+        return _decode.states_from_cache(self, inference_params, batch_size, initialize_states)

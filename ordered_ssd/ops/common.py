@@ -12,7 +12,7 @@ import torch
 from .. import _checks
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "not_supported", "autocast_dtype",
+__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "autocast_dtype",
            "CUDA_DTYPES", "check_chunk_scan_args", "check_split_conv1d_scan_args", "check_causal_conv1d_args"]
 
 #: The floating dtypes of the CUDA path's activations and parameters.
@@ -35,17 +35,6 @@ def require_cuda(name: str, t) -> None:
     check_tensor(name, t)
     if t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (the ordered CUDA path), got device {t.device}")
-
-
-def not_supported(**kwargs) -> None:
-    """Raise ``NotImplementedError`` naming the first argument that is set (not None / False).
-
-    Raises:
-        NotImplementedError: as said.
-    """
-    for name, value in kwargs.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"{name} is not supported by the ordered path yet; pass None/False")
 
 
 def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:

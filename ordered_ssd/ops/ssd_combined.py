@@ -35,8 +35,9 @@ import csrc_bindings
 
 from ..fold import fold_dims, lexical_cumsum, rmsnorm_rows_per_program
 from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
+from .. import _checks
 from .common import (NO_LIMIT, check_chunk_scan_args, check_split_conv1d_scan_args, custom_bwd, custom_fwd,
-                     not_supported, require_cuda)
+                     require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 
@@ -50,17 +51,20 @@ __all__ = [
 
 # ------------------------------------------------------------------------------------------ composition: SSD
 def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None,
-                                          dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None):
+                                          dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None,
+                                          cu_seqlens=None):
     """SSD forward with pinned launches (no reductions across programs, so nothing to order).
 
     Args: x [B, L, H, P]; dt [B, L, H]; A [H] fp32; B, C [B, L, G, N]; D [H] or [H, P]; z [B, L, H, P];
-    dt_bias [H]; seq_idx [B, L] int32; initial_states [B, H, P, N].
+    dt_bias [H]; seq_idx [B, L] int32; initial_states [B, H, P, N]; cu_seqlens [S + 1] int32 (B == 1, checked by
+    the caller), for the varlen states.
 
     Returns:
         ``(out, out_x, dt_out, dA_cumsum, states, final_states)`` as upstream's
         ``_mamba_chunk_scan_combined_fwd``: out [B, L, H, P] (gated when z is given), out_x (ungated, None
         without z), dt_out / dA_cumsum [B, H, C, cs] fp32, states [B, C, H, P, N] (entering each chunk),
-        final_states [B, H, P, N] fp32.
+        final_states [B, H, P, N] fp32; with ``cu_seqlens`` also ``varlen_states`` [S, H, P, N] (the state at the
+        end of each sequence, upstream's ``chunk_state_varlen``).
     """
     N = B.shape[-1]
     if B.stride(-1) != 1:
@@ -84,17 +88,31 @@ def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None,
     final_states = rearrange(final_states, "... (p n) -> ... p n", n=N)
     CB = csrc_bindings.launch_bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     out, out_x = csrc_bindings.launch_chunk_scan_fwd(CB, x, dt_out, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
-    return out, out_x, dt_out, dA_cumsum, states, final_states
+    if cu_seqlens is None:
+        return out, out_x, dt_out, dA_cumsum, states, final_states
+    varlen_states = csrc_bindings.launch_chunk_state_varlen(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens,
+                                                            states[0])
+    if initial_states is not None and (seq_idx is None or int(seq_idx[0, 0]) == 0):
+        # Upstream's kernel adds the state entering the last chunk only for a sequence that started before it; the
+        # first sequence (id 0) also starts from the initial state when it ends inside chunk 0 (as the reference).
+        end = int(cu_seqlens[1])
+        if end <= chunk_size:
+            decay = torch.exp(dA_cumsum[0, :, 0, end - 1])  # [H] fp32
+            varlen_states[0] += (decay[:, None, None] * initial_states[0].float()).to(varlen_states.dtype)
+    return out, out_x, dt_out, dA_cumsum, states, final_states, varlen_states
 
 
 def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias, dt_softplus, dt_limit, seq_idx,
-                         dx, ddt, dB, dC, dz, recompute_output) -> Dict[str, Optional[torch.Tensor]]:
+                         dx, ddt, dB, dC, dz, recompute_output, initial_states=None,
+                         dfinal_states=None) -> Dict[str, Optional[torch.Tensor]]:
     """One pass of the SSD backward kernels over the given examples.
 
     Per-position outputs (dx, ddt, dB, dC, dz, outz) are written in place into the given buffers; per-position
     tile partials (ddt over headdim tiles, dA_cumsum terms over tiles, dB/dC/dCB over head splits) are folded
     here, elementwise, in tile order. The shared-parameter partials are returned unfolded:
     ``dA_partial``/``ddt_bias_partial`` [B, C, H] and ``dD_partial`` ([B, C, T, H, P] or [B, C, T, H, Tn]).
+    ``dinitial_states`` [B, H, P, N] (dtype of x; None without ``initial_states``) is per example: one program per
+    (example, head, tile) walks the chunks backwards, nothing is summed across examples.
     """
     Bsz, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
@@ -103,8 +121,10 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
                                                               dt_softplus=dt_softplus, dt_limit=dt_limit)
     CB = csrc_bindings.launch_bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     states = csrc_bindings.launch_chunk_state_fwd(B, x, dt_out, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
+    init = rearrange(initial_states, "... p n -> ... (p n)") if initial_states is not None else None
     states, _ = csrc_bindings.launch_state_passing_fwd(rearrange(states, "... p n -> ... (p n)"),
-                                                       dA_cumsum[:, :, :, -1], seq_idx=seq_idx, chunk_size=chunk_size)
+                                                       dA_cumsum[:, :, :, -1], initial_states=init, seq_idx=seq_idx,
+                                                       chunk_size=chunk_size)
     states = rearrange(states, "... (p n) -> ... p n", n=N)
     dD_partial = None
     outz = None
@@ -114,10 +134,12 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
         if not recompute_output:
             outz = None
     dstates = csrc_bindings.launch_chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
-    dstates, ddA_chunk_partial, _, states = csrc_bindings.launch_state_passing_bwd(
+    dstates, ddA_chunk_partial, dinit, states = csrc_bindings.launch_state_passing_bwd(
         rearrange(states, "... p n -> ... (p n)"), dA_cumsum[:, :, :, -1], rearrange(dstates, "... p n -> ... (p n)"),
-        seq_idx=seq_idx, has_initial_states=False, dstates_dtype=x.dtype, states_dtype=x.dtype,
+        dfinal_states=rearrange(dfinal_states, "... p n -> ... (p n)") if dfinal_states is not None else None,
+        seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype, states_dtype=x.dtype,
         chunk_size=chunk_size)
+    dinit = rearrange(dinit, "... (p n) -> ... p n", n=N) if dinit is not None else None
     states = rearrange(states, "... (p n) -> ... p n", n=N)
     dstates = rearrange(dstates, "... (p n) -> ... p n", n=N)
     dx, ddt_partial, dD_from_x = csrc_bindings.launch_chunk_scan_chunk_state_bwd_dx(
@@ -145,26 +167,28 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
     _, dA_partial, ddt_bias_partial = csrc_bindings.launch_chunk_cumsum_bwd(
         ddA, ddt_dx, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, ddt=ddt)
     return {"dx": dx, "ddt": ddt, "dB": dB, "dC": dC, "dz": dz, "outz": outz, "dA_partial": dA_partial,
-            "ddt_bias_partial": ddt_bias_partial, "dD_partial": dD_partial}
+            "ddt_bias_partial": ddt_bias_partial, "dD_partial": dD_partial, "dinitial_states": dinit}
 
 
 _PARTIALS = ("dA_partial", "ddt_bias_partial", "dD_partial")
 
 
 def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size, *, D=None, z=None, dt_bias=None,
-                                          dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, dx=None, ddt=None,
-                                          dB=None, dC=None, dz=None, recompute_output=False, literal=False,
-                                          return_partials=False):
+                                          dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None,
+                                          dfinal_states=None, dx=None, ddt=None, dB=None, dC=None, dz=None,
+                                          recompute_output=False, literal=False, return_partials=False):
     """Ordered SSD backward.
 
-    Args: as upstream's ``_mamba_chunk_scan_combined_bwd`` (``out`` is the ungated scan output); ``dx``,
+    Args: as upstream's ``_mamba_chunk_scan_combined_bwd`` (``out`` is the ungated scan output; ``initial_states``
+    [B, H, P, N] as in the forward, ``dfinal_states`` [B, H, P, N] the gradient of the final states); ``dx``,
     ``ddt``, ``dB``, ``dC``, ``dz`` optional output buffers (may be strided views of one ``dzxbcdt``).
     ``literal``: launch every kernel once per example (the reference the fast path is tested against).
 
     Returns:
-        ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, outz)`` with ``dA`` [H], ``dD`` [H] or [H, P] and
-        ``ddt_bias`` [H] fp32 lexical folds over (example, chunk[, tile]); with ``return_partials`` also a dict
-        of the unfolded partials (leading axis = example).
+        ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, outz)`` with ``dA`` [H], ``dD`` [H] or [H, P]
+        and ``ddt_bias`` [H] fp32 lexical folds over (example, chunk[, tile]); ``dinitial_states`` [B, H, P, N]
+        (dtype of x, per example, no fold; None without ``initial_states``); with ``return_partials`` also a dict of
+        the unfolded partials (leading axis = example).
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -179,29 +203,35 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
     kw = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, recompute_output=recompute_output)
     if not literal:
         res = _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, z=z, seq_idx=seq_idx, dx=dx, ddt=ddt, dB=dB,
-                                   dC=dC, dz=dz, **kw)
+                                   dC=dC, dz=dz, initial_states=initial_states, dfinal_states=dfinal_states, **kw)
         if outz is not None:
             outz.copy_(res["outz"])
         partials = {k: res[k] for k in _PARTIALS}
+        dinit = res["dinitial_states"]
     else:
-        parts = {k: [] for k in _PARTIALS}
+        parts = {k: [] for k in (*_PARTIALS, "dinitial_states")}
+
+        def one(t, s):
+            return None if t is None else t[s]
         for b in range(Bsz):
             s = slice(b, b + 1)
-            res = _chunk_scan_bwd_pass(dout[s], x[s], dt[s], A, B[s], C[s], out[s], chunk_size,
-                                       z=None if z is None else z[s], seq_idx=None if seq_idx is None else seq_idx[s],
-                                       dx=dx[s], ddt=ddt[s], dB=dB[s], dC=dC[s], dz=None if dz is None else dz[s], **kw)
+            res = _chunk_scan_bwd_pass(dout[s], x[s], dt[s], A, B[s], C[s], out[s], chunk_size, z=one(z, s),
+                                       seq_idx=one(seq_idx, s), dx=dx[s], ddt=ddt[s], dB=dB[s], dC=dC[s],
+                                       dz=one(dz, s), initial_states=one(initial_states, s),
+                                       dfinal_states=one(dfinal_states, s), **kw)
             if outz is not None:
                 outz[s].copy_(res["outz"])
-            for k in _PARTIALS:
+            for k in parts:
                 parts[k].append(res[k])
         partials = {k: (torch.cat(v, 0) if v[0] is not None else None) for k, v in parts.items()}
+        dinit = partials.pop("dinitial_states")
     dA = fold_dims(partials["dA_partial"], (0, 1))
     ddt_bias = fold_dims(partials["ddt_bias_partial"], (0, 1)) if dt_bias is not None else None
     dD = None
     if D is not None:
         p = partials["dD_partial"]  # [B, C, T, H, P] (D [H, P]) or [B, C, T, H, Tn] (D [H])
         dD = fold_dims(p, (0, 1, 2)) if D.dim() == 2 else fold_dims(p, (0, 1, 2, 4))
-    result = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, outz)
+    result = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit, outz)
     return (result, partials) if return_partials else result
 
 
@@ -234,10 +264,13 @@ def _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups,
 def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, *,
                                                  seq_idx=None, dt_limit=NO_LIMIT, activation="silu",
                                                  rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
-                                                 outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True):
+                                                 outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True,
+                                                 initial_states=None):
     """Forward of ``mamba_split_conv1d_scan_combined`` with pinned launches.
 
-    Returns ``(out, saved)``: ``out`` [B, L, d_out]; ``saved`` a dict of what the backward needs.
+    Returns ``(out, saved)``: ``out`` [B, L, d_out]; ``saved`` a dict of what the backward needs, and
+    ``saved["final_states"]`` [B, H, P, N] fp32 (the SSM state after the last position; ``initial_states``
+    [B, H, P, N] is the state before the first).
     """
     nheads, headdim, dstate, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
     batch, seqlen, _ = zxbcdt.shape
@@ -248,14 +281,16 @@ def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_b
                           ngroups, dstate)
     z_heads = rearrange(z, "b l (h p) -> b l h p", h=nheads)
     rstd = None
-    ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx)
+    ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx,
+                  initial_states=initial_states)
     if rmsnorm_weight is None:
-        out, out_x, *_ = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=z_heads, **ssd_kw)
+        out, out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=z_heads,
+                                                                             **ssd_kw)
         out = rearrange(out, "b s h p -> b s (h p)")
         if d_nonssm > 0:
             out = torch.cat([csrc_bindings.launch_swiglu_fwd(zx0), out], dim=-1)
     else:
-        out_x, *_ = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=None, **ssd_kw)
+        out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=None, **ssd_kw)
         x_rms = rearrange(out_x, "b s h p -> (b s) (h p)")
         z_rms = rearrange(z_heads, "b s h p -> (b s) (h p)")
         if d_nonssm == 0:
@@ -271,7 +306,7 @@ def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_b
     if outproj_weight is not None:
         out = ordered_linear_fwd(out, outproj_weight, outproj_bias)[0]
     saved = dict(out_x=out_x, rstd=rstd, headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate,
-                 d_nonssm=d_nonssm)
+                 d_nonssm=d_nonssm, final_states=final_states)
     return out, saved
 
 
@@ -279,13 +314,15 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
                                                  chunk_size, *, saved, seq_idx=None, dt_limit=NO_LIMIT,
                                                  activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, rstd=None,
                                                  outproj_weight=None, outproj_bias=None, norm_before_gate=True,
-                                                 literal=False, return_partials=False):
+                                                 initial_states=None, dfinal_states=None, literal=False,
+                                                 return_partials=False):
     """Ordered backward of ``mamba_split_conv1d_scan_combined``.
 
     Returns:
         ``(dzxbcdt, dconv1d_weight [D, W], dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
-        doutproj_bias)``; every parameter gradient is a lexical fp32 fold over examples (and chunks/tiles),
-        cast once to the parameter's dtype. With ``return_partials`` also a dict of the per-example partials.
+        doutproj_bias, dinitial_states)``; every parameter gradient is a lexical fp32 fold over examples (and
+        chunks/tiles), cast once to the parameter's dtype; ``dinitial_states`` [B, H, P, N] is per example (None
+        without ``initial_states``). With ``return_partials`` also a dict of the per-example partials.
     """
     headdim, nheads, ngroups, dstate, d_nonssm = (saved[k] for k in ("headdim", "nheads", "ngroups", "dstate",
                                                                      "d_nonssm"))
@@ -318,10 +355,11 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
     drmsnorm_weight = None
     partials: Dict[str, torch.Tensor] = {}
     ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx, dx=dx, ddt=ddt_given,
-                  dB=dB, dC=dC, literal=literal, return_partials=True)
+                  dB=dB, dC=dC, literal=literal, return_partials=True, initial_states=initial_states,
+                  dfinal_states=dfinal_states)
     if rmsnorm_weight is None:
         dz_heads = rearrange(dz, "b l (h p) -> b l h p", h=nheads)
-        (_, _, dA, _, _, dD, _, ddt_bias, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
+        (_, _, dA, _, _, dD, _, ddt_bias, dinit, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout, x, dt, A, B, C, out_x, chunk_size, z=z_heads, dz=dz_heads, recompute_output=recompute_output,
             **ssd_kw)
         out_for_linear = rearrange(outz, "b s h p -> b s (h p)") if recompute_output else None
@@ -340,7 +378,7 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
         partials["drmsnorm_weight"] = dw_partial.view(batch, -1, dw_partial.shape[-1])
         out_for_linear = out_recompute if recompute_output else None
         dout_ssd = rearrange(dout_ssd, "(b s) (h p) -> b s h p", b=batch, p=headdim)
-        (_, _, dA, _, _, dD, _, ddt_bias, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
+        (_, _, dA, _, _, dD, _, ddt_bias, dinit, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout_ssd, x, dt, A, B, C, out_x, chunk_size, z=None, **ssd_kw)
     partials.update(ssd_parts)
     dA = dA.to(A.dtype)
@@ -356,37 +394,49 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
         seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"))
     partials["dconv1d_weight"] = dw_part
     partials["dconv1d_bias"] = db_part
-    result = (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias)
+    if dinit is not None:
+        dinit = dinit.to(initial_states.dtype)
+    result = (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias, dinit)
     return (result, partials) if return_partials else result
 
 
 # ----------------------------------------------------------------------------------------------- autograd
 class OrderedMambaChunkScanCombinedFn(torch.autograd.Function):
-    """Ordered ``MambaChunkScanCombinedFn`` (no initial states, no final states)."""
+    """Ordered ``MambaChunkScanCombinedFn``: returns as upstream (``out``, then ``final_states`` and/or
+    ``varlen_states`` when asked); the gradient of ``initial_states`` is per example."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal):
-        out, out_x, *_ = ordered_mamba_chunk_scan_combined_fwd(
+    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                dt_limit, return_final_states, return_varlen_states, literal):
+        out, out_x, _, _, _, final_states, *rest = ordered_mamba_chunk_scan_combined_fwd(
             x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-            seq_idx=seq_idx)
-        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, seq_idx)
-        ctx.args = (chunk_size, dt_softplus, dt_limit, literal)
-        return out
+            seq_idx=seq_idx, initial_states=initial_states, cu_seqlens=cu_seqlens if return_varlen_states else None)
+        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        ctx.args = (chunk_size, dt_softplus, dt_limit, literal, return_final_states, return_varlen_states)
+        extra = ((final_states,) if return_final_states else ()) + (tuple(rest) if return_varlen_states else ())
+        if return_varlen_states:
+            ctx.mark_non_differentiable(rest[0])
+        return (out, *extra) if extra else out
 
     @staticmethod
     @custom_bwd
     @once_differentiable
-    def backward(ctx, dout):
-        out, x, dt, A, B, C, D, z, dt_bias, seq_idx = ctx.saved_tensors
-        chunk_size, dt_softplus, dt_limit, literal = ctx.args
-        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, _ = ordered_mamba_chunk_scan_combined_bwd(
+    def backward(ctx, dout, *dextra):
+        out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+        chunk_size, dt_softplus, dt_limit, literal, return_final_states, return_varlen_states = ctx.args
+        if return_varlen_states:
+            raise NotImplementedError("ordered_mamba_chunk_scan_combined: no backward with return_varlen_states=True "
+                                      "(as upstream); run the forward without it to train")
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit, _ = ordered_mamba_chunk_scan_combined_bwd(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-            dt_limit=dt_limit, seq_idx=seq_idx, literal=literal)
+            dt_limit=dt_limit, seq_idx=seq_idx, initial_states=initial_states,
+            dfinal_states=dextra[0] if return_final_states else None, literal=literal)
         dA = dA.to(A.dtype)
         dD = dD.to(D.dtype) if dD is not None else None
         ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
-        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, None, None, None
+        dinit = dinit.to(initial_states.dtype) if dinit is not None else None
+        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinit, *([None] * 7)
 
 
 class OrderedMambaSplitConv1dScanCombinedFn(torch.autograd.Function):
@@ -394,38 +444,50 @@ class OrderedMambaSplitConv1dScanCombinedFn(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, dt_limit, activation,
-                rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate,
-                literal):
+    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
+                return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
+                ngroups, norm_before_gate, literal):
         out, saved = ordered_mamba_split_conv1d_scan_combined_fwd(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx, dt_limit=dt_limit,
             activation=activation, rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps,
             outproj_weight=outproj_weight, outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
-            norm_before_gate=norm_before_gate)
+            norm_before_gate=norm_before_gate, initial_states=initial_states)
         ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved["out_x"], A, D, dt_bias, seq_idx,
-                              rmsnorm_weight, saved["rstd"], outproj_weight, outproj_bias)
-        ctx.saved_meta = {k: v for k, v in saved.items() if k not in ("out_x", "rstd")}
-        ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal)
-        return out
+                              rmsnorm_weight, saved["rstd"], outproj_weight, outproj_bias, initial_states)
+        ctx.saved_meta = {k: v for k, v in saved.items() if k not in ("out_x", "rstd", "final_states")}
+        ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal, return_final_states)
+        return (out, saved["final_states"]) if return_final_states else out
 
     @staticmethod
     @custom_bwd
     @once_differentiable
-    def backward(ctx, dout):
+    def backward(ctx, dout, *dextra):
         (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
-         outproj_bias) = ctx.saved_tensors
-        chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal = ctx.args
-        (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
-         doutproj_bias) = ordered_mamba_split_conv1d_scan_combined_bwd(
+         outproj_bias, initial_states) = ctx.saved_tensors
+        chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal, return_final_states = ctx.args
+        (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias,
+         dinit) = ordered_mamba_split_conv1d_scan_combined_bwd(
             dout.contiguous() if dout.stride(-1) != 1 else dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D,
             dt_bias, chunk_size, saved=ctx.saved_meta, seq_idx=seq_idx, dt_limit=dt_limit, activation=activation,
             rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps, rstd=rstd, outproj_weight=outproj_weight,
-            outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal)
-        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, None, None, None, None, drmsnorm_weight, None,
-                doutproj_weight, doutproj_bias, None, None, None, None)
+            outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal,
+            initial_states=initial_states, dfinal_states=dextra[0] if return_final_states else None)
+        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, None, dinit, None, None, None, None,
+                drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None, None)
 
 
 # --------------------------------------------------------------------------------------------- public functions
+def _check_states_args(x_shape, dstate, device, initial_states, cu_seqlens, seq_idx, return_varlen_states):
+    """The checks of ``initial_states`` [B, H, P, N] and ``cu_seqlens`` shared by the public functions (before any
+    kernel); ``x_shape`` is (B, L, H, P)."""
+    Bsz, L, H, P = x_shape
+    _checks.check_initial_states(initial_states, shape=(Bsz, H, P, dstate), device=device)
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("cu_seqlens: required with return_varlen_states=True, got None")
+    if cu_seqlens is not None:
+        _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=device, seq_idx=seq_idx)
+
+
 def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
                                       initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
                                       dt_limit=NO_LIMIT, return_final_states=False, return_varlen_states=False,
@@ -436,25 +498,35 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
         x: [B, L, H, P]; dt: [B, L, H]; A: [H] (fp32, negative); B, C: [B, L, G, N]; chunk_size: int;
         D: [H] or [H, P]; z: [B, L, H, P] (``y * silu(z)``); dt_bias: [H]; seq_idx: [B, L] int32;
         dt_softplus, dt_limit: as upstream. ``literal``: per-example kernel launches in the backward.
+        initial_states: [B, H, P, N] (any float dtype), the state before position 0, of the sequence with id 0
+            (upstream's kernels); differentiable: its gradient is per example (one program per example, head and
+            tile walks the chunks backwards; no sum across examples), bitwise repeatable.
+        return_final_states: also return the state after position L - 1, [B, H, P, N] fp32 (differentiable).
+        cu_seqlens: [S + 1] int32 offsets of S packed sequences in one example (B == 1), strictly increasing from 0
+            to L, matching ``seq_idx``; read only with ``return_varlen_states``.
+        return_varlen_states: also return the state at the end of each sequence, [S, H, P, N] (dtype of C; no
+            backward, as upstream: calling backward raises ``NotImplementedError``).
 
     Returns:
-        y [B, L, H, P] (dtype of x).
+        ``out`` [B, L, H, P] (dtype of x); with the flags, as upstream: ``(out, final_states)``,
+        ``(out, varlen_states)`` or ``(out, final_states, varlen_states)``.
 
     Raises:
-        NotImplementedError: ``initial_states``, ``cu_seqlens``, ``return_final_states``,
-            ``return_varlen_states`` (not supported yet).
-        TypeError / ValueError (:func:`~ordered_ssd.ops.common.check_chunk_scan_args`, before any kernel): a
-            non-tensor, a dtype outside fp32/fp16/bf16, a wrong rank, shape or device (all tensors on x's device),
-            ``chunk_size`` not an int >= 1 (any such int: the kernels mask the last chunk tile, so no power of two is
-            needed), a tensor of the CUDA path reaching 2**31 elements (32-bit offsets); then ValueError for
-            non-CUDA tensors. NaN/inf values are not checked: they propagate.
+        TypeError / ValueError (naming the argument, before any kernel;
+            :func:`~ordered_ssd.ops.common.check_chunk_scan_args`): a non-tensor, a dtype outside fp32/fp16/bf16, a
+            wrong rank, shape or device (all tensors on x's device), ``chunk_size`` not an int >= 1 (any such int:
+            the kernels mask the last chunk tile, so no power of two is needed), a tensor of the CUDA path reaching
+            2**31 elements (32-bit offsets); ``initial_states`` not floating, of another shape or device;
+            ``cu_seqlens`` not a 1-d integer tensor on x's device, not starting at 0, not strictly increasing, not
+            ending at L, with B != 1 or ids of ``seq_idx`` changing elsewhere; ``return_varlen_states`` without
+            ``cu_seqlens``; then ValueError for non-CUDA tensors. NaN/inf values are not checked: they propagate.
     """
-    not_supported(initial_states=initial_states, cu_seqlens=cu_seqlens, return_final_states=return_final_states,
-                  return_varlen_states=return_varlen_states)
     check_chunk_scan_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
+    _check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
     require_cuda("x", x)
-    return OrderedMambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus,
-                                                 tuple(dt_limit), literal)
+    return OrderedMambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                                 cu_seqlens, dt_softplus, tuple(dt_limit), bool(return_final_states),
+                                                 bool(return_varlen_states), literal)
 
 
 def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
@@ -467,29 +539,37 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
     Args (as upstream):
         zxbcdt: [B, L, 2 d_mlp + 2 d_ssm + 2 G N + H]; conv1d_weight: [d_ssm + 2 G N, W]; conv1d_bias: same first
         dim or None; dt_bias: [H]; A: [H] fp32; D: [H] (then ``headdim`` is required) or [H, P]; chunk_size: int;
-        seq_idx: [B, L] int32; dt_limit: (min, max); activation: "silu"/"swish"/None; rmsnorm_weight: [d_ssm] or
+        initial_states: [B, H, P, N] SSM state before position 0 (the conv starts from zeros, as upstream), with a
+        per-example gradient; seq_idx: [B, L] int32; dt_limit: (min, max); return_final_states: also return the SSM
+        state after position L - 1 ([B, H, P, N] fp32); activation: "silu"/"swish"/None; rmsnorm_weight: [d_ssm] or
         None (plain ``silu(z)`` gate); outproj_weight: [d_out, d_mlp + d_ssm] or None; outproj_bias: [d_out] or
         None; ngroups: G; norm_before_gate: bool. ``literal``: per-example kernel launches in the backward.
 
     Returns:
-        [B, L, d_out] (or [B, L, d_mlp + d_ssm] without out_proj).
+        [B, L, d_out] (or [B, L, d_mlp + d_ssm] without out_proj); ``(out, final_states)`` with
+        ``return_final_states``.
 
     Raises:
-        NotImplementedError: ``initial_states`` / ``return_final_states``.
-        TypeError / ValueError (:func:`~ordered_ssd.ops.common.check_split_conv1d_scan_args`, before any kernel):
-            a dtype outside fp32/fp16/bf16, ``D`` 1-d without ``headdim``, shapes that do not fit together, a conv
-            width outside 2..4, ``chunk_size`` not an int >= 1, mixed devices, a tensor of the CUDA path reaching
-            2**31 elements; then ValueError for non-CUDA tensors. NaN/inf values are not checked: they propagate.
+        TypeError / ValueError (naming the argument, before any kernel;
+            :func:`~ordered_ssd.ops.common.check_split_conv1d_scan_args`): a dtype outside fp32/fp16/bf16, ``D``
+            1-d without ``headdim``, shapes that do not fit together, a conv width outside 2..4, ``chunk_size`` not
+            an int >= 1, mixed devices, a tensor of the CUDA path reaching 2**31 elements; ``initial_states`` not
+            floating, of another shape or device; then ValueError for non-CUDA tensors. NaN/inf values are not
+            checked: they propagate.
     """
-    not_supported(initial_states=initial_states, return_final_states=return_final_states)
     check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx,
                                  rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
                                  outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups)
+    if initial_states is not None:
+        nheads, hdim, dstate, _ = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
+        _check_states_args((zxbcdt.shape[0], zxbcdt.shape[1], nheads, hdim), dstate, zxbcdt.device, initial_states,
+                           None, None, False)
     require_cuda("zxbcdt", zxbcdt)
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return OrderedMambaSplitConv1dScanCombinedFn.apply(
-        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, tuple(dt_limit), activation,
-        rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal)
+        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, tuple(dt_limit),
+        bool(return_final_states), activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
+        ngroups, norm_before_gate, literal)
 
 
 def split_conv1d_scan_partials(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, dout, *, literal=False,

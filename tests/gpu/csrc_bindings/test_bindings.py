@@ -141,6 +141,19 @@ def _native(kernel, p):
     if kernel == "chunk_scan_chunk_state_bwd_dx":
         return sc._chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"], p["dout"],
                                                  p["dstates"], D=p["D"])
+    if kernel == "chunk_state_varlen":
+        from csrc_bindings.ssd_chunk_state import example_cu_seqlens
+        return (cs.chunk_state_varlen(p["Bm"][0], p["x"][0], p["dt"][0], p["dA_cumsum"][0], example_cu_seqlens(p),
+                                      p["states"][0]),)
+    if kernel == "selective_state_update":
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        Bsz, H, P, N = p["batch"], p["nheads"], p["headdim"], p["dstate"]
+        state = p["states"][:, 0].clone()
+        out = selective_state_update(state, p["x"][:, 0], p["dt_raw"][:, 0, :, None].expand(Bsz, H, P),
+                                     p["A"][:, None, None].expand(H, P, N), p["Bm"][:, 0], p["Cm"][:, 0],
+                                     D=p["D"][:, None].expand(H, P), z=p["z"][:, 0],
+                                     dt_bias=p["dt_bias"][:, None].expand(H, P), dt_softplus=True)
+        return out, state
     if kernel == "swiglu_fwd":
         return (ka._swiglu_fwd(p["xy"]),)
     if kernel == "swiglu_bwd":
@@ -163,6 +176,10 @@ def _native(kernel, p):
     w, b = p["conv_w"], p["conv_b"]
     if kernel == "causal_conv1d_fwd":
         return (causal_conv1d_fwd_function(xc, w, b, None, None, None, True),)
+    if kernel == "causal_conv1d_update":
+        from causal_conv1d import causal_conv1d_update
+        state = p["conv_x"][:, :4].clone().transpose(1, 2)
+        return causal_conv1d_update(p["conv_x"][:, 4].contiguous(), state, w, b, "silu"), state
     if kernel == "causal_conv1d_fwd_seq_idx":
         return (causal_conv1d_fwd_function(xc, w, b, _seq_idx(p), None, None, True),)
     if kernel in ("causal_conv1d_bwd", "causal_conv1d_bwd_seq_idx"):
