@@ -27,7 +27,7 @@ See ``docs/bindings.md`` for the layouts, the pinned table and the fallback rule
 from ._configs import KernelConfig, fingerprint, table_hash
 from ._native import INSTALL_HINT, SUPPORTED_VERSIONS, installed_version
 from ._registry import CONV_OPS, KERNELS, describe_launch, layer_keys, pinned_config, rule_config, table_key
-from .causal_conv1d import launch_causal_conv1d_bwd_per_example, launch_causal_conv1d_fwd, sequence_segments
+from .causal_conv1d import launch_causal_conv1d_bwd_dx, launch_causal_conv1d_fwd
 from .k_activations import launch_swiglu_bwd, launch_swiglu_fwd
 from .layernorm_gated import launch_rmsnorm_gated_bwd, launch_rmsnorm_gated_fwd
 from .ssd_bmm import launch_bmm_chunk_bwd, launch_bmm_chunk_fwd
@@ -59,11 +59,11 @@ def check_native(conv: bool = True) -> dict:
 
 __all__ = [
     "KernelConfig", "describe_launch", "fingerprint", "layer_keys", "pinned_config", "rule_config", "table_hash",
-    "table_key", "check_native", "installed_version", "INSTALL_HINT", "SUPPORTED_VERSIONS", "sequence_segments",
+    "table_key", "check_native", "installed_version", "INSTALL_HINT", "SUPPORTED_VERSIONS",
     "launch_chunk_cumsum_fwd", "launch_chunk_cumsum_bwd", "launch_bmm_chunk_fwd", "launch_bmm_chunk_bwd",
     "launch_chunk_state_fwd", "launch_chunk_state_bwd_db", "launch_state_passing_fwd", "launch_state_passing_bwd",
     "launch_chunk_scan_fwd", "launch_chunk_scan_bwd_dz", "launch_chunk_scan_bwd_dstates", "launch_chunk_scan_bwd_dC",
     "launch_chunk_scan_bwd_dcb", "launch_chunk_scan_bwd_ddAcs_stable", "launch_chunk_scan_chunk_state_bwd_dx",
     "launch_rmsnorm_gated_fwd", "launch_rmsnorm_gated_bwd", "launch_swiglu_fwd", "launch_swiglu_bwd",
-    "launch_causal_conv1d_fwd", "launch_causal_conv1d_bwd_per_example",
+    "launch_causal_conv1d_fwd", "launch_causal_conv1d_bwd_dx",
 ]
