@@ -124,7 +124,7 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     Args:
         x: [B, D, L] CUDA tensor (channel-first, or a channel-last view of [B, L, D] memory), fp32/fp16/bf16.
         weight: [D, W] with W in 2..4. bias: [D] or None. seq_idx: [B, L] int32 packed-sequence ids
-            (non-decreasing rows) or None. activation: None, "silu" or "swish".
+            (a tap across a change of id is zero) or None; with it ``x`` is used channel-last (``D % 8 == 0``). activation: None, "silu" or "swish".
 
     Returns:
         [B, D, L], the dtype of ``x``.
