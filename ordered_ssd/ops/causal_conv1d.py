@@ -65,8 +65,9 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
         ``dweight_partial`` [B, T, D, W] / ``dbias_partial`` [B, T, D] over (example, tile), example slowest,
         cast once to the parameter dtype (``T = ceil(L / CONV1D_BWD_TILE_L)``).
 
-    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``), one fold per
-    gradient, and the zeroing of the discarded scratch buffers, whatever ``B`` and the number of packed sequences.
+    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold per
+    gradient, whatever ``B`` and the number of packed sequences (plus a copy of an input causal-conv1d does not
+    take); nothing is read back to the host.
 
     Raises:
         ValueError: shapes that do not match (from :mod:`csrc_bindings` and :mod:`ordered_ssd.fold`, naming the
