@@ -3,7 +3,8 @@
 On the CPU, :func:`conv1d_grad_partials_torch` (the kernel's order in PyTorch) is checked against an fp64 autograd
 gradient, against an independent position-by-position :class:`LexicalFold` of the same fp32 products, and for
 batch independence; the Triton kernel itself is run under Triton's interpreter in a fresh process (when triton is
-installed; skipped otherwise) and must give the emulation's bits (the GPU suite runs it on CUDA).
+installed; skipped otherwise) and must give the emulation's bits, and is compiled ahead of time for sm_90 (triton's
+own ptxas) to check that it builds without atomics (the GPU suite runs it on CUDA).
 """
 import os
 import subprocess
@@ -168,3 +169,34 @@ def test_triton_kernel_under_the_interpreter():
                          timeout=900, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "cases 13" in res.stdout
+
+
+def test_triton_kernel_compiles_for_sm90_without_atomics():
+    """Ahead-of-time compile (triton's own ptxas, no GPU needed) of the kernel's extreme variants for the H200's
+    sm_90: it compiles, and its PTX has no atomic instruction."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
+    code = textwrap.dedent("""
+        import re
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from ordered_ssd.fold import CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, kernels
+        fn = kernels.conv1d_grad_partials_kernel
+        ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp32", "bias_ptr": "*fp32", "dout_ptr": "*bf16", "seq_ptr": "*i32",
+                "dw_ptr": "*fp32", "db_ptr": "*fp32"}
+        for W, flag in ((2, False), (4, True)):
+            const = dict(W=W, HAS_BIAS=flag, HAS_SEQ=flag, SILU=flag, TILE_L=CONV1D_BWD_TILE_L,
+                         BLOCK_D=CONV1D_BWD_BLOCK_D)
+            sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 2})
+            assert k.asm["cubin"] and not re.search(r"^\\s*(@%p\\d+\\s+)?(atom|red)\\.", k.asm["ptx"], re.M), W
+        print("compiled")
+    """)
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "compiled" in res.stdout
