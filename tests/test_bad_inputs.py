@@ -295,7 +295,7 @@ ROWS = [
         ValueError, r"^A: expected shape \[H\] = \(4,\), got \(3,\)$"),
     Row("bind/conv width 5", lambda ctx: cb.launch_causal_conv1d_fwd(torch.zeros(2, 8, 16), torch.zeros(8, 5)),
         ValueError, r"^weight: expected a width W in 2\.\.4 \(causal-conv1d\), got 5$"),
-    Row("bind/conv dout dtype", lambda ctx: cb.launch_causal_conv1d_bwd_per_example(
+    Row("bind/conv dout dtype", lambda ctx: cb.launch_causal_conv1d_bwd_dx(
         torch.zeros(2, 8, 16), torch.zeros(8, 4), None, torch.zeros(2, 8, 16, dtype=torch.float16)),
         ValueError, r"^dout: expected the dtype of x \(torch\.float32\), got torch\.float16$"),
     Row("bind/rmsnorm stride", lambda ctx: cb.launch_rmsnorm_gated_fwd(torch.zeros(16, 8).t(), torch.ones(16), 1e-5),

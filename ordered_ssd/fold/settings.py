@@ -19,8 +19,9 @@ import math
 import torch
 
 __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L",
-           "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "gemm_fold_config", "gemm_fold_configs_for",
-           "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
+           "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "gemm_fold_config",
+           "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
+           "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32.
@@ -120,15 +121,27 @@ LINEAR_FUSED_BELOW_L = 8192
 #: example; the group size depends on the shape alone and never changes a value).
 LINEAR_GROUP_BYTES = 64 << 20
 
+#: Order-deciding. Positions per tile of the conv1d weight/bias gradient partials
+#: (:func:`~ordered_ssd.fold.conv1d_weight_grad_partials`): example ``b``'s partial ``t`` sums positions
+#: ``t * CONV1D_BWD_TILE_L ...`` up to the next tile, one position at a time, and the tiles are folded in order.
+#: A shape-only constant (never the batch size), so an example's partials are the same alone or in any batch.
+CONV1D_BWD_TILE_L = 128
+
+#: Bit-neutral. Channels per program of the conv1d partials kernel: every channel's sums run in its own lanes, so
+#: the block only decides which channels a program owns, never an order.
+CONV1D_BWD_BLOCK_D = 64
+
 #: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
 #: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
-#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`.
-REDUCTION_VERSION = 2
+#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`; 3: the conv1d weight/bias
+#: gradients from ordered-ssd's own per-(example, tile) partials kernel (:data:`CONV1D_BWD_TILE_L`) instead of
+#: causal-conv1d's channel-first backward called once per example.
+REDUCTION_VERSION = 3
 
 
 def reduction_fingerprint(device=None) -> str:
     """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their settings (the fold
-    kernel's configurations, :data:`LINEAR_FUSED_BELOW_L`); part of the determinism fingerprint.
+    kernel's configurations, :data:`LINEAR_FUSED_BELOW_L`, :data:`CONV1D_BWD_TILE_L`); part of the determinism fingerprint.
 
     ``device`` None: the pinned :data:`GEMM_FOLD_CONFIGS`. A CUDA ``device``: the configurations
     :func:`gemm_fold_config` picks for its shared-memory limit (on a device where every pinned one fits, such as the
@@ -140,7 +153,8 @@ def reduction_fingerprint(device=None) -> str:
         limit = _resources.shared_memory_limit(device)
     configs = gemm_fold_configs_for(limit)
     settings = json.dumps({"configs": {str(k): list(v) for k, v in configs.items()},
-                           "fused_below_l": LINEAR_FUSED_BELOW_L}, sort_keys=True)
+                           "fused_below_l": LINEAR_FUSED_BELOW_L, "conv1d_tile_l": CONV1D_BWD_TILE_L},
+                          sort_keys=True)
     return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
 

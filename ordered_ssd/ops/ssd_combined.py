@@ -391,7 +391,7 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
             outproj_bias.dtype if outproj_bias is not None else None)
     _, dweight, dbias, dw_part, db_part = ordered_causal_conv1d_bwd(
         rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias, rearrange(dxBC, "b s d -> b d s"),
-        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"))
+        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal)
     partials["dconv1d_weight"] = dw_part
     partials["dconv1d_bias"] = db_part
     if dinit is not None:
@@ -576,7 +576,7 @@ def split_conv1d_scan_partials(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D
                                **kwargs):
     """Forward + ordered backward without autograd, returning the per-example partials of every SSD parameter
     (``dA_partial``, ``ddt_bias_partial``, ``dD_partial``, ``drmsnorm_weight``, ``dconv1d_weight``,
-    ``dconv1d_bias``; leading axis = example or sequence) and the folded gradients. For tests and debugging."""
+    ``dconv1d_bias``; leading axis = example) and the folded gradients. For tests and debugging."""
     _, saved = ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
                                                             chunk_size, **kwargs)
     kw = {k: v for k, v in kwargs.items() if k not in ("headdim", "ngroups")}

@@ -157,13 +157,15 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     from ordered_ssd.fold import settings
 
     base = settings.reduction_fingerprint()
-    assert base == "v2 gemm=46cc7281be71"  # the value before the renovation (bits unchanged)
+    assert base == "v3 gemm=d93bf44d8b2a"  # version 3: the conv1d partials kernel and its tile
     assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
     monkeypatch.setattr(settings, "LINEAR_FUSED_BELOW_L", settings.LINEAR_FUSED_BELOW_L * 2)
     longer = settings.reduction_fingerprint()
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
                         {**settings.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
-    assert len({base, longer, settings.reduction_fingerprint()}) == 3
+    configs = settings.reduction_fingerprint()
+    monkeypatch.setattr(settings, "CONV1D_BWD_TILE_L", settings.CONV1D_BWD_TILE_L // 2)
+    assert len({base, longer, configs, settings.reduction_fingerprint()}) == 4
 
 
 def test_gemm_fold_shared_bytes_is_the_pipelined_tiles():
@@ -207,11 +209,11 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
     limit = {"bytes": 232448}
     monkeypatch.setattr(resources, "shared_memory_limit", lambda device: limit["bytes"])
     pinned = settings.reduction_fingerprint()
-    assert settings.reduction_fingerprint("cuda:0") == pinned == "v2 gemm=46cc7281be71"  # H200: unchanged
+    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v3 gemm=")  # H200
     assert settings.reduction_fingerprint("cpu") == pinned
     limit["bytes"] = 101376
     small = settings.reduction_fingerprint("cuda:0")
-    assert small != pinned and small.startswith("v2 gemm=") and len(small.split("=")[1]) == 12
+    assert small != pinned and small.startswith("v3 gemm=") and len(small.split("=")[1]) == 12
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS", {**settings.GEMM_FOLD_CONFIGS,
                                                         torch.bfloat16: (128, 128, 64, 8, 8, 3),
                                                         torch.float16: (128, 128, 64, 8, 8, 3)})

@@ -73,14 +73,13 @@ def _ours_folded(kernel, p):
     if kernel == "rmsnorm_gated_bwd":
         dx, dw_p, dz = run_kernel(kernel, p)
         return dx, dw_p.sum(0).to(p["rms_w"].dtype), dz
-    if kernel == "causal_conv1d_bwd":
-        dx, dw_p, db_p = run_kernel(kernel, p)
-        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
-    if kernel == "causal_conv1d_bwd_seq_idx":
+    if kernel in ("causal_conv1d_bwd", "causal_conv1d_bwd_seq_idx"):
+        # the launcher gives dx only; the weight/bias gradients are ordered-ssd's own partials, folded
+        from ordered_ssd.ops.causal_conv1d import ordered_causal_conv1d_bwd
         xc, dc = p["conv_x"].transpose(1, 2), p["conv_dout"].transpose(1, 2)
-        dx, dw_p, db_p, _ = cb.launch_causal_conv1d_bwd_per_example(xc, p["conv_w"], p["conv_b"], dc,
-                                                                    seq_idx=_seq_idx(p), silu_activation=True)
-        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
+        sidx = _seq_idx(p) if kernel.endswith("seq_idx") else None
+        dx, dw, db, _, _ = ordered_causal_conv1d_bwd(xc, p["conv_w"], p["conv_b"], dc, seq_idx=sidx, silu=True)
+        return dx, dw, db
     if kernel == "causal_conv1d_fwd_seq_idx":
         return (cb.launch_causal_conv1d_fwd(p["conv_x"].transpose(1, 2), p["conv_w"], p["conv_b"],
                                             seq_idx=_seq_idx(p), silu_activation=True),)
