@@ -39,6 +39,13 @@ def cuda_path_available():
     return _cuda_status
 
 
+@torch.compiler.assume_constant_result
+def _cuda_path_ok() -> bool:
+    """``cuda_path_available()[0]``, a constant for ``torch.compile`` (dynamo calls it once instead of tracing the
+    first-use import and version check of the native extras)."""
+    return cuda_path_available()[0]
+
+
 class GatedRMSNorm(nn.Module):
     """Parameter holder with the layout of mamba-ssm's ``layernorm_gated.RMSNorm``.
 
@@ -207,6 +214,7 @@ class OrderedMamba2(nn.Module):
 
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
+        self.validate_seq_idx = False
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -270,7 +278,7 @@ class OrderedMamba2(nn.Module):
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
                                   allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
-        _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
+        _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device, values=self.validate_seq_idx)
         if backend == "cuda":
             out = self._forward_cuda(u, seq_idx)
         else:
@@ -284,7 +292,7 @@ class OrderedMamba2(nn.Module):
     def backend_for(self, u: torch.Tensor) -> str:
         """``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 when
         :func:`cuda_path_available`, else ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
-        if u.device.type == "cuda" and u.dtype != torch.float64 and cuda_path_available()[0]:
+        if u.device.type == "cuda" and u.dtype != torch.float64 and _cuda_path_ok():
             return "cuda"
         return "reference"
 

@@ -1,7 +1,8 @@
 """Causal depthwise conv1d (+ SiLU) with ordered weight and bias gradients, on causal-conv1d's CUDA kernels.
 
 Layers: composition (:func:`ordered_causal_conv1d_fwd`, :func:`ordered_causal_conv1d_bwd`; plain functions, no
-autograd) → :class:`OrderedCausalConv1dFunction` → :func:`ordered_causal_conv1d`.
+autograd) → the custom op ``ordered_ssd::causal_conv1d`` (fake, autograd through ``ordered_ssd::causal_conv1d_backward``)
+→ :func:`ordered_causal_conv1d`.
 
 Determinism: causal-conv1d's channel-first backward ``atomicAdd``s every example's weight gradient into one buffer,
 so the backward runs it once per example (or per packed sequence with ``seq_idx``), where every address has a
@@ -10,16 +11,16 @@ partials in example order (:func:`ordered_ssd.fold.fold_dims`). Source: ``causal
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
-from torch.autograd.function import once_differentiable
 
 import csrc_bindings
 
 from ..fold import fold_dims
-from .common import custom_bwd, custom_fwd, require_cuda
+from .common import NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, or_none, require_cuda
 
-__all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "OrderedCausalConv1dFunction",
-           "ordered_causal_conv1d"]
+__all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "ordered_causal_conv1d"]
 
 
 # ------------------------------------------------------------------------------------------------ composition
@@ -42,24 +43,48 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
     return dx, dweight, dbias, dweight_partial, dbias_partial
 
 
-# ----------------------------------------------------------------------------------------------- autograd
-class OrderedCausalConv1dFunction(torch.autograd.Function):
-    """causal-conv1d with ``dweight``/``dbias`` folded over per-example (per-sequence) partials."""
+# --------------------------------------------------------------------------------------------- custom op
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d", mutates_args=(), tags=OP_TAGS)
+def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
+    with autocast_context(autocast):
+        return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)  # torch.empty_like(x)
 
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, x, weight, bias, seq_idx, silu):
-        ctx.save_for_backward(x, weight, bias, seq_idx)
-        ctx.silu = silu
-        return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout):
-        x, weight, bias, seq_idx = ctx.saved_tensors
-        dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=ctx.silu)
-        return dx, dweight, dbias, None, None
+@_causal_conv1d.register_fake
+def _(x, weight, bias, seq_idx, silu, autocast):
+    return torch.empty_like(x)  # the launcher's allocation: the layout of x (channel-first or channel-last)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_backward", mutates_args=(), tags=OP_TAGS)
+def _causal_conv1d_backward(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                            seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with autocast_context(autocast):
+        dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=silu)
+    return (dx.to(x.dtype), *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: torch.empty_like(x)
+
+
+@_causal_conv1d_backward.register_fake
+def _(dout, x, weight, bias, seq_idx, silu, autocast):
+    dbias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else x.new_empty(
+        (0,), dtype=torch.float32)
+    return torch.empty_like(x), torch.empty_like(weight, memory_format=torch.contiguous_format), dbias
+
+
+def _causal_conv1d_setup_context(ctx, inputs, output):
+    x, weight, bias, seq_idx, silu, autocast = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx)
+    ctx.silu, ctx.autocast = silu, autocast
+
+
+def _causal_conv1d_bwd(ctx, dout):
+    x, weight, bias, seq_idx = ctx.saved_tensors
+    dx, dweight, dbias = _causal_conv1d_backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
+    return dx, dweight, or_none(dbias, bias), None, None, None
+
+
+_causal_conv1d.register_autograd(_causal_conv1d_bwd, setup_context=_causal_conv1d_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -89,4 +114,4 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     elif x.stride(1) != 1 and x.stride(2) != 1:
         x = x.contiguous()
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return OrderedCausalConv1dFunction.apply(x, weight, bias, seq_idx, activation is not None)
+    return _causal_conv1d(x, weight, bias, seq_idx, activation is not None, autocast_dtype(x))

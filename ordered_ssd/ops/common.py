@@ -1,24 +1,29 @@
-"""What every ordered op shares: argument checks, the autocast dtype, the default ``dt_limit``.
+"""What every ordered op shares: argument checks, the autocast dtype and context, the default ``dt_limit``, the
+helpers of the ``torch.library`` custom ops (absent gradients, the custom-op namespace).
 
 Nothing here decides the order of a sum (that is :mod:`ordered_ssd.fold`) or launches a kernel (that is
 :mod:`csrc_bindings`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "not_supported", "autocast_dtype"]
+__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "not_supported", "autocast_dtype", "autocast_context", "absent",
+           "or_none", "as_dtype_of"]
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
 
-#: ``torch.amp`` decorators for the Functions' forward/backward on CUDA (cast inputs as autocast would).
-custom_fwd = torch.amp.custom_fwd(device_type="cuda")
-custom_bwd = torch.amp.custom_bwd(device_type="cuda")
+#: The ``torch.library`` namespace of ordered-ssd's custom ops (``torch.ops.ordered_ssd.*``).
+NAMESPACE = "ordered_ssd"
+
+#: Tags of every custom op: inductor passes each tensor argument with the exact strides it has in eager mode (the
+#: launchers choose a kernel by layout, e.g. causal-conv1d's channel-last or channel-first one).
+OP_TAGS = (torch.Tag.needs_exact_strides,)
 
 
 def require_cuda(name: str, t) -> None:
@@ -48,3 +53,39 @@ def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
     if t.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
         return torch.get_autocast_dtype("cuda")
     return None
+
+
+def autocast_context(dtype: Optional[torch.dtype]):
+    """The CUDA autocast state a custom op's body runs under: on at ``dtype``, or off when ``dtype`` is None.
+
+    The public functions read the caller's state with :func:`autocast_dtype` and pass it to their custom op as an
+    argument; the op's forward and backward bodies run under this context. That is what ``torch.amp.custom_fwd`` /
+    ``custom_bwd`` gave the former ``autograd.Function`` classes (forward under the caller's autocast, backward under the
+    forward's), made explicit, because a custom op's body otherwise runs with autocast excluded under
+    ``torch.compile`` but not in eager mode.
+    """
+    if dtype is None:
+        return torch.autocast("cuda", enabled=False)
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def absent(like: torch.Tensor) -> torch.Tensor:
+    """The stand-in a custom op returns for an output that does not exist (a gradient of an input that is None):
+    an empty fp32 tensor on the device of ``like`` (custom-op schemas cannot return None)."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def or_none(t: torch.Tensor, present) -> Optional[torch.Tensor]:
+    """``t`` when ``present`` (the input it belongs to, or a flag) is not None/False, else None (undoes
+    :func:`absent`)."""
+    return t if present is not None and present is not False else None
+
+
+def as_dtype_of(grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[Optional[torch.Tensor]],
+                like: torch.Tensor) -> list:
+    """Each gradient contiguous and in the dtype of its input; :func:`absent` (on the device of ``like``) where the
+    gradient or its input is None. This is what autograd's engine did to the former Functions' gradients (a cast
+    of an fp32 fold to the parameter dtype rounds once, as before), done inside the custom op so that its fake
+    gives the exact dtypes and strides."""
+    return [absent(like) if g is None or inp is None else g.to(inp.dtype).contiguous()
+            for g, inp in zip(grads, inputs)]

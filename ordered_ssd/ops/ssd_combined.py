@@ -10,7 +10,8 @@ Mirrors ``mamba_ssm/ops/triton/ssd_combined.py`` (mamba-ssm 2.3.2.post1). Layers
   is reduced with :mod:`ordered_ssd.fold` in lexical order; the conv, the gated RMSNorm and the out_proj of the
   layer go through their own ops (:mod:`~ordered_ssd.ops.causal_conv1d`, :mod:`~ordered_ssd.ops.layernorm_gated`,
   :mod:`~ordered_ssd.ops.linear`);
-* autograd: :class:`OrderedMambaChunkScanCombinedFn`, :class:`OrderedMambaSplitConv1dScanCombinedFn`;
+* custom ops (``torch.library``, each with a fake and with autograd through its ``*_backward`` custom op):
+  ``ordered_ssd::mamba_chunk_scan_combined``, ``ordered_ssd::mamba_split_conv1d_scan_combined``;
 * public functions: :func:`ordered_mamba_chunk_scan_combined`, :func:`ordered_mamba_split_conv1d_scan_combined`
   (and :func:`split_conv1d_scan_partials` for tests and debugging).
 
@@ -18,31 +19,32 @@ Determinism (CUDA): the outputs and the gradients are bitwise identical across r
 the same inputs, GPU model and versions of torch / triton / mamba-ssm / causal-conv1d; every gradient of a shared
 parameter is a lexical fp32 fold over per-(example, chunk, tile) partials, cast once. ``literal=True`` computes the
 same backward by launching the kernels once per example (a batch of one) and concatenating the partials before the
-same folds; it gives the same bits (tested on the GPU). The Functions are once-differentiable (their backward calls
-native kernels): a double backward raises ``RuntimeError``. Scope: CUDA tensors with the native extras installed
+same folds; it gives the same bits (tested on the GPU). The custom ops are once-differentiable (their backward is an opaque custom op
+calling native kernels): a double backward raises ``RuntimeError``. They trace under ``torch.compile`` without a
+graph break and give the eager bits there (``docs/compile.md``). Scope: CUDA tensors with the native extras installed
 (``pip install ordered-ssd[cuda]``), else ``ImportError`` at the first launch.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch.autograd.function import once_differentiable
 
 import csrc_bindings
 
 from ..fold import fold_dims, lexical_cumsum, rmsnorm_rows_per_program
 from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .common import NO_LIMIT, custom_bwd, custom_fwd, not_supported, require_cuda
+from .common import (NAMESPACE, OP_TAGS, NO_LIMIT, absent, as_dtype_of, autocast_context, autocast_dtype, not_supported,
+                     or_none, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 
 __all__ = [
     "ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_combined_bwd",
     "ordered_mamba_split_conv1d_scan_combined_fwd", "ordered_mamba_split_conv1d_scan_combined_bwd",
-    "OrderedMambaChunkScanCombinedFn", "OrderedMambaSplitConv1dScanCombinedFn", "ordered_mamba_chunk_scan_combined",
+    "ordered_mamba_chunk_scan_combined",
     "ordered_mamba_split_conv1d_scan_combined", "split_conv1d_scan_partials",
 ]
 
@@ -359,69 +361,162 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
     return (result, partials) if return_partials else result
 
 
-# ----------------------------------------------------------------------------------------------- autograd
-class OrderedMambaChunkScanCombinedFn(torch.autograd.Function):
-    """Ordered ``MambaChunkScanCombinedFn`` (no initial states, no final states)."""
+# -------------------------------------------------------------------------------------------- custom ops: SSD
+def _dense(t):
+    return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None else None
 
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal):
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined", mutates_args=(), tags=OP_TAGS)
+def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+                D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
+                autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out, out_x)``: out [B, L, H, P] (gated with z); out_x the ungated output, :func:`absent` without z."""
+    with autocast_context(autocast):
         out, out_x, *_ = ordered_mamba_chunk_scan_combined_fwd(
-            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-            seq_idx=seq_idx)
-        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, seq_idx)
-        ctx.args = (chunk_size, dt_softplus, dt_limit, literal)
-        return out
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+            dt_limit=tuple(dt_limit), seq_idx=seq_idx)
+    return out.contiguous(), (out_x.contiguous() if z is not None else absent(x))
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout):
-        out, x, dt, A, B, C, D, z, dt_bias, seq_idx = ctx.saved_tensors
-        chunk_size, dt_softplus, dt_limit, literal = ctx.args
-        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, _ = ordered_mamba_chunk_scan_combined_bwd(
+
+@_chunk_scan.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal, autocast):
+    return _dense(x), (_dense(x) if z is not None else absent(x))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
+def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
+                         z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                         dt_softplus: bool, dt_limit: List[float], literal: bool,
+                         autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+    """``[dx, ddt, dA, dB, dC, dD, dz, ddt_bias]`` (:func:`absent` for a None input)."""
+    with autocast_context(autocast):
+        grads = ordered_mamba_chunk_scan_combined_bwd(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-            dt_limit=dt_limit, seq_idx=seq_idx, literal=literal)
-        dA = dA.to(A.dtype)
-        dD = dD.to(D.dtype) if dD is not None else None
-        ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
-        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, None, None, None, None
+            dt_limit=tuple(dt_limit), seq_idx=seq_idx, literal=literal)[:8]
+    return as_dtype_of(grads, (x, dt, A, B, C, D, z, dt_bias), x)
 
 
-class OrderedMambaSplitConv1dScanCombinedFn(torch.autograd.Function):
-    """Ordered ``MambaSplitConv1dScanCombinedFn``: conv1d + SSD + gated RMSNorm + out_proj."""
+@_chunk_scan_backward.register_fake
+def _(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal, autocast):
+    return [_dense(t) if t is not None else absent(x) for t in (x, dt, A, B, C, D, z, dt_bias)]
 
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, dt_limit, activation,
-                rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate,
-                literal):
+
+def _chunk_scan_setup_context(ctx, inputs, output):
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal, autocast = inputs
+    out, out_x = output
+    ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, seq_idx)
+    ctx.args = (chunk_size, dt_softplus, dt_limit, literal, autocast)
+
+
+def _chunk_scan_bwd(ctx, dout, _dout_x):
+    out, x, dt, A, B, C, D, z, dt_bias, seq_idx = ctx.saved_tensors
+    chunk_size, dt_softplus, dt_limit, literal, autocast = ctx.args
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias = _chunk_scan_backward(
+        dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal, autocast)
+    return (dx, ddt, dA, dB, dC, None, or_none(dD, D), or_none(dz, z), or_none(ddt_bias, dt_bias), None, None, None,
+            None, None)
+
+
+_chunk_scan.register_autograd(_chunk_scan_bwd, setup_context=_chunk_scan_setup_context)
+
+
+# ------------------------------------------------------------------------------ custom ops: split conv1d scan
+@torch.library.custom_op(f"{NAMESPACE}::mamba_split_conv1d_scan_combined", mutates_args=(), tags=OP_TAGS)
+def _split_conv1d_scan(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: Optional[torch.Tensor],
+                       dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, chunk_size: int,
+                       seq_idx: Optional[torch.Tensor], dt_limit: List[float], activation: Optional[str],
+                       rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float,
+                       outproj_weight: Optional[torch.Tensor], outproj_bias: Optional[torch.Tensor],
+                       headdim: Optional[int], ngroups: int, norm_before_gate: bool, literal: bool,
+                       autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out [B, L, d_out], out_x [B, L, H, P], rstd [G * B * L] fp32 or :func:`absent`)``."""
+    with autocast_context(autocast):
         out, saved = ordered_mamba_split_conv1d_scan_combined_fwd(
-            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx, dt_limit=dt_limit,
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx, dt_limit=tuple(dt_limit),
             activation=activation, rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps,
             outproj_weight=outproj_weight, outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
             norm_before_gate=norm_before_gate)
-        ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved["out_x"], A, D, dt_bias, seq_idx,
-                              rmsnorm_weight, saved["rstd"], outproj_weight, outproj_bias)
-        ctx.saved_meta = {k: v for k, v in saved.items() if k not in ("out_x", "rstd")}
-        ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal)
-        return out
+    rstd = saved["rstd"]
+    return out.contiguous(), saved["out_x"].contiguous(), (rstd if rstd is not None else absent(zxbcdt))
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout):
-        (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
-         outproj_bias) = ctx.saved_tensors
-        chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal = ctx.args
-        (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
-         doutproj_bias) = ordered_mamba_split_conv1d_scan_combined_bwd(
+
+@_split_conv1d_scan.register_fake
+def _(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, dt_limit, activation, rmsnorm_weight,
+      rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal, autocast):
+    nheads, headdim, _, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
+    batch, seqlen, _ = zxbcdt.shape
+    if outproj_weight is not None:
+        out = zxbcdt.new_empty((batch, seqlen, outproj_weight.shape[0]),
+                               dtype=autocast if autocast is not None else zxbcdt.dtype)
+    else:
+        out = zxbcdt.new_empty((batch, seqlen, d_nonssm + nheads * headdim))
+    out_x = zxbcdt.new_empty((batch, seqlen, nheads, headdim))
+    rstd = (zxbcdt.new_empty((ngroups * batch * seqlen,), dtype=torch.float32) if rmsnorm_weight is not None
+            else absent(zxbcdt))
+    return out, out_x, rstd
+
+
+_SPLIT_GRAD_INPUTS = ("zxbcdt", "conv1d_weight", "conv1d_bias", "dt_bias", "A", "D", "rmsnorm_weight",
+                      "outproj_weight", "outproj_bias")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba_split_conv1d_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
+def _split_conv1d_scan_backward(dout: torch.Tensor, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
+                                conv1d_bias: Optional[torch.Tensor], out_x: torch.Tensor, A: torch.Tensor,
+                                D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+                                seq_idx: Optional[torch.Tensor], dt_limit: List[float], activation: Optional[str],
+                                rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float, rstd: torch.Tensor,
+                                outproj_weight: Optional[torch.Tensor], outproj_bias: Optional[torch.Tensor],
+                                headdim: Optional[int], ngroups: int, norm_before_gate: bool, literal: bool,
+                                autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+    """The gradients of ``_SPLIT_GRAD_INPUTS`` in that order (:func:`absent` for a None input)."""
+    nheads, headdim, dstate, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
+    saved = dict(headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate, d_nonssm=d_nonssm)
+    with autocast_context(autocast):
+        grads = ordered_mamba_split_conv1d_scan_combined_bwd(
             dout.contiguous() if dout.stride(-1) != 1 else dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D,
-            dt_bias, chunk_size, saved=ctx.saved_meta, seq_idx=seq_idx, dt_limit=dt_limit, activation=activation,
-            rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps, rstd=rstd, outproj_weight=outproj_weight,
+            dt_bias, chunk_size, saved=saved, seq_idx=seq_idx, dt_limit=tuple(dt_limit), activation=activation,
+            rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps,
+            rstd=rstd if rmsnorm_weight is not None else None, outproj_weight=outproj_weight,
             outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal)
-        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, None, None, None, None, drmsnorm_weight, None,
-                doutproj_weight, doutproj_bias, None, None, None, None)
+    return as_dtype_of(grads, (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight,
+                               outproj_bias), zxbcdt)
+
+
+@_split_conv1d_scan_backward.register_fake
+def _(dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, chunk_size, seq_idx, dt_limit, activation,
+      rmsnorm_weight, rmsnorm_eps, rstd, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal,
+      autocast):
+    return [_dense(t) if t is not None else absent(zxbcdt)
+            for t in (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight, outproj_bias)]
+
+
+def _split_conv1d_scan_setup_context(ctx, inputs, output):
+    (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, dt_limit, activation, rmsnorm_weight,
+     rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal, autocast) = inputs
+    _, out_x, rstd = output
+    ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd,
+                          outproj_weight, outproj_bias)
+    ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, headdim, ngroups, norm_before_gate, literal, autocast)
+
+
+def _split_conv1d_scan_bwd(ctx, dout, _dout_x, _drstd):
+    (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
+     outproj_bias) = ctx.saved_tensors
+    chunk_size, dt_limit, activation, rmsnorm_eps, headdim, ngroups, norm_before_gate, literal, autocast = ctx.args
+    (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
+     doutproj_bias) = _split_conv1d_scan_backward(
+        dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, chunk_size, seq_idx, dt_limit, activation,
+        rmsnorm_weight, rmsnorm_eps, rstd, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal,
+        autocast)
+    return (dzxbcdt, dconv1d_weight, or_none(dconv1d_bias, conv1d_bias), ddt_bias, dA, dD, None, None, None, None,
+            or_none(drmsnorm_weight, rmsnorm_weight), None, or_none(doutproj_weight, outproj_weight),
+            or_none(doutproj_bias, outproj_bias), None, None, None, None, None)
+
+
+_split_conv1d_scan.register_autograd(_split_conv1d_scan_bwd, setup_context=_split_conv1d_scan_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- public functions
@@ -447,8 +542,8 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
     not_supported(initial_states=initial_states, cu_seqlens=cu_seqlens, return_final_states=return_final_states,
                   return_varlen_states=return_varlen_states)
     require_cuda("x", x)
-    return OrderedMambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus,
-                                                 tuple(dt_limit), literal)
+    return _chunk_scan(x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus,
+                       [float(v) for v in dt_limit], literal, autocast_dtype(x))[0]
 
 
 def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
@@ -479,9 +574,10 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
     if D.dim() == 1 and headdim is None:
         raise ValueError("headdim: required when D is 1-d ([H]), got None")
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return OrderedMambaSplitConv1dScanCombinedFn.apply(
-        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, tuple(dt_limit), activation,
-        rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate, literal)
+    return _split_conv1d_scan(
+        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx, [float(v) for v in dt_limit],
+        activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate,
+        literal, autocast_dtype(zxbcdt))[0]
 
 
 def split_conv1d_scan_partials(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, dout, *, literal=False,
