@@ -303,7 +303,7 @@ class OrderedMamba2(nn.Module):
 
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
         zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
-        A = -torch.exp(self.A_log.float())
+        A = ops.ordered_A_from_log(self.A_log)  # -exp(A_log.float()), opaque to inductor (eager bits when compiled)
         D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
         conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
         if self.use_mem_eff_path:
@@ -331,7 +331,7 @@ class OrderedMamba2(nn.Module):
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
                                          norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)
         if d_mlp > 0:
-            y = torch.cat([torch.nn.functional.silu(z0) * x0, y], dim=-1)
+            y = torch.cat([ops.ordered_silu_mul(z0, x0), y], dim=-1)
         return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
     def step(self, *args, **kwargs):
