@@ -12,7 +12,7 @@ import torch
 
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "not_supported", "autocast_dtype", "autocast_context", "absent",
+__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "auxiliary_outputs", "require_cuda", "not_supported", "autocast_dtype", "autocast_context", "absent",
            "or_none", "as_dtype_of"]
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
@@ -89,3 +89,10 @@ def as_dtype_of(grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[Option
     gives the exact dtypes and strides."""
     return [absent(like) if g is None or inp is None else g.to(inp.dtype).contiguous()
             for g, inp in zip(grads, inputs)]
+
+
+def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:
+    """In a custom op's ``setup_context``: ``outputs`` are returned only to be saved for the backward (``out_x``,
+    ``rstd``), not differentiable, and their gradients are not materialised as zeros (no allocation per step)."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)

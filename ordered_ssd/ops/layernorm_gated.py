@@ -18,7 +18,8 @@ import torch
 import csrc_bindings
 
 from ..fold import fold_dims, rmsnorm_rows_per_program
-from .common import NAMESPACE, OP_TAGS, absent, as_dtype_of, autocast_context, autocast_dtype, or_none, require_cuda
+from .common import (NAMESPACE, OP_TAGS, absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs,
+                     or_none, require_cuda)
 
 __all__ = ["ordered_rmsnorm_gated_fwd", "ordered_rmsnorm_gated_bwd", "ordered_gated_rmsnorm"]
 
@@ -122,6 +123,7 @@ def _(dy, x, weight, z, rstd, eps, group_size, norm_before_gate, chunk_size, aut
 def _gated_rmsnorm_setup_context(ctx, inputs, output):
     x, weight, z, eps, group_size, norm_before_gate, chunk_size, autocast = inputs
     ctx.save_for_backward(x, weight, z, output[1])
+    auxiliary_outputs(ctx, output[1])
     ctx.args = (eps, group_size, norm_before_gate, chunk_size, autocast)
 
 

@@ -36,8 +36,8 @@ import csrc_bindings
 
 from ..fold import fold_dims, lexical_cumsum, rmsnorm_rows_per_program
 from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .common import (NAMESPACE, OP_TAGS, NO_LIMIT, absent, as_dtype_of, autocast_context, autocast_dtype, not_supported,
-                     or_none, require_cuda)
+from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, autocast_context, autocast_dtype,
+                     auxiliary_outputs, not_supported, or_none, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 
@@ -407,6 +407,7 @@ def _chunk_scan_setup_context(ctx, inputs, output):
     x, dt, A, B, C, chunk_size, D, z, dt_bias, seq_idx, dt_softplus, dt_limit, literal, autocast = inputs
     out, out_x = output
     ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, seq_idx)
+    auxiliary_outputs(ctx, out_x)
     ctx.args = (chunk_size, dt_softplus, dt_limit, literal, autocast)
 
 
@@ -499,6 +500,7 @@ def _split_conv1d_scan_setup_context(ctx, inputs, output):
     _, out_x, rstd = output
     ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd,
                           outproj_weight, outproj_bias)
+    auxiliary_outputs(ctx, out_x, rstd)
     ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, headdim, ngroups, norm_before_gate, literal, autocast)
 
 
