@@ -143,7 +143,8 @@ def _reference_mamba2(u: torch.Tensor, seq_idx: Optional[torch.Tensor], in_proj_
                           out_proj_weight, out_proj_bias)
     dims = _dims_of(d_model, d_inner, d_ssm, headdim, ngroups, d_state, d_conv, chunk_size, dt_limit, rmsnorm,
                     norm_before_gate, norm_eps, D_has_hdim)
-    return ordered_reference_mamba2_fwd(u, params, dims, seq_idx).contiguous()
+    with torch.autocast(u.device.type, enabled=False):  # as under torch.compile, where the body runs without it
+        return ordered_reference_mamba2_fwd(u, params, dims, seq_idx).contiguous()
 
 
 @_reference_mamba2.register_fake
@@ -161,7 +162,7 @@ def _reference_mamba2_backward(dout: torch.Tensor, u: torch.Tensor, seq_idx: Opt
     """``[du, *grads]`` (the ten fields of :class:`Mamba2Params`); an empty tensor where not computed."""
     dims = _dims_of(d_model, d_inner, d_ssm, headdim, ngroups, d_state, d_conv, chunk_size, dt_limit, rmsnorm,
                     norm_before_gate, norm_eps, D_has_hdim)
-    with _autograd_inside_custom_op():
+    with _autograd_inside_custom_op(), torch.autocast(u.device.type, enabled=False):
         du, grads, _ = ordered_reference_mamba2_bwd(dout.contiguous(), u, Mamba2Params(*params), dims, seq_idx,
                                                     needs_input_grad=needs_grad[0],
                                                     needs_param_grad=tuple(needs_grad[1:]))

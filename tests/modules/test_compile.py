@@ -129,3 +129,18 @@ def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
     elif not kw["use_mem_eff_path"]:
         expected.add("ordered_ssd.gated_rmsnorm.default")
     assert expected <= targets, targets
+
+
+def test_reference_path_ignores_cpu_autocast(fresh_dynamo):
+    """The reference computes in its parameters' dtype under CPU autocast, eager and compiled alike (custom-op
+    bodies run without autocast under torch.compile, and the op says so in eager mode too)."""
+    layer = make_layer(seed=3, dtype=torch.float32, **CFG)
+    u, dout, _ = _inputs()
+    plain = _step(layer, layer, u, dout, None)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for fn in (layer, compiled):
+            got = _step(layer, fn, u, dout, None)
+            assert got["out"].dtype == torch.float32
+            for name, t in plain.items():
+                assert bits_equal(got[name], t), name
