@@ -112,7 +112,7 @@ def test_compiled_model_under_autocast_gives_the_eager_bits(fresh_dynamo):
 @pytest.mark.parametrize("dtype,mem_eff", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
 def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, fresh_dynamo):
     """Inductor's CUDA graphs: the first calls warm up and record, the later ones replay; every step (two inputs in
-    turn, static shapes) gives the eager bits, and no graph was skipped (counters['inductor']['cudagraph_skips'])."""
+    turn, static shapes) gives the eager bits, no graph was skipped and graphs were recorded (inductor's counters)."""
     from torch._dynamo.utils import counters
 
     model = TwoLayers(dtype, use_mem_eff_path=mem_eff)
@@ -125,6 +125,8 @@ def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, fresh_dynam
         u, dout = inputs[i % 2]
         _assert_bits(_step(model, compiled, u, dout), eager[i % 2], f"reduce-overhead step {i}")
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    # graphs were recorded (u and dout are copied into static inputs: the counter inductor keeps while recording)
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0, dict(counters["inductor"])
 
 
 @pytest.mark.parametrize("dtype,mem_eff", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
