@@ -99,6 +99,10 @@ class OrderedMamba2(nn.Module):
     (:mod:`ordered_ssd.ops`); ``"reference"`` elsewhere (CPU, fp64, or CUDA without the extras): the
     pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run
     the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
+    Set ``layer.validate_seq_idx = True`` to check that ``seq_idx`` rows are non-decreasing in every forward
+    (reads them on the host; off by default so that a step has no host synchronisation).
+    ``torch.compile(model, fullgraph=True)`` traces the layer without a graph break (every computation is a
+    ``torch.library`` custom op) and gives the eager bits; see ``docs/compile.md``.
     """
 
     def __init__(
@@ -247,7 +251,9 @@ class OrderedMamba2(nn.Module):
                 the dtype of ``in_proj.weight``.
             seqlen: None, or L when ``u`` is flattened to [B * L, d_model].
             seq_idx: None or [B, L] integer ids of packed sequences, non-decreasing along L; the
-                conv and the SSM state do not cross a change of id.
+                conv and the SSM state do not cross a change of id. Its shape, dtype and device are checked;
+                its values only with ``self.validate_seq_idx = True`` (a host read: see
+                :func:`ordered_ssd.validate_seq_idx`).
             cu_seqlens, inference_params: not supported (``NotImplementedError`` if given).
 
         Returns:

@@ -8,6 +8,7 @@
 * one eager training step (forward + backward) captured with ``torch.cuda.graph`` replays with the eager bits, for
   two different inputs copied into the static ones (no host synchronisation in the step; without ``seq_idx``,
   whose conv backward still reads it on the host);
+* a training step without ``seq_idx`` makes no synchronising CUDA call (``torch.cuda.set_sync_debug_mode``);
 * the custom ops pass ``torch.library.opcheck`` (schema and no undeclared mutation, autograd registration, the
   fakes against the real outputs, AOT dispatch with dynamic shapes against eager).
 """
@@ -167,6 +168,30 @@ def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_e
         torch.cuda.synchronize()
         _assert_bits({k: v.detach().clone() for k, v in static.items()}, eager[i % 2], f"replay {i}")
     del graph
+
+
+@pytest.mark.parametrize("mem_eff", [True, False])
+def test_training_step_has_no_host_synchronisation(mem_eff):
+    """A training step without seq_idx (after a first step that compiles the kernels) runs under
+    torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising CUDA call; the positive control
+    (.item()) shows that the mode is on."""
+    model = TwoLayers(torch.bfloat16, use_mem_eff_path=mem_eff)
+    u, dout = _inputs(torch.bfloat16)
+    first = _step(model, model, u, dout)
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            torch.ones(1, device="cuda").item()
+        model.zero_grad(set_to_none=True)
+        uu = u.clone().requires_grad_(True)
+        out = model(uu)
+        out.backward(dout)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    again = {"out": out.detach(), "u": uu.grad}
+    again.update({n: p.grad for n, p in model.named_parameters()})
+    _assert_bits(again, first, "step under sync debug mode")
 
 
 # ------------------------------------------------------------------------------------------------- opcheck

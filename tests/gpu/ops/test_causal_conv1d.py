@@ -1,4 +1,4 @@
-"""ordered_ssd.ops.causal_conv1d on the GPU: the Function's gradients are its composition's, the weight and bias
+"""ordered_ssd.ops.causal_conv1d on the GPU: the custom op's gradients are its composition's, the weight and bias
 gradients are the folds of the per-example partials in example order, an example's partial does not depend on the
 rest of the batch, and fresh buffers full of NaN change nothing."""
 import pytest
