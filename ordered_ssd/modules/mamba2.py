@@ -39,11 +39,19 @@ def cuda_path_available():
     return _cuda_status
 
 
-@torch.compiler.assume_constant_result
 def _cuda_path_ok() -> bool:
-    """``cuda_path_available()[0]``, a constant for ``torch.compile`` (dynamo calls it once instead of tracing the
-    first-use import and version check of the native extras)."""
+    """``cuda_path_available()[0]``; a constant for ``torch.compile`` once :func:`_mark_native_check_constant` ran
+    (dynamo then calls it instead of tracing the first-use import and version check of the native extras)."""
     return cuda_path_available()[0]
+
+
+def _mark_native_check_constant() -> None:
+    """Mark :func:`_cuda_path_ok` with ``torch.compiler.assume_constant_result`` (idempotent). Called by
+    ``OrderedMamba2.__init__`` where CUDA is available, not at import: the mark imports ``torch._dynamo`` (seconds),
+    and off CUDA ``backend_for`` never reaches the check."""
+    if not getattr(_cuda_path_ok, "_ordered_ssd_marked", False):
+        torch.compiler.assume_constant_result(_cuda_path_ok)
+        _cuda_path_ok._ordered_ssd_marked = True
 
 
 class GatedRMSNorm(nn.Module):
@@ -219,6 +227,8 @@ class OrderedMamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
         self.validate_seq_idx = False
+        if torch.cuda.is_available():
+            _mark_native_check_constant()
 
     # ------------------------------------------------------------------ helpers
     @property

@@ -88,18 +88,12 @@ def test_validate_seq_idx_is_opt_in_under_compile(fresh_dynamo):
         torch.compile(layer, fullgraph=True, backend="aot_eager")(u, seq_idx=seq_idx)
 
 
-@pytest.mark.parametrize("kw", [dict(use_mem_eff_path=True), dict(use_mem_eff_path=False),
-                                dict(use_mem_eff_path=False, d_ssm=64, headdim=8, rmsnorm=False, bias=True)],
-                         ids=["mem_eff", "unfused", "unfused-mlp-zgate"])
-def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
-    """Dynamo traces the CUDA path (the custom ops, their fakes, the module code around them) with fake CUDA tensors
-    and fullgraph=True, so no GPU is needed; the fakes give the output shape, dtype and strides. (A CPU build of
-    torch cannot copy a fake CUDA tensor, so d_in_proj is a multiple of 8: the conv input needs no copy.)"""
+def _trace_cuda_path(**kw):
+    """Compile an OrderedMamba2 on fake CUDA bf16 tensors with fullgraph=True and a backend that keeps the graph;
+    returns ``(out, graphs)``. (A CPU build of torch cannot copy a fake CUDA tensor, so the shapes keep d_in_proj a
+    multiple of 8: the conv input needs no copy.)"""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import ordered_ssd.modules.mamba2 as mamba2
-
-    monkeypatch.setattr(mamba2, "_cuda_status", (True, ""))  # as on a machine with the native extras
     layer = OrderedMamba2(**{**dict(d_model=64, d_state=16, headdim=16, chunk_size=16), **kw})
     graphs = []
 
@@ -117,6 +111,19 @@ def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
         seq_idx = torch.zeros(2, 48, dtype=torch.int32, device="cuda")
         assert layer.backend_for(u) == "cuda"
         out = torch.compile(layer, fullgraph=True, backend=backend)(u, seq_idx=seq_idx)
+    return out, graphs
+
+
+@pytest.mark.parametrize("kw", [dict(use_mem_eff_path=True), dict(use_mem_eff_path=False),
+                                dict(use_mem_eff_path=False, d_ssm=64, headdim=8, rmsnorm=False, bias=True)],
+                         ids=["mem_eff", "unfused", "unfused-mlp-zgate"])
+def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
+    """Dynamo traces the CUDA path (the custom ops, their fakes, the module code around them) with fake CUDA tensors
+    and fullgraph=True, so no GPU is needed; the fakes give the output shape, dtype and strides."""
+    import ordered_ssd.modules.mamba2 as mamba2
+
+    monkeypatch.setattr(mamba2, "_cuda_status", (True, ""))  # as on a machine with the native extras
+    out, graphs = _trace_cuda_path(**kw)
     assert out.shape == (2, 48, 64) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
     assert out.stride() == (48 * 64, 64, 1)
     assert len(graphs) == 1
@@ -129,6 +136,24 @@ def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
     elif not kw["use_mem_eff_path"]:
         expected.add("ordered_ssd.gated_rmsnorm.default")
     assert expected <= targets, targets
+
+
+def test_native_check_is_a_constant_for_dynamo(monkeypatch, fresh_dynamo):
+    """Where CUDA is available, constructing a layer marks the native check (its first use imports and checks the
+    extras, which dynamo cannot trace) as a constant: a check that would break the graph if traced is not."""
+    import ordered_ssd.modules.mamba2 as mamba2
+
+    def untraceable():
+        torch._dynamo.graph_break()
+        return (True, "")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        OrderedMamba2(d_model=16, d_state=8, headdim=8)  # construction where CUDA is available marks the check
+    assert getattr(mamba2._cuda_path_ok, "_ordered_ssd_marked", False)
+    monkeypatch.setattr(mamba2, "cuda_path_available", untraceable)
+    out, graphs = _trace_cuda_path()
+    assert out.shape == (2, 48, 64) and len(graphs) == 1
 
 
 def test_reference_path_ignores_cpu_autocast(fresh_dynamo):

@@ -12,7 +12,12 @@
 * the custom ops pass ``torch.library.opcheck`` (schema and no undeclared mutation, autograd registration, the
   fakes against the real outputs, AOT dispatch with dynamic shapes against eager).
 """
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -20,6 +25,7 @@ import torch
 from ordered_ssd import OrderedMamba2
 from tests.helpers import bits_equal
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the repository root
 B, L = 3, 200
 BASE = dict(d_model=256, d_state=64, headdim=64, chunk_size=64)
 
@@ -108,6 +114,28 @@ def test_compiled_model_under_autocast_gives_the_eager_bits(fresh_dynamo):
         assert eager["out"].dtype == torch.bfloat16 and eager["a.in_proj.weight"].dtype == torch.float32
         for i in range(2):
             _assert_bits(_step(model, compiled, u, dout.bfloat16()), eager, f"compiled autocast step {i}")
+
+
+def test_compile_first_in_a_fresh_process():
+    """In a fresh process whose first call of the layer is the compiled one (the native extras are imported and
+    checked while dynamo traces: the check is a constant for it), fullgraph=True works and gives the eager bits."""
+    script = textwrap.dedent("""
+        import json, torch
+        from tests.gpu.modules.test_compile import TwoLayers, _inputs, _step
+        from tests.helpers import sha256
+        model = TwoLayers(torch.bfloat16)
+        u, dout = _inputs(torch.bfloat16)
+        comp = _step(model, torch.compile(model, fullgraph=True), u, dout)
+        eager = _step(model, model, u, dout)
+        print(json.dumps({k: [sha256(comp[k]), sha256(eager[k])] for k in eager}))
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=ROOT, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    pairs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(pairs) == 2 + len(list(TwoLayers(torch.bfloat16).parameters()))
+    assert {k: v for k, v in pairs.items() if v[0] != v[1]} == {}
 
 
 @pytest.mark.parametrize("dtype,mem_eff", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
