@@ -87,6 +87,8 @@ COMPILE_CASES = [
     (torch.bfloat16, dict(use_mem_eff_path=True, d_ssm=256, bias=True)),  # gated MLP branch, fused
     (torch.bfloat16, dict(use_mem_eff_path=False, d_ssm=256, rmsnorm=False, bias=True)),  # silu_mul, z gate
 ]
+GRAPH_CASES = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)]
+GRAPH_IDS = ["bf16-mem_eff", "bf16-unfused", "fp32-mem_eff"]
 COMPILE_IDS = [f"{str(d)[6:]}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for d, kw in COMPILE_CASES]
 
 
@@ -138,7 +140,7 @@ def test_compile_first_in_a_fresh_process():
     assert {k: v for k, v in pairs.items() if v[0] != v[1]} == {}
 
 
-@pytest.mark.parametrize("dtype,mem_eff", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize("dtype,mem_eff", GRAPH_CASES, ids=GRAPH_IDS)
 def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, fresh_dynamo):
     """Inductor's CUDA graphs: the first calls warm up and record, the later ones replay; every step (two inputs in
     turn, static shapes) gives the eager bits, no graph was skipped and graphs were recorded (inductor's counters)."""
@@ -158,7 +160,7 @@ def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, fresh_dynam
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0, dict(counters["inductor"])
 
 
-@pytest.mark.parametrize("dtype,mem_eff", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize("dtype,mem_eff", GRAPH_CASES, ids=GRAPH_IDS)
 def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_eff):
     """torch.cuda.graph of forward + backward of the eager model (warm-up on a side stream first, as the torch
     docs require); replays with two inputs copied into the static ones give the eager bits of each."""
