@@ -1,8 +1,8 @@
 """Causal depthwise conv1d (+ SiLU) with ordered weight and bias gradients, on causal-conv1d's CUDA kernels.
 
 Layers: composition (:func:`ordered_causal_conv1d_fwd`, :func:`ordered_causal_conv1d_bwd`; plain functions, no
-autograd) → the custom op ``ordered_ssd::causal_conv1d`` (fake, autograd through ``ordered_ssd::causal_conv1d_backward``)
-→ :func:`ordered_causal_conv1d`.
+autograd) → the custom op ``ordered_ssd::causal_conv1d`` (fake, autograd through
+``ordered_ssd::causal_conv1d_backward``) → :func:`ordered_causal_conv1d`.
 
 Determinism: causal-conv1d's channel-first backward ``atomicAdd``s every example's weight gradient into one buffer,
 so the backward runs it once per example (or per packed sequence with ``seq_idx``), where every address has a

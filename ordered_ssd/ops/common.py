@@ -12,8 +12,8 @@ import torch
 
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "auxiliary_outputs", "require_cuda", "not_supported", "autocast_dtype", "autocast_context", "absent",
-           "or_none", "as_dtype_of"]
+__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "not_supported", "autocast_dtype", "autocast_context",
+           "absent", "or_none", "as_dtype_of", "auxiliary_outputs"]
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
@@ -59,9 +59,9 @@ def autocast_context(dtype: Optional[torch.dtype]):
     """The CUDA autocast state a custom op's body runs under: on at ``dtype``, or off when ``dtype`` is None.
 
     The public functions read the caller's state with :func:`autocast_dtype` and pass it to their custom op as an
-    argument; the op's forward and backward bodies run under this context. That is what ``torch.amp.custom_fwd`` /
-    ``custom_bwd`` gave the former ``autograd.Function`` classes (forward under the caller's autocast, backward under the
-    forward's), made explicit, because a custom op's body otherwise runs with autocast excluded under
+    argument; the op's forward and backward bodies run under this context. That is what ``torch.amp.custom_fwd``
+    / ``custom_bwd`` gave the former ``autograd.Function`` classes (forward under the caller's autocast, backward
+    under the forward's), made explicit, because a custom op's body otherwise runs with autocast excluded under
     ``torch.compile`` but not in eager mode.
     """
     if dtype is None:

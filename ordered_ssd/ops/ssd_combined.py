@@ -19,10 +19,10 @@ Determinism (CUDA): the outputs and the gradients are bitwise identical across r
 the same inputs, GPU model and versions of torch / triton / mamba-ssm / causal-conv1d; every gradient of a shared
 parameter is a lexical fp32 fold over per-(example, chunk, tile) partials, cast once. ``literal=True`` computes the
 same backward by launching the kernels once per example (a batch of one) and concatenating the partials before the
-same folds; it gives the same bits (tested on the GPU). The custom ops are once-differentiable (their backward is an opaque custom op
-calling native kernels): a double backward raises ``RuntimeError``. They trace under ``torch.compile`` without a
-graph break and give the eager bits there (``docs/compile.md``). Scope: CUDA tensors with the native extras installed
-(``pip install ordered-ssd[cuda]``), else ``ImportError`` at the first launch.
+same folds; it gives the same bits (tested on the GPU). The custom ops are once-differentiable (their backward is
+an opaque custom op calling native kernels): a double backward raises ``RuntimeError``. They trace under
+``torch.compile`` without a graph break and give the eager bits there (``docs/compile.md``). Scope: CUDA tensors
+with the native extras installed (``pip install ordered-ssd[cuda]``), else ``ImportError`` at the first launch.
 """
 from __future__ import annotations
 
