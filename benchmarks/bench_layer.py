@@ -1,7 +1,7 @@
 """One Mamba-2 layer's training step: native Mamba2, upstream-det, OrderedMamba2 literal and ordered.
 
 A thin wrapper around :mod:`ordered_ssd.apps.bench` (the same suite as ``ordered-ssd bench``); see
-``docs/performance.md`` for the method. Needs a CUDA GPU and ``pip install ordered-ssd[cuda]``::
+``docs/performance.md`` for the method. Needs a CUDA GPU and ``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``::
 
     python benchmarks/bench_layer.py --out bench-out                      # S1-S5, all four modes
     python benchmarks/bench_layer.py --shapes S2 --modes native,ordered --breakdown

@@ -5,7 +5,7 @@ script runs ``--steps`` forward + backward steps on the same inputs and compares
 every parameter gradient with the first step's, bit for bit (``torch.equal`` on integer views, on the GPU), while
 another process loads the same GPU with large GEMMs and memory copies (``--load``). Then it starts ``--fresh``
 child processes, each with an empty Triton cache, and one more with ``CUDA_LAUNCH_BLOCKING=1``, and compares the
-SHA-256 of their first step with this process's.
+SHA-256 of their first step with this process's; the children run while this process runs its steps.
 
     python benchmarks/stress.py --steps 1000 --load --fresh 3 --out stress-out     # the full run
     python benchmarks/stress.py --short --out stress-out                            # the GPU gate's short mode
@@ -101,12 +101,16 @@ def _load_main(seconds):
     print(json.dumps({"load_iterations": n}))
 
 
-def _child_digests(envs):
-    """First-step digests of fresh child processes, one per environment of ``envs``, run at the same time (each
-    compiles every kernel anew when its Triton cache is empty)."""
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-digests"],
-                              env=dict(os.environ, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for extra in envs]
+def _start_children(envs):
+    """Start one fresh child process per environment of ``envs``; each prints its first-step digests (and compiles
+    every kernel anew when its Triton cache is empty). They run while this process runs its own steps."""
+    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child-digests"],
+                             env=dict(os.environ, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for extra in envs]
+
+
+def _collect_children(procs):
+    """The children's digests, in order (``RuntimeError`` with the end of its stderr if a child failed)."""
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=900)
@@ -114,6 +118,13 @@ def _child_digests(envs):
             raise RuntimeError(f"child failed ({proc.returncode}): {err[-2000:]}")
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+def _write(report, out):
+    tmp = os.path.join(out, "stress.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, os.path.join(out, "stress.json"))
 
 
 def main(argv=None):
@@ -133,7 +144,7 @@ def main(argv=None):
         print(json.dumps({name: run_shape(name, 1)[0] for name in SHAPES}))
         return 0
     if not torch.cuda.is_available():
-        print("stress: needs a CUDA GPU with the native extras (pip install ordered-ssd[cuda])", file=sys.stderr)
+        print("stress: needs a CUDA GPU with the native extras (pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0)", file=sys.stderr)
         return 2
     steps, fresh = (100, 1) if args.short else (args.steps, args.fresh)
     os.makedirs(args.out, exist_ok=True)
@@ -143,6 +154,9 @@ def main(argv=None):
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(5)  # let it start loading
     report = {"steps_per_shape": steps, "load": bool(args.load), "shapes": {}, "fresh": []}
+    runs = [{"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-")} for _ in range(fresh)]
+    runs.append({"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-"), "CUDA_LAUNCH_BLOCKING": "1"})
+    children = _start_children(runs)  # they run meanwhile, under the same load
     total = bad_total = 0
     try:
         for name in SHAPES:
@@ -154,22 +168,20 @@ def main(argv=None):
             bad_total += len(mismatches)
             print(f"{name:>16}: {steps - len(mismatches)}/{steps} steps identical "
                   f"({report['shapes'][name]['seconds']} s{', under load' if loader else ''})", flush=True)
+            _write(report, args.out)
     finally:
         if loader is not None:
             loader.terminate()
             loader.wait()
     here = {name: report["shapes"][name]["digests"] for name in SHAPES}
-    runs = [{"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-")} for _ in range(fresh)]
-    runs.append({"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="stress-triton-"), "CUDA_LAUNCH_BLOCKING": "1"})
     same = 0
-    for env_extra, digests in zip(runs, _child_digests(runs)):
+    for env_extra, digests in zip(runs, _collect_children(children)):
         ok = digests == here
         same += ok
         report["fresh"].append({"env": sorted(env_extra), "identical": ok})
     report["summary"] = (f"stress: {total - bad_total}/{total} steps identical, {same}/{len(runs)} fresh processes "
                          f"identical ({fresh} with empty Triton caches, 1 with CUDA_LAUNCH_BLOCKING=1)")
-    with open(os.path.join(args.out, "stress.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    _write(report, args.out)
     print(report["summary"])
     return 0 if bad_total == 0 and same == len(runs) else 1
 

@@ -28,6 +28,7 @@ from typing import Mapping
 import torch
 
 from ._native import installed_version
+from ._resources import FIT_RULE
 from ._spec import KernelSpec, key_of
 
 RULE_NAME = "mincost-v1"
@@ -173,10 +174,13 @@ def table_hash() -> str:
 
 
 def fingerprint() -> str:
-    """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash> rule=mincost-v1"``.
+    """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash> rule=mincost-v1
+    fit=fit-stages-v1"``.
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
-    Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations.
+    Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
+    (``fit``: the rule that lowers ``num_stages`` of a configuration the device's shared memory cannot hold,
+    :mod:`csrc_bindings._resources`; it depends on the GPU model's limit, which the GPU model fixes).
     """
     parts = [f"csrc_bindings/abi{BINDINGS_ABI}"]
     for dist in ("mamba_ssm", "causal_conv1d", "triton"):
@@ -184,4 +188,5 @@ def fingerprint() -> str:
     parts.append(f"torch={torch.__version__}")
     parts.append(f"table={table_hash()}")
     parts.append(f"rule={RULE_NAME}")
+    parts.append(f"fit={FIT_RULE}")
     return " ".join(parts)

@@ -19,9 +19,14 @@ from types import SimpleNamespace
 
 import torch
 
+from ._resources import launch_fitting, layer_sizes
+
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
-INSTALL_HINT = "pip install ordered-ssd[cuda]"
+#: The install command of the native extras (mamba-ssm needs torch at build time, hence no build isolation; a
+#: CUDA build of torch must be installed first; README, "Benchmark (GPU)").
+INSTALL_HINT = ("pip install --no-build-isolation mamba-ssm==" + SUPPORTED_VERSIONS["mamba_ssm"] + " causal-conv1d=="
+                + SUPPORTED_VERSIONS["causal_conv1d"])
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -39,8 +44,7 @@ def installed_version(dist: str) -> str | None:
 
 def _version_error(dist: str, installed: str | None) -> str:
     return (f"csrc_bindings supports {dist}=={SUPPORTED_VERSIONS[dist]} only, but {dist}=={installed} is installed. "
-            f"Install the supported version with `{INSTALL_HINT}` (it pins mamba-ssm=={SUPPORTED_VERSIONS['mamba_ssm']}"
-            f" and causal-conv1d=={SUPPORTED_VERSIONS['causal_conv1d']}).")
+            f"Install the supported versions with `{INSTALL_HINT}` (after a CUDA build of torch).")
 
 
 def _check_version(dist: str, module) -> str:
@@ -151,7 +155,7 @@ def native():
     """The checked Triton side (triton, mamba-ssm); imported and version-checked once, at first use.
 
     Raises:
-        ImportError: triton or mamba-ssm is not installed (message names ``pip install ordered-ssd[cuda]``).
+        ImportError: triton or mamba-ssm is not installed (message names ``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``).
         RuntimeError: the installed mamba-ssm is not the supported version (message names installed and supported
             versions).
     """
@@ -166,6 +170,20 @@ def native_conv():
         RuntimeError: wrong causal-conv1d version.
     """
     return _load_once("conv", _load_conv)
+
+
+def mamba2_class():
+    """mamba-ssm's ``Mamba2`` module class (``mamba_ssm.modules.mamba2.Mamba2``), imported and version-checked at
+    first use (for :func:`ordered_ssd.convert_to_mamba2`).
+
+    Raises:
+        ImportError: mamba-ssm is not installed. RuntimeError: another mamba-ssm version.
+    """
+    def load():
+        module = _import_extra("mamba_ssm.modules.mamba2", "mamba-ssm")
+        _check_version("mamba_ssm", module)
+        return module.Mamba2
+    return _load_once("mamba2_class", load)
 
 
 def _checked(cache: dict, name: str, check):
@@ -229,7 +247,10 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
     ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
     config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
     ``num_warps``/``num_stages`` from ``cfg``, under the device guard of ``ref``'s device. A missing or unexpected
-    name raises RuntimeError before launching.
+    name raises RuntimeError before launching. A launch that Triton refuses for shared memory (before launching)
+    runs at fewer ``num_stages`` (:func:`csrc_bindings._resources.launch_fitting`, rule ``fit-stages-v1``), else
+    ``ValueError`` names the kernel, the configuration, the bytes, the limit and the layer sizes; a configuration
+    with ``source == "explicit"`` is never changed.
     """
     jit = kernel_jit(spec)
     name, names = spec.name, spec.arg_names
@@ -243,5 +264,9 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         extra = [n for n in full if n not in names]
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
+    pos = tuple(full[n] for n in names)
+
+    def sizes():
+        return layer_sizes(full, dict(cfg.meta))
     with device_guard(ref):
-        jit[grid](*[full[n] for n in names], num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        launch_fitting(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit", sizes=sizes)

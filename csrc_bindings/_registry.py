@@ -13,13 +13,14 @@ from typing import Mapping
 
 import torch
 
-from . import (causal_conv1d, k_activations, layernorm_gated, ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_combined,
-               ssd_state_passing)
+from . import (causal_conv1d, k_activations, layernorm_gated, selective_state_update, ssd_bmm, ssd_chunk_scan,
+               ssd_chunk_state, ssd_combined, ssd_state_passing)
 from ._configs import KernelConfig, device_arch, dtype_name, fingerprint, pinned_of, rule_of, table_key_of
 from ._spec import KernelSpec, key_of
 from .layernorm_gated import rmsnorm_heuristic
 
-#: every native kernel, in the order one Mamba-2 layer step launches them (forward and backward pieces)
+#: every native kernel, in the order one Mamba-2 layer step launches them (forward and backward pieces), then the
+#: decoding kernels
 SPECS: tuple[KernelSpec, ...] = (
     ssd_chunk_state.CHUNK_CUMSUM_FWD, ssd_chunk_state.CHUNK_CUMSUM_BWD,
     ssd_bmm.BMM_CHUNK_FWD, ssd_bmm.BMM_CHUNK_BWD,
@@ -31,10 +32,13 @@ SPECS: tuple[KernelSpec, ...] = (
     k_activations.SWIGLU_FWD, k_activations.SWIGLU_BWD,
     layernorm_gated.RMSNORM_GATED_FWD, layernorm_gated.RMSNORM_GATED_BWD,
     causal_conv1d.CAUSAL_CONV1D_FWD, causal_conv1d.CAUSAL_CONV1D_BWD,
+    # decoding (OrderedMamba2 with inference_params): the varlen states of a packed prefill, then one token's step
+    ssd_chunk_state.CHUNK_STATE_VARLEN, causal_conv1d.CAUSAL_CONV1D_UPDATE,
+    selective_state_update.SELECTIVE_STATE_UPDATE,
 )
 #: the files that mirror an upstream module, in the order of :data:`SPECS`
 MIRRORS = (ssd_chunk_state, ssd_bmm, ssd_state_passing, ssd_chunk_scan, ssd_combined, k_activations, layernorm_gated,
-           causal_conv1d)
+           causal_conv1d, selective_state_update)
 _BY_NAME = {s.name: s for s in SPECS}
 #: the Triton kernels, by name (checked against their ``arg_names`` and autotune key at first use)
 KERNELS = {s.name: s for s in SPECS if s.arity is None}

@@ -360,3 +360,83 @@ CHUNK_STATE_BWD_DB = KernelSpec(
     pre_hook_zero=("ddA_cumsum_ptr",),
     example=_example_chunk_state_bwd_db,
 )
+
+
+# ------------------------------------------------------------------------------------------------ chunk_state_varlen
+def launch_chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, *, config=None, states=None):
+    """The state at the end of each packed sequence of one example. Source: ``_chunk_state_varlen_kernel``
+    (upstream ``chunk_state_varlen``, forward only).
+
+    Args:
+        B: ``[L, G, N]``; x: ``[L, H, P]`` (key dtype); dt, dA_cumsum: ``[H, C, cs]`` fp32 (example 0 of the
+        forward's); cu_seqlens: ``[S + 1]`` int32 offsets, strictly increasing from 0 to ``L`` (not checked here:
+        the caller checks; an empty sequence makes the kernel read out of bounds); chunk_states: ``[C, H, P, N]``, the
+        states *entering* each chunk (the state-passing output).
+        config: ``BLOCK_SIZE_M/N/K`` config or None (key: ``hdim``, ``dstate``, ``chunk_size``).
+    Returns:
+        ``states`` ``[S, H, P, N]`` (dtype of ``chunk_states``): for sequence ``s`` ending in chunk ``c``, its inputs
+        in chunk ``c`` decayed to its end, plus ``chunk_states[c]`` decayed when the sequence starts before chunk
+        ``c``. One program per (``P``/``N`` tile, sequence, head), a sequential sum over ``BLOCK_SIZE_K`` position
+        blocks: nothing is summed across programs.
+    Raises:
+        ValueError: ``nheads`` not a multiple of ``ngroups``; ``B``, ``dt``, ``dA_cumsum``, ``chunk_states`` or
+            ``cu_seqlens`` of another shape; a given output buffer of another shape, dtype or device; a ``config`` for
+            another kernel or without exactly its block sizes (the message names the argument, the expected and the
+            actual value).
+        ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
+            mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
+    """
+    total_seqlen, nheads, headdim = x.shape
+    _, nchunks, chunk_size = dt.shape
+    _, ngroups, dstate = B.shape
+    check_groups(nheads, ngroups)
+    check_shape("B", B, (total_seqlen, ngroups, dstate), "[L, G, N]")
+    check_shape("dt", dt, (nheads, nchunks, chunk_size), "[H, C, cs]")
+    check_shape("dA_cumsum", dA_cumsum, dt.shape, "[H, C, cs]")
+    check_shape("chunk_states", chunk_states, (nchunks, nheads, headdim, dstate), "[C, H, P, N]")
+    check_shape("cu_seqlens", cu_seqlens, (cu_seqlens.shape[0],), "[S + 1]")
+    batch = cu_seqlens.shape[0] - 1
+    args = dict(hdim=headdim, dstate=dstate, chunk_size=chunk_size, seqlen=total_seqlen,
+                nheads_ngroups_ratio=nheads // ngroups)
+    cfg = launch_config(CHUNK_STATE_VARLEN, args, x, config)
+    states = out_buffer(states, (batch, nheads, headdim, dstate), chunk_states.dtype, x, "states")
+    args.update(x_ptr=x, b_ptr=B, dt_ptr=dt, dA_cumsum_ptr=dA_cumsum, chunk_states_ptr=chunk_states,
+                cu_seqlens_ptr=cu_seqlens, states_ptr=states)
+    args.update(strides("stride_x_seqlen stride_x_head stride_x_hdim", x, (0, 1, 2)))
+    args.update(strides("stride_b_seqlen stride_b_head stride_b_dstate", B, (0, 1, 2)))
+    args.update(strides("stride_dt_chunk stride_dt_head stride_dt_csize", dt, (1, 0, 2)))
+    args.update(strides("stride_dA_cs_chunk stride_dA_cs_head stride_dA_cs_csize", dA_cumsum, (1, 0, 2)))
+    args.update(strides("stride_chunk_states_chunk stride_chunk_states_head stride_chunk_states_hdim "
+                        "stride_chunk_states_dstate", chunk_states, (0, 1, 2, 3)))
+    args.update(strides("stride_states_batch stride_states_head stride_states_hdim stride_states_dstate", states,
+                        (0, 1, 2, 3)))
+    grid = (cdiv(headdim, cfg["BLOCK_SIZE_M"]) * cdiv(dstate, cfg["BLOCK_SIZE_N"]), batch, nheads)
+    launch(CHUNK_STATE_VARLEN, grid, args, cfg, x)
+    return states
+
+
+def example_cu_seqlens(p):
+    """The packed sequences of the varlen example: example 0 of problem ``p`` cut at ``L / 3``, ``cs + 1`` and
+    ``2 L / 3`` (sequences ending inside a chunk, spanning one, and starting before it), int32 on its device."""
+    L, cs = p["seqlen"], p["chunk_size"]
+    cuts = sorted({0, L} | {c for c in (L // 3, cs + 1, (2 * L) // 3) if 0 < c < L})
+    return torch.tensor(cuts, dtype=torch.int32, device=p["x"].device)
+
+
+def _example_chunk_state_varlen(p, config=None):
+    return (launch_chunk_state_varlen(p["Bm"][0], p["x"][0], p["dt"][0], p["dA_cumsum"][0], example_cu_seqlens(p),
+                                      p["states"][0], config=config),)
+
+
+CHUNK_STATE_VARLEN = KernelSpec(
+    name="chunk_state_varlen", module=UPSTREAM, attr="_chunk_state_varlen_kernel",
+    arg_names=("x_ptr b_ptr dt_ptr dA_cumsum_ptr chunk_states_ptr cu_seqlens_ptr states_ptr hdim dstate chunk_size "
+               "seqlen nheads_ngroups_ratio stride_x_seqlen stride_x_head stride_x_hdim stride_b_seqlen stride_b_head "
+               "stride_b_dstate stride_dt_chunk stride_dt_head stride_dt_csize stride_dA_cs_chunk stride_dA_cs_head "
+               "stride_dA_cs_csize stride_chunk_states_chunk stride_chunk_states_head stride_chunk_states_hdim "
+               "stride_chunk_states_dstate stride_states_batch stride_states_head stride_states_hdim "
+               "stride_states_dstate BLOCK_SIZE_M BLOCK_SIZE_N BLOCK_SIZE_K"),
+    autotune_key=("hdim", "dstate", "chunk_size"),
+    candidates=CHUNK_STATE_FWD.candidates,  # upstream lists the same nine configurations for both kernels
+    example=_example_chunk_state_varlen,
+)

@@ -2,17 +2,19 @@
 
 Layout (each layer rests on the ones below it):
 
-* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer;
+* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer (training, and ``Mamba2``'s decoding);
 * :mod:`ordered_ssd.ops` -- the ordered operations of its CUDA path, one file per upstream operation
   (composition, ``torch.library`` custom op with its fake and autograd, public function), on the launchers of
   :mod:`csrc_bindings`;
-* :mod:`ordered_ssd.reference` -- the pure-PyTorch layer and its ordered backward (the path elsewhere, and the
-  oracle of the tests);
+* :mod:`ordered_ssd.reference` -- the pure-PyTorch layer, its ordered backward and its decoding step (the path
+  elsewhere, and the oracle of the tests);
 * :mod:`ordered_ssd.fold` -- the order of every sum, and every setting that decides it;
 * :mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.digest`, :mod:`ordered_ssd.distributed` -- what the bits
   depend on, digests of them, the rank-ordered data-parallel reduction;
 * :mod:`ordered_ssd.accumulate` -- :class:`TreeGradAccumulator`, the split-invariant gradient accumulation
   (the same bits for every split of a global batch over ranks and accumulation steps);
+* :mod:`ordered_ssd.convert` -- :func:`convert_to_ordered` / :func:`convert_to_mamba2`: swap a model's
+  mamba-ssm ``Mamba2`` layers for ``OrderedMamba2`` in place, and back;
 * :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
 
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
@@ -25,6 +27,7 @@ from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, li
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
 from ._checks import validate_seq_idx
+from .convert import convert_to_mamba2, convert_to_ordered
 from ._version import __version__
 
 __all__ = [
@@ -38,6 +41,8 @@ __all__ = [
     "TreeGradAccumulator",
     "tree_sum",
     "validate_seq_idx",
+    "convert_to_ordered",
+    "convert_to_mamba2",
     "digest",
     "__version__",
 ]

@@ -65,13 +65,13 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         raise ValueError(f"u: expected last dimension d_model={d_model}, got shape {tuple(u.shape)}")
     if Bsz < 1 or L < 1:
         raise ValueError(f"u: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
+    if u.device != device:  # first: the dtypes allowed depend on the device
+        raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")
     if u.dtype not in allowed_dtypes:
         names = ", ".join(str(t) for t in allowed_dtypes)
         raise TypeError(f"u: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:
         raise TypeError(f"u: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
-    if u.device != device:
-        raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")
 
 
 def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, device: torch.device,
@@ -96,9 +96,10 @@ def validate_seq_idx(seq_idx: torch.Tensor) -> None:
 
     Opt-in, because it copies a flag to the host (a device synchronisation, which a CUDA graph cannot capture and
     ``torch.compile(fullgraph=True)`` cannot trace): call it on a batch before the training step, or set
-    ``OrderedMamba2.validate_seq_idx = True`` to run it in every forward (eager mode only). Without it, a
-    decreasing row is not detected in the forward; the CUDA backward with ``seq_idx`` still refuses it
-    (:func:`csrc_bindings.sequence_segments`).
+    ``OrderedMamba2.validate_seq_idx = True`` to run it in every forward (eager mode only). The functional API
+    (:mod:`ordered_ssd.ops`) checks only the type, shape and device of ``seq_idx`` unless asked
+    (``validate_seq_idx=True``). Without the check, a decreasing row is not detected anywhere: the kernels compare
+    neighbouring ids for equality only, so such a row is computed as some other packing, without an error.
 
     Raises:
         TypeError: ``seq_idx`` is not an integer tensor. ValueError: it is not 2-d, or a row decreases (the
@@ -116,3 +117,124 @@ def validate_seq_idx(seq_idx: torch.Tensor) -> None:
         b, t = (int(v) for v in torch.nonzero(drops)[0])
         raise ValueError(f"seq_idx: expected non-decreasing ids along L (packed sequences), got a decrease in row "
                          f"{b} from {int(seq_idx[b, t])} to {int(seq_idx[b, t + 1])} at position {t + 1}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], dims: str) -> None:
+    """``t.shape == expected``, else ``ValueError("x: expected shape [B, L, H, P] = (2, 8, 4, 16), got (2, 8, 4)")``."""
+    got, want = tuple(t.shape), tuple(int(v) for v in expected)
+    if got != want:
+        raise ValueError(f"{name}: expected shape {dims} = {want}, got {got}")
+
+
+def check_float(name: str, t, allowed: Sequence[torch.dtype]) -> torch.Tensor:
+    """``t`` is a tensor whose dtype is one of ``allowed`` (TypeError otherwise)."""
+    check_tensor(name, t)
+    if t.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{name}: expected dtype in ({names}), got {t.dtype}")
+    return t
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, **tensors) -> None:
+    """Every tensor of ``tensors`` that is not None is on ``ref``'s device (ValueError naming the first that is not)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{name}: expected device {ref.device} (that of {ref_name}), got {t.device}")
+
+
+#: Conv widths causal-conv1d 1.7.0's CUDA kernels are compiled for (the CUDA path's ``d_conv``).
+CONV_WIDTHS = (2, 3, 4)
+
+
+def check_conv_width(name: str, width: int) -> None:
+    """``width`` in :data:`CONV_WIDTHS` (ValueError otherwise): causal-conv1d has kernels for widths 2..4 only."""
+    if width not in CONV_WIDTHS:
+        raise ValueError(f"{name}: expected 2, 3 or 4 on the CUDA path (causal-conv1d's kernel widths), got {width}")
+
+
+#: The CUDA path's kernels compute element offsets in 32-bit integers (the Triton kernels of mamba-ssm 2.3.2.post1
+#: multiply ``tl.program_id`` (int32) by int32 strides; causal-conv1d 1.7.0 indexes with 32-bit ``index_t``), so
+#: every tensor they index must have fewer than ``2**31`` elements.
+INT32_NUMEL = 2 ** 31
+
+
+def cuda_path_sizes(*, batch: int, seqlen: int, nheads: int, headdim: int, dstate: int,
+                    chunk_size: int, zxbcdt_width: int = 0) -> dict:
+    """Upper bounds on the element counts of the largest tensors the CUDA path indexes for a ``[B, L]`` input
+    (from the sizes alone: nothing is allocated). Partials with a split or tile axis are bounded by their largest
+    partition (one split per head, one tile per position), so the bounds are conservative.
+
+    Returns ``{description: numel}``."""
+    nchunks = -(-seqlen // chunk_size)
+    padded = nchunks * chunk_size
+    sizes = {
+        "x / dx [B, L, H, P]": batch * seqlen * nheads * headdim,
+        "states [B, C, H, P, N]": batch * nchunks * nheads * headdim * dstate,
+        "dB / dC partials [B, L, H, N]": batch * seqlen * nheads * dstate,
+        "dCB partials [B, C, H, cs, cs]": batch * padded * nheads * chunk_size,
+        "dt partials [B, H, C, cs, P]": batch * nheads * padded * headdim,
+    }
+    if zxbcdt_width:
+        sizes["zxbcdt [B, L, d_in_proj]"] = batch * seqlen * zxbcdt_width
+    return sizes
+
+
+def check_cuda_path_sizes(**dims) -> None:
+    """Raise ValueError if a tensor of :func:`cuda_path_sizes` reaches :data:`INT32_NUMEL` elements (the limit of
+    the kernels' 32-bit offsets), naming the tensor, the shape and the limit. Checked from the sizes alone, before
+    anything is allocated or launched."""
+    for what, numel in cuda_path_sizes(**dims).items():
+        if numel >= INT32_NUMEL:
+            raise ValueError(f"B={dims['batch']}, L={dims['seqlen']}: expected fewer than 2**31 elements in every "
+                             f"tensor of the CUDA path (its kernels use 32-bit offsets), got {numel} in {what}; "
+                             f"split the batch or the sequence")
+
+
+def check_initial_states(initial_states: Optional[torch.Tensor], *, shape: tuple, device: torch.device) -> None:
+    """``initial_states`` must be None or a floating [B, H, P, N] tensor of ``shape`` on ``device``."""
+    if initial_states is None:
+        return
+    check_tensor("initial_states", initial_states)
+    if not initial_states.is_floating_point():
+        raise TypeError(f"initial_states: expected a floating dtype, got {initial_states.dtype}")
+    if tuple(initial_states.shape) != tuple(shape):
+        raise ValueError(f"initial_states: expected shape [B, H, P, N] = {tuple(shape)}, "
+                         f"got {tuple(initial_states.shape)}")
+    if initial_states.device != device:
+        raise ValueError(f"initial_states: expected device {device}, got {initial_states.device}")
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seqlen: int, device: torch.device,
+                     seq_idx: Optional[torch.Tensor] = None) -> list:
+    """``cu_seqlens`` must be a 1-d integer tensor on ``device`` of S + 1 >= 2 offsets of S packed sequences of one
+    example (``batch == 1``): starting at 0, strictly increasing (every sequence non-empty: upstream's varlen
+    kernels read out of bounds for an empty one), ending at ``seqlen``. With ``seq_idx`` [1, L], the ids must change
+    exactly at the offsets. Returns the offsets as a list of ints (reads the tensor: one device sync on CUDA)."""
+    check_tensor("cu_seqlens", cu_seqlens)
+    if cu_seqlens.dtype not in _INT_DTYPES:
+        raise TypeError(f"cu_seqlens: expected an integer dtype (torch.int32), got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+        raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens: expected device {device}, got {cu_seqlens.device}")
+    if batch != 1:
+        raise ValueError(f"cu_seqlens: expected batch size 1 (sequences packed into one example), got B={batch}")
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] == 0, got {cu[0]}")
+    if any(b <= a for a, b in zip(cu[:-1], cu[1:])):
+        raise ValueError(f"cu_seqlens: expected strictly increasing offsets (no empty sequence), got {cu}")
+    if cu[-1] != seqlen:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] == B * L = {seqlen}, got {cu[-1]}")
+    if seq_idx is not None:
+        ids = seq_idx[0].to(torch.long)
+        starts = torch.tensor(cu[1:-1], dtype=torch.long, device=ids.device)
+        change = torch.zeros(seqlen, dtype=torch.bool, device=ids.device)
+        change[1:] = ids[1:] != ids[:-1]
+        marked = torch.zeros_like(change)
+        marked[starts] = True
+        if not bool(torch.equal(change, marked)):
+            raise ValueError("seq_idx: expected ids that change exactly at the offsets of cu_seqlens "
+                             f"{cu}, got ids that do not")
+    return cu

@@ -62,7 +62,7 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1,
             info["pinned_configs"] = csrc_bindings.fingerprint()
             from .fold import reduction_fingerprint
 
-            info["reduction"] = reduction_fingerprint()
+            info["reduction"] = reduction_fingerprint(device)
     return info
 
 

@@ -14,7 +14,7 @@ def _gpu_skip_reason():
         return "no CUDA device"
     missing = [m for m in ("mamba_ssm", "causal_conv1d", "triton") if importlib.util.find_spec(m) is None]
     if missing:
-        return "native extras missing: " + ", ".join(missing) + " (pip install ordered-ssd[cuda])"
+        return "native extras missing: " + ", ".join(missing) + " (pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0)"
     return None
 
 

@@ -1,12 +1,14 @@
-"""SHA-256 digests of one OrderedMamba2 training step on fixed inputs: the bits the renovation must not change.
+"""SHA-256 digests of one OrderedMamba2 training step on fixed inputs: the bits a change must not alter by accident.
 
 Each configuration builds a layer from a seed (on the CPU, then moved), moves every parameter away from its
 constant initialisation, runs one forward and one backward with a fixed upstream gradient, and hashes the bytes of
 the output, the input gradient and every parameter gradient. Only the public API is used (``OrderedMamba2``,
 ``ordered_ssd.digest.tensor_sha256``), so the digests survive a change of the package's layout.
 
-The committed fixture ``tests/data/layer_digests.json`` was recorded before the first move of the renovation
-(CPU: this machine kind, one thread; CUDA: the H200 of the GPU gate). Re-record with
+The committed fixture ``tests/data/layer_digests.json``: the CPU entries were recorded before the first move of the
+renovation (this machine kind, one thread); the CUDA entries (the H200 of the GPU gate) were re-recorded for
+reduction version 3 (the conv1d backward, 2026-11-30), where only ``conv1d.*.grad``, ``in_proj.*.grad`` and
+``u.grad`` changed, after the same digests of the tree before that change matched the previous entries. Re-record with
 ``python -m tests.layer_digests --device cpu|cuda --out FILE`` only when a change is meant to alter bits (and then
 bump the reduction version, see docs/native.md).
 """

@@ -17,15 +17,19 @@ def prepare_out_dir(path: str) -> str:
     """Create ``path`` if needed, check it is writable and return its absolute path.
 
     Raises:
-        AppError: the folder cannot be created or written (the message names ``--out``, the path and why).
+        AppError: ``path`` exists and is not a directory, or the folder cannot be created or written (the message
+            names ``--out``, the path and why). Nothing is written then.
     """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise AppError(f"--out: expected a directory, got an existing file that is not one: {path}")
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise AppError(f"--out: output directory {path} is not writable: {e.strerror or e}") from None
+        raise AppError(f"--out: expected a writable output directory, got {path}, which is not writable: "
+                       f"{e.strerror or e}") from None
     return os.path.abspath(path)
 
 

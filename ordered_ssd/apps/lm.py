@@ -114,12 +114,18 @@ def _text_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
     return sorted(found, key=lambda p: os.path.relpath(p, root))
 
 
+#: A user's ``--data`` file is binary (not text) if a NUL byte occurs in its first this many bytes (the heuristic
+#: of git and GNU grep).
+BINARY_SNIFF_BYTES = 8000
+
+
 def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
     """Bytes of the corpus (at most ``max_bytes``) and a description of where they came from.
 
     Raises:
-        DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, or holds
-            no bytes. In a directory, special files are skipped and named in the description.
+        DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, is a
+            binary file (a NUL byte in the first :data:`BINARY_SNIFF_BYTES` bytes read), or holds no bytes. In a
+            directory, special files and binary files are skipped and named in the description.
     """
     if path is None:
         root = stdlib_root()
@@ -139,8 +145,8 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
     elif _is_special(path):
         raise DataError(f"--data: {path} is not a regular file or a directory (a FIFO, device or socket)")
     else:
-        raise DataError(f"--data: no such file or directory: {path}")
-    chunks, total = [], 0
+        raise DataError(f"--data: expected an existing file or directory, got {path} (no such file or directory)")
+    chunks, total, binary = [], 0, []
     for f in files:
         if total >= max_bytes:
             break
@@ -149,11 +155,20 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
                 data = fh.read(max_bytes - total)
         except OSError as e:
             raise DataError(f"--data: cannot read {f}: {e.strerror}") from None
+        nul = data.find(b"\0", 0, BINARY_SNIFF_BYTES) if path is not None else -1
+        if nul >= 0:
+            if len(files) == 1 and files[0] == path:  # --data names this file
+                raise DataError(f"--data: expected a text file, got binary data in {f} (a NUL byte at offset {nul})")
+            binary.append(os.path.relpath(f, root))
+            continue
         chunks.append(data)
         total += len(data)
+    if binary:
+        source += (f"; skipped {len(binary)} binary file(s), with a NUL byte in their first {BINARY_SNIFF_BYTES} "
+                   f"bytes: {', '.join(binary[:5])}{', ...' if len(binary) > 5 else ''}")
     corpus = b"".join(chunks)
     if not corpus:
-        raise DataError(f"--data: no bytes to train on in {source}")
+        raise DataError(f"--data: expected some bytes to train on, got 0 bytes in {source}")
     return corpus, source
 
 
@@ -164,8 +179,8 @@ class ByteData:
         data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.int64)
         n_val = max(seq_len + 1, int(len(data) * val_fraction))
         if len(data) < n_val + seq_len + 1:
-            raise DataError(f"--data: {len(data)} bytes is too little for --seq-len {seq_len} "
-                            f"(need at least {n_val + seq_len + 1})")
+            raise DataError(f"--data: too little data for --seq-len {seq_len}: expected at least "
+                            f"{n_val + seq_len + 1} bytes, got {len(data)}")
         self.train, self.val = data[:-n_val], data[-n_val:]
         self.seq_len = seq_len
         self.sha256 = tensor_sha256(data.to(torch.uint8))

@@ -12,6 +12,8 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 * :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`tree_fold` (the
   pairwise tree of the split-invariant accumulation), :func:`fold_dims`,
   :func:`lexical_cumsum`, :func:`fold_example_gemms` (the CPU loops, and the CUDA launches of the kernels);
+* :mod:`~ordered_ssd.fold.conv1d`: :func:`conv1d_grad_partials`, ordered-ssd's own kernel for the causal conv1d's
+  per-(example, tile) weight/bias gradient partials, and its order in PyTorch (:func:`conv1d_grad_partials_torch`);
 * :mod:`~ordered_ssd.fold.kernels`: their Triton kernels (imported on first CUDA use only);
 * :mod:`~ordered_ssd.fold.settings`: every order-deciding setting of ordered-ssd's own code (the fused GEMM fold's
   pinned configurations, the shape rules that pick an algorithm or a partition), :data:`REDUCTION_VERSION` and
@@ -20,13 +22,17 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 Both the CPU reference path and the CUDA path reduce through these; nothing else in the package sums partials
 over a partition axis. Importing this package does not import triton.
 """
+from .conv1d import conv1d_grad_partials, conv1d_grad_partials_torch
 from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped, lexical_cumsum,
                          lexical_fold, tree_fold)
-from .settings import (GEMM_FOLD_CONFIGS, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES, REDUCTION_VERSION,
-                       accumulation_dtype, linear_weight_grad_is_fused, reduction_fingerprint,
-                       rmsnorm_rows_per_program)
+from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CONFIGS, GEMM_FOLD_FIT_RULE,
+                       LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES, REDUCTION_VERSION, accumulation_dtype,
+                       gemm_fold_config, gemm_fold_configs_for, gemm_fold_shared_bytes, linear_weight_grad_is_fused,
+                       reduction_fingerprint, rmsnorm_rows_per_program)
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms",
-           "fold_example_gemms_grouped", "accumulation_dtype",
-           "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
+           "fold_example_gemms_grouped", "conv1d_grad_partials", "conv1d_grad_partials_torch", "accumulation_dtype",
+           "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
+           "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",
+           "gemm_fold_shared_bytes", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]

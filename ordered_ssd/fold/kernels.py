@@ -76,3 +76,105 @@ def gemm_fold_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s
         a_e += s_ab
         b_e += s_bb
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
+
+
+@triton.jit
+def conv1d_grad_partials_kernel(x_ptr, w_ptr, bias_ptr, dout_ptr, seq_ptr, dw_ptr, db_ptr, L, DIM, NT,
+                                s_xb, s_xd, s_xl, s_ob, s_od, s_ol, s_sb, s_sl, s_wd, s_ww,
+                                W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
+                                SILU: tl.constexpr, TILE_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """ordered-ssd's conv1d weight/bias gradient partials: one program per (example b, tile t, channel block).
+
+    Math (causal-conv1d's backward formula): with ``m_j[d, l] = x[d, l - j]`` (zero before position 0, and zero
+    where ``seq_idx[l - j] != seq_idx[l]``), ``pre = (((bias + w[0] m_{W-1}) + w[1] m_{W-2}) + ...) + w[W-1] m_0``
+    (oldest tap first), ``g = dout * (s * (1 + pre * (1 - s)))`` with ``s = 1 / (1 + exp(-pre))`` (the derivative
+    of SiLU; ``g = dout`` without activation),
+    ``dw[b, t, d, W-1-j] = sum_l g[d, l] m_j[d, l]`` and ``db[b, t, d] = sum_l g[d, l]`` over the tile's
+    positions ``l = t*TILE_L, t*TILE_L + 1, ...`` in that order, one fp32 addition per position from +0.0.
+    Every channel's sums run in its own lane, so ``BLOCK_D`` and ``num_warps`` change no bit.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < DIM
+    x_b = x_ptr + b * s_xb + d.to(tl.int64) * s_xd
+    o_b = dout_ptr + b * s_ob + d.to(tl.int64) * s_od
+    s_b = seq_ptr + b * s_sb
+    # weight of lag j (x[l - j]) is w[:, W-1-j]
+    wl0 = tl.load(w_ptr + d * s_wd + (W - 1) * s_ww, mask=dmask, other=0.0).to(tl.float32)
+    wl1 = tl.load(w_ptr + d * s_wd + (W - 2) * s_ww, mask=dmask, other=0.0).to(tl.float32)
+    wl2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    wl3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if W >= 3:
+        wl2 = tl.load(w_ptr + d * s_wd + (W - 3) * s_ww, mask=dmask, other=0.0).to(tl.float32)
+    if W >= 4:
+        wl3 = tl.load(w_ptr + d * s_wd + (W - 4) * s_ww, mask=dmask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    l0 = t * TILE_L
+    # history: h_j = x[l0 - j] (0 before position 0), q_j its sequence id (-1 before position 0)
+    h1 = tl.load(x_b + (l0 - 1).to(tl.int64) * s_xl, mask=dmask & (l0 >= 1), other=0.0).to(tl.float32)
+    h2 = tl.load(x_b + (l0 - 2).to(tl.int64) * s_xl, mask=dmask & (l0 >= 2), other=0.0).to(tl.float32)
+    h3 = tl.load(x_b + (l0 - 3).to(tl.int64) * s_xl, mask=dmask & (l0 >= 3), other=0.0).to(tl.float32)
+    q1 = -1
+    q2 = -1
+    q3 = -1
+    if HAS_SEQ:
+        q1 = tl.load(s_b + (l0 - 1).to(tl.int64) * s_sl, mask=l0 >= 1, other=-1)
+        q2 = tl.load(s_b + (l0 - 2).to(tl.int64) * s_sl, mask=l0 >= 2, other=-1)
+        q3 = tl.load(s_b + (l0 - 3).to(tl.int64) * s_sl, mask=l0 >= 3, other=-1)
+    acc0 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    accb = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(0, TILE_L):
+        # past L (last tile): x = dout = 0, so g = 0 and every addition adds a zero (acc is never -0.0)
+        pos = (l0 + i).to(tl.int64)
+        valid = pos < L
+        x0 = tl.load(x_b + pos * s_xl, mask=dmask & valid, other=0.0).to(tl.float32)
+        g = tl.load(o_b + pos * s_ol, mask=dmask & valid, other=0.0).to(tl.float32)
+        m1 = h1
+        m2 = h2
+        m3 = h3
+        if HAS_SEQ:
+            q0 = tl.load(s_b + pos * s_sl, mask=valid, other=-1)
+            m1 = tl.where(q1 == q0, h1, 0.0)
+            m2 = tl.where(q2 == q0, h2, 0.0)
+            m3 = tl.where(q3 == q0, h3, 0.0)
+        if SILU:
+            pre = bias
+            if W >= 4:
+                pre = pre + wl3 * m3
+            if W >= 3:
+                pre = pre + wl2 * m2
+            pre = pre + wl1 * m1
+            pre = pre + wl0 * x0
+            sig = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * (sig * (1.0 + pre * (1.0 - sig)))
+        acc0 += g * x0
+        acc1 += g * m1
+        if W >= 3:
+            acc2 += g * m2
+        if W >= 4:
+            acc3 += g * m3
+        accb += g
+        h3 = h2
+        h2 = h1
+        h1 = x0
+        if HAS_SEQ:
+            q3 = q2
+            q2 = q1
+            q1 = q0
+    part = (b * NT + t) * DIM + d
+    dw = dw_ptr + part * W
+    tl.store(dw + (W - 1), acc0, mask=dmask)
+    tl.store(dw + (W - 2), acc1, mask=dmask)
+    if W >= 3:
+        tl.store(dw + (W - 3), acc2, mask=dmask)
+    if W >= 4:
+        tl.store(dw + (W - 4), acc3, mask=dmask)
+    if HAS_BIAS:
+        tl.store(db_ptr + part, accb, mask=dmask)

@@ -6,7 +6,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .settings import GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype
+from .settings import GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms_grouped",
            "fold_example_gemms"]
@@ -287,8 +287,10 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     positions in order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs), then adds
     it to the tile's running sum, one fp32 addition per example starting from +0.0: the bits of
     :class:`LexicalFold` over the partials. A partial's bits depend on ``L`` and :data:`GEMM_FOLD_CONFIGS`
-    only, not on ``E`` or on the other examples. Elsewhere each partial is one ``torch.mm`` in the accumulation
-    dtype, folded by :class:`LexicalFold`.
+    only, not on ``E`` or on the other examples. The configuration is :func:`~ordered_ssd.fold.gemm_fold_config`
+    for the device's shared memory (fewer pipeline stages on devices with less than the pinned one needs: the
+    same bits); a compiled kernel that Triton still refuses raises ``ValueError`` before anything is launched.
+    Elsewhere each partial is one ``torch.mm`` in the accumulation dtype, folded by :class:`LexicalFold`.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -325,10 +327,13 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     out = torch.empty(M, N, dtype=torch.float32, device=a.device)
     if M * N == 0:
         return out
+    from csrc_bindings import _resources  # imports nothing native
+
     from . import kernels  # imports triton: only here, on CUDA
 
     gemm_fold_kernel = kernels.gemm_fold_kernel
-    BM, BN, BK, GROUP_M, num_warps, num_stages = GEMM_FOLD_CONFIGS[a.dtype]
+    config = gemm_fold_config(a.dtype, _resources.shared_memory_limit(a.device))
+    BM, BN, BK, GROUP_M, num_warps, num_stages = config
     # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
     a = a.contiguous() if _tile_offsets_overflow(a, BK) else a
     b = b.contiguous() if _tile_offsets_overflow(b, BK) else b
@@ -338,10 +343,15 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
                              f"{t.shape[2]}")
     init_c = init.contiguous() if init is not None else out
     grid = (-(-M // BM) * -(-N // BN),)
+    args = (a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1),
+            b.stride(2))
+    consts = {"HAS_INIT": init is not None, "IEEE": a.dtype == torch.float32, "BM": BM, "BN": BN, "BK": BK,
+              "GROUP_M": GROUP_M}
     with torch.cuda.device(a.device):
-        gemm_fold_kernel[grid](a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0),
-                               b.stride(1), b.stride(2), HAS_INIT=init is not None, IEEE=a.dtype == torch.float32,
-                               BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, num_warps=num_warps, num_stages=num_stages)
+        # a compiled kernel that still does not fit: ValueError before anything is launched
+        _resources.launch_fitting("fold_example_gemms", gemm_fold_kernel, grid, args, consts,
+                                  {**consts, "num_warps": num_warps, "num_stages": num_stages}, a, explicit=True,
+                                  sizes=lambda: f"M={M}, N={N}, dtype={a.dtype}")
     return out
 
 

@@ -18,8 +18,10 @@ import math
 
 import torch
 
-__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
-           "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program"]
+__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L",
+           "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "gemm_fold_config",
+           "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
+           "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32.
@@ -44,6 +46,68 @@ GEMM_FOLD_CONFIGS = {
     torch.float32: (64, 64, 32, 8, 4, 2),
 }
 
+#: Name of the rule that fits :data:`GEMM_FOLD_CONFIGS` to a device's shared memory (:func:`gemm_fold_config`).
+GEMM_FOLD_FIT_RULE = "gemm-fit-v1"
+
+
+def gemm_fold_shared_bytes(config: tuple, dtype: torch.dtype) -> int:
+    """Bytes of shared memory per program that :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel asks at
+    ``config`` = ``(BM, BN, BK, GROUP_M, num_warps, num_stages)`` for ``dtype`` inputs: a conservative estimate,
+    ``max(num_stages, 2) * (BM * BK + BK * BN) * element size``.
+
+    Why: the only tiles in shared memory are the pipelined loads of the K loop, one ``[BM, BK]`` tile of ``a`` and
+    one ``[BK, BN]`` tile of ``b`` per buffer (the epilogue's layout conversion reuses them). Compiled with triton
+    3.6.0 (``metadata.shared``, 16-byte aligned inputs), the kernel keeps ``num_stages`` buffers for bf16/fp16 on
+    sm_90 (wgmma; at least 2) and ``num_stages - 1`` (at least 1) on sm_80/86/89 and for fp32 everywhere: bf16
+    128x128x64 asks 131,072 / 98,304 / 65,536 bytes at 4 / 3 / 2 stages on sm_90 and 98,304 / 65,536 / 32,768 on
+    sm_86. The estimate is the largest of these; should Triton still refuse the compiled kernel, the launch raises
+    ``ValueError`` before anything runs (:func:`csrc_bindings._resources.launch_fitting`).
+    """
+    BM, BN, BK, _, _, stages = config
+    return max(int(stages), 2) * (BM * BK + BK * BN) * dtype.itemsize
+
+
+def gemm_fold_config(dtype: torch.dtype, shared_limit: int) -> tuple:
+    """Bit-neutral rule ``gemm-fit-v1``: the configuration of :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel
+    for ``dtype`` inputs on a device that allows ``shared_limit`` bytes of shared memory per program.
+
+    :data:`GEMM_FOLD_CONFIGS` ``[dtype]`` if its :func:`gemm_fold_shared_bytes` fits, else the same configuration
+    with ``num_stages`` lowered one at a time (down to 1); the first that fits. ``num_stages`` only sets how many
+    K blocks the pipeliner loads ahead: the loop body (``p = tl.dot(a, b, p)`` over the K blocks in order, then
+    ``acc += p`` per example) and hence every bit of the result are the same (compared bit for bit by the GPU
+    test ``tests/gpu/fold/test_gemm_fold_fit.py``). On the H200 (232,448 bytes) and the A100 (166,912) the pinned
+    configurations fit; on sm_86/sm_89 (101,376) bf16/fp16 run at 3 stages. A pure function of ``dtype`` and
+    ``shared_limit``.
+
+    Raises:
+        KeyError: ``dtype`` has no pinned configuration.
+        ValueError: not even one stage fits (message names the configuration, the bytes and the limit).
+    """
+    pinned = GEMM_FOLD_CONFIGS[dtype]
+    for stages in range(pinned[5], 0, -1):
+        config = pinned[:5] + (stages,)
+        if gemm_fold_shared_bytes(config, dtype) <= shared_limit:
+            return config
+    raise ValueError(f"fold_example_gemms: configuration (BM, BN, BK, GROUP_M, num_warps, num_stages) = {pinned} for "
+                     f"{dtype} asks {gemm_fold_shared_bytes(pinned[:5] + (1,), dtype)} bytes of shared memory per "
+                     f"program even at num_stages=1, more than the {shared_limit} bytes the device allows "
+                     f"(shared_memory_per_block_optin)")
+
+
+def gemm_fold_configs_for(shared_limit: int | None = None) -> dict:
+    """``{dtype: configuration}`` that :func:`gemm_fold_config` picks for every dtype on a device allowing
+    ``shared_limit`` bytes (None: :data:`GEMM_FOLD_CONFIGS` as pinned). A dtype that fits nowhere is left out."""
+    if shared_limit is None:
+        return dict(GEMM_FOLD_CONFIGS)
+    out = {}
+    for dtype in GEMM_FOLD_CONFIGS:
+        try:
+            out[dtype] = gemm_fold_config(dtype, int(shared_limit))
+        except ValueError:
+            continue
+    return out
+
+
 #: Order-deciding. Sequence length from which :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs one
 #: cuBLAS GEMM per example instead of the fused one-launch fold (:func:`~ordered_ssd.fold.fold_example_gemms`).
 #: Short sequences: the per-example launches cost host time (bench S5: 128 GEMM launches per step) and the fused
@@ -57,17 +121,40 @@ LINEAR_FUSED_BELOW_L = 8192
 #: example; the group size depends on the shape alone and never changes a value).
 LINEAR_GROUP_BYTES = 64 << 20
 
+#: Order-deciding. Positions per tile of the conv1d weight/bias gradient partials
+#: (:func:`~ordered_ssd.fold.conv1d_weight_grad_partials`): example ``b``'s partial ``t`` sums positions
+#: ``t * CONV1D_BWD_TILE_L ...`` up to the next tile, one position at a time, and the tiles are folded in order.
+#: A shape-only constant (never the batch size), so an example's partials are the same alone or in any batch.
+CONV1D_BWD_TILE_L = 128
+
+#: Bit-neutral. Channels per program of the conv1d partials kernel: every channel's sums run in its own lanes, so
+#: the block only decides which channels a program owns, never an order.
+CONV1D_BWD_BLOCK_D = 64
+
 #: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
 #: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
-#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`.
-REDUCTION_VERSION = 2
+#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`; 3: the conv1d weight/bias
+#: gradients from ordered-ssd's own per-(example, tile) partials kernel (:data:`CONV1D_BWD_TILE_L`) instead of
+#: causal-conv1d's channel-first backward called once per example.
+REDUCTION_VERSION = 3
 
 
-def reduction_fingerprint() -> str:
-    """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their pinned settings
-    (:data:`GEMM_FOLD_CONFIGS`, :data:`LINEAR_FUSED_BELOW_L`); part of the determinism fingerprint."""
-    settings = json.dumps({"configs": {str(k): list(v) for k, v in GEMM_FOLD_CONFIGS.items()},
-                           "fused_below_l": LINEAR_FUSED_BELOW_L}, sort_keys=True)
+def reduction_fingerprint(device=None) -> str:
+    """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their settings (the fold
+    kernel's configurations, :data:`LINEAR_FUSED_BELOW_L`, :data:`CONV1D_BWD_TILE_L`); part of the determinism fingerprint.
+
+    ``device`` None: the pinned :data:`GEMM_FOLD_CONFIGS`. A CUDA ``device``: the configurations
+    :func:`gemm_fold_config` picks for its shared-memory limit (on a device where every pinned one fits, such as the
+    H200, the same hash as None)."""
+    limit = None
+    if device is not None and torch.device(device).type == "cuda":
+        from csrc_bindings import _resources  # imports nothing native
+
+        limit = _resources.shared_memory_limit(device)
+    configs = gemm_fold_configs_for(limit)
+    settings = json.dumps({"configs": {str(k): list(v) for k, v in configs.items()},
+                           "fused_below_l": LINEAR_FUSED_BELOW_L, "conv1d_tile_l": CONV1D_BWD_TILE_L},
+                          sort_keys=True)
     return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
 

@@ -12,37 +12,44 @@ import torch
 import torch.nn as nn
 
 from .. import _checks
-from ..reference import Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_gated_rmsnorm
+from ..reference import (Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_conv_state,
+                         reference_gated_rmsnorm, reference_mamba2_layer)
+from . import _decode
 
 __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BACKENDS = (None, "cuda", "reference")
 _cuda_status = None
 
 
-def cuda_path_available():
-    """``(True, "")`` if the ordered CUDA path can run here (a CUDA device, triton, mamba-ssm 2.3.2.post1 and
-    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once per process."""
+def _cuda_path_status():
     global _cuda_status
     if _cuda_status is None:
         if not torch.cuda.is_available():
-            _cuda_status = (False, "no CUDA device")
+            _cuda_status = (False, "no CUDA device", RuntimeError)
         else:
             try:
                 import csrc_bindings
 
                 csrc_bindings.check_native()
-                _cuda_status = (True, "")
+                _cuda_status = (True, "", None)
             except (ImportError, RuntimeError) as e:
-                _cuda_status = (False, str(e))
+                _cuda_status = (False, str(e), type(e))
     return _cuda_status
 
 
+def cuda_path_available():
+    """``(True, "")`` if the ordered CUDA path can run here (a CUDA device, triton, mamba-ssm 2.3.2.post1 and
+    causal-conv1d 1.7.0 with the expected kernel signatures), else ``(False, reason)``. Checked once per process."""
+    return _cuda_path_status()[:2]
+
+
 def _cuda_path_ok() -> bool:
-    """``cuda_path_available()[0]``; a constant for ``torch.compile`` once :func:`_mark_native_check_constant` ran
+    """``_cuda_path_status()[0]``; a constant for ``torch.compile`` once :func:`_mark_native_check_constant` ran
     (dynamo then calls it instead of tracing the first-use import and version check of the native extras)."""
-    return cuda_path_available()[0]
+    return _cuda_path_status()[0]
 
 
 def _mark_native_check_constant() -> None:
@@ -96,21 +103,31 @@ class OrderedMamba2(nn.Module):
     Raises (at construction, before any parameter is allocated): ``TypeError`` / ``ValueError``
     naming the argument for non-int or non-positive sizes, ``d_ssm`` not a multiple of
     ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
-    ``dt_limit`` or ``A_init_range`` with min > max.
+    ``dt_limit`` or ``A_init_range`` with min > max (or NaN). Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
+    accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks it in :meth:`forward` (the constructor cannot
+    know where the layer will run).
 
     Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
     same inputs give the same bits, and the partial of an example does not depend on the rest of
     the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
-    Compute path (:meth:`backend_for`): ``"cuda"``, on CUDA with the native extras installed:
-    mamba-ssm's Triton SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations
-    (:mod:`ordered_ssd.ops`); ``"reference"`` elsewhere (CPU, fp64, or CUDA without the extras): the
-    pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64 only). Set ``layer.literal = True`` to run
-    the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
+    Compute path (:meth:`backend_for`): ``"cuda"`` for CUDA inputs of dtype fp32/bf16/fp16: mamba-ssm's Triton
+    SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations (:mod:`ordered_ssd.ops`);
+    ``"reference"`` for CPU and fp64 inputs: the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64
+    only). Never a silent fallback: on CUDA without the native extras (or with other versions) the forward raises
+    ``ImportError`` / ``RuntimeError`` with the reason and the install command, unless ``layer.backend =
+    "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above).
+    Set ``layer.literal = True`` to run the CUDA backward with one kernel launch per example (slower, same bits:
+    for tests and benchmarks).
     Set ``layer.validate_seq_idx = True`` to check that ``seq_idx`` rows are non-decreasing in every forward
     (reads them on the host; off by default so that a step has no host synchronisation).
     ``torch.compile(model, fullgraph=True)`` traces the layer without a graph break (every computation is a
     ``torch.library`` custom op) and gives the eager bits; see ``docs/compile.md``.
+
+    Decoding (as ``Mamba2``): :meth:`allocate_inference_cache`, :meth:`_get_states_from_cache`, :meth:`step` and
+    ``forward(..., inference_params=...)`` (a prefill at ``seqlen_offset == 0`` writes the cache, later calls run
+    :meth:`step`); the cache is ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N]. See
+    ``docs/decoding.md``.
     """
 
     def __init__(
@@ -227,6 +244,7 @@ class OrderedMamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
         self.validate_seq_idx = False
+        self.backend = None
         if torch.cuda.is_available():
             _mark_native_check_constant()
 
@@ -264,21 +282,41 @@ class OrderedMamba2(nn.Module):
                 conv and the SSM state do not cross a change of id. Its shape, dtype and device are checked;
                 its values only with ``self.validate_seq_idx = True`` (a host read: see
                 :func:`ordered_ssd.validate_seq_idx`).
-            cu_seqlens, inference_params: not supported (``NotImplementedError`` if given).
+            cu_seqlens: None or [S + 1] integer offsets of S sequences packed into one example (B == 1), strictly
+                increasing from 0 to L. As upstream, it matters only with ``inference_params``: the prefill then
+                writes one cache entry per sequence (``seq_idx`` must mark the same sequences).
+            inference_params: None or mamba-ssm's ``InferenceParams`` (``key_value_memory_dict``, ``seqlen_offset``;
+                needs ``layer_idx``). At ``seqlen_offset == 0`` (prefill) the output is computed as without it (the
+                non-fused path, as upstream) and this layer's cache (:meth:`_get_states_from_cache`) receives the
+                conv inputs and the SSM state after the last position (per sequence with ``cu_seqlens``); at
+                ``seqlen_offset > 0``, ``u`` is one token per example ([B, 1, d_model]) and :meth:`step` runs.
 
         Returns:
             Tensor of the shape of ``u``.
 
         Raises:
             TypeError / ValueError (naming the argument) for a wrong type, rank, shape, dtype or
-            device, before any computation. NaN or inf in ``u`` are not checked; they propagate.
+            device, before any computation: also ``cu_seqlens`` (not a 1-d integer tensor, not from 0 to B * L,
+            not strictly increasing, B != 1, ids of ``seq_idx`` changing elsewhere, or ``seq_idx`` missing with
+            ``inference_params``), ``inference_params`` without ``key_value_memory_dict``/``seqlen_offset``,
+            ``layer_idx`` None, a cached state of another batch size, several tokens at ``seqlen_offset > 0``. On
+            the CUDA path also ValueError for ``d_conv`` outside 2..4 (causal-conv1d's kernels; the reference path
+            takes any width) or an input so large that a tensor of the path would reach 2**31 elements (the
+            kernels' 32-bit offsets; :func:`ordered_ssd._checks.cuda_path_sizes`). The path is never switched to
+            work around either. NaN or inf in ``u`` or in a parameter are not checked; they propagate (per
+            example for ``u``: ``docs/guarantees.md``).
         """
-        if inference_params is not None:
-            raise NotImplementedError("OrderedMamba2.forward: inference_params (decoding with a state cache) "
-                                      "is not supported; pass None")
-        if cu_seqlens is not None:
-            raise NotImplementedError("OrderedMamba2.forward: cu_seqlens (variable-length batches) is not "
-                                      "supported; pack with seq_idx instead")
+        if inference_params is not None and _decode.check_inference_params(inference_params) > 0:
+            if cu_seqlens is not None:
+                _checks.check_tensor("cu_seqlens", cu_seqlens)
+                if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 2:
+                    raise ValueError(f"cu_seqlens: expected a 1-d tensor of S + 1 >= 2 offsets, got shape "
+                                     f"{tuple(cu_seqlens.shape)}")
+            u3 = u if seqlen is None else u.reshape(-1, seqlen, u.shape[-1])
+            batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else u3.shape[0]
+            conv_state, ssm_state = self._get_states_from_cache(inference_params, batch)
+            out, _, _ = self.step(u3, conv_state, ssm_state)
+            return out if seqlen is None else out.reshape(u.shape[0], -1)
         flat = seqlen is not None
         if flat:
             _checks.check_int("seqlen", seqlen)
@@ -295,34 +333,87 @@ class OrderedMamba2(nn.Module):
                                   allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device, values=self.validate_seq_idx)
+        if cu_seqlens is not None:
+            _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=u.device, seq_idx=seq_idx)
+            if inference_params is not None and seq_idx is None:
+                raise ValueError("seq_idx: required with cu_seqlens and inference_params (the packed sequences must "
+                                 "not see each other in the conv and the scan), got None")
+        cache = None
+        if inference_params is not None:
+            batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else Bsz
+            cache = self._get_states_from_cache(inference_params, batch)
         if backend == "cuda":
-            out = self._forward_cuda(u, seq_idx)
+            self._check_cuda_path(Bsz, L)
+            out = self._forward_cuda(u, seq_idx, cache, cu_seqlens)
         else:
-            params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
-                                    for p in self.layer_params()))
-            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+            out = self._forward_reference(u, seq_idx, cache, cu_seqlens)
         if flat:
             out = out.reshape(Bsz * L, -1)
         return out
 
     def backend_for(self, u: torch.Tensor) -> str:
-        """``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 when
-        :func:`cuda_path_available`, else ``"reference"`` (CPU, fp64 inputs, or CUDA without the extras)."""
-        if u.device.type == "cuda" and u.dtype != torch.float64 and _cuda_path_ok():
-            return "cuda"
-        return "reference"
+        """The compute path for input ``u``: ``layer.backend`` when set (``"cuda"`` or ``"reference"``), else
+        ``"cuda"`` (:mod:`ordered_ssd.ops` on the native kernels) for CUDA tensors of dtype fp32/bf16/fp16 and
+        ``"reference"`` for CPU or fp64 tensors.
 
-    def _forward_cuda(self, u, seq_idx):
+        Raises:
+            ValueError: ``layer.backend`` is not None, ``"cuda"`` or ``"reference"``; ``"cuda"`` for a non-CUDA
+                ``u``.
+            ImportError / RuntimeError: ``"cuda"`` chosen (or asked for) but the CUDA path cannot run here (no
+                CUDA device, mamba-ssm / causal-conv1d / triton missing or of other versions): the message gives
+                the reason, the install command, and ``layer.backend = "reference"`` as the explicit way out.
+        """
+        backend = self.backend
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend: expected None, 'cuda' or 'reference', got {backend!r}")
+        if backend is None:
+            backend = "cuda" if u.device.type == "cuda" and u.dtype != torch.float64 else "reference"
+        if backend == "cuda":
+            if u.device.type != "cuda":
+                raise ValueError(f"backend: 'cuda' needs u on a CUDA device, got u on {u.device}")
+            if not _cuda_path_ok():  # a constant for torch.compile (see _mark_native_check_constant)
+                _, why, exc = _cuda_path_status()
+                raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why}. Install the native "
+                          "extras as the README's GPU section says, or set layer.backend = 'reference' to run the "
+                          "pure-PyTorch reference (fp32/fp64, slow) on this device.")
+        return backend
+
+    def _check_cuda_path(self, batch: int, seqlen: int) -> None:
+        """What the CUDA path needs beyond what the reference accepts, checked before any kernel: ``d_conv`` in
+        2..4 (causal-conv1d's widths) and every tensor under 2**31 elements (the kernels' 32-bit offsets)."""
+        _checks.check_conv_width("d_conv", self.d_conv)
+        _checks.check_cuda_path_sizes(batch=batch, seqlen=seqlen, nheads=self.nheads, headdim=self.headdim,
+                                      dstate=self.d_state, chunk_size=self.chunk_size,
+                                      zxbcdt_width=self.in_proj.weight.shape[0])
+
+    def _forward_reference(self, u, seq_idx, cache, cu_seqlens):
+        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype) for p in self.layer_params()))
+        needs_grad = torch.is_grad_enabled() and (u.requires_grad or any(p is not None and p.requires_grad
+                                                                         for p in params))
+        if cache is None or needs_grad:  # the ordered backward
+            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+        if cache is not None:  # a prefill: write the cache (no gradient flows into it)
+            with torch.no_grad():
+                out_nograd, conv_state, ssm_state = reference_mamba2_layer(u, params, self.dims, seq_idx,
+                                                                           return_states=True, cu_seqlens=cu_seqlens)
+            cache[0].copy_(conv_state)
+            cache[1].copy_(ssm_state)
+            if not needs_grad:
+                out = out_nograd
+        return out
+
+    def _forward_cuda(self, u, seq_idx, cache=None, cu_seqlens=None):
         from einops import rearrange
 
         from .. import ops
 
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous() if cu_seqlens is not None else None
         zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
         A = ops.ordered_A_from_log(self.A_log)  # -exp(A_log.float()), opaque to inductor (eager bits when compiled)
         D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
         conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
-        if self.use_mem_eff_path:
+        if self.use_mem_eff_path and cache is None:
             return ops.ordered_mamba_split_conv1d_scan_combined(
                 zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
                 activation=self.activation, rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
@@ -333,6 +424,8 @@ class OrderedMamba2(nn.Module):
         d_mlp = self.d_inner - self.d_ssm
         z0, x0, z, xBC, dt = torch.split(
             zxbcdt, [d_mlp, d_mlp, self.d_ssm, self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads], dim=-1)
+        if cache is not None:  # the prefill's conv state: the last d_conv conv inputs (per sequence with cu_seqlens)
+            cache[0].copy_(reference_conv_state(xBC.detach(), self.d_conv, cu_seqlens))
         xBC = ops.ordered_causal_conv1d(xBC.transpose(1, 2), conv_w, self.conv1d.bias, seq_idx=seq_idx,
                                        activation=self.activation).transpose(1, 2)
         x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
@@ -341,7 +434,12 @@ class OrderedMamba2(nn.Module):
             rearrange(B, "b l (g n) -> b l g n", g=self.ngroups), rearrange(C, "b l (g n) -> b l g n", g=self.ngroups),
             chunk_size=self.chunk_size, D=D,
             z=None if self.rmsnorm else rearrange(z, "b l (h p) -> b l h p", p=self.headdim),
-            dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal)
+            dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal,
+            cu_seqlens=cu_seqlens if cache is not None else None, return_final_states=cache is not None,
+            return_varlen_states=cache is not None and cu_seqlens is not None)
+        if cache is not None:
+            y, last_state, *rest = y
+            cache[1].copy_((rest[0] if cu_seqlens is not None else last_state).detach())
         y = rearrange(y, "b l h p -> b l (h p)")
         if self.rmsnorm:
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
@@ -350,18 +448,51 @@ class OrderedMamba2(nn.Module):
             y = torch.cat([ops.ordered_silu_mul(z0, x0), y], dim=-1)
         return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
-    def step(self, *args, **kwargs):
-        """Single-token decoding: not supported yet.
+    # ------------------------------------------------------------------ decoding
+    def step(self, hidden_states, conv_state, ssm_state):
+        """One decoding step (``Mamba2.step``): ``hidden_states`` [B, 1, d_model] -> ``(out [B, 1, d_model],
+        conv_state, ssm_state)``, the cache updated in place.
+
+        ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N] as :meth:`allocate_inference_cache` makes
+        them (after a prefill through ``forward(..., inference_params=...)``). CUDA path: causal-conv1d's
+        ``causal_conv1d_update`` and mamba-ssm's ``selective_state_update`` (:mod:`ordered_ssd.ops.decode`; the
+        ``conv_state`` must have the dtype of ``hidden_states``), the projections and the gated RMSNorm as in the
+        forward; elsewhere the reference (:func:`ordered_ssd.reference.reference_mamba2_step`). Unlike upstream,
+        ``dt_limit`` is applied (so a step equals the forward over the same tokens for every setting). Runs without
+        autograd: decoding is inference, and the native step kernels have no backward.
+
+        Determinism: no kernel of a step sums across programs or examples (see :mod:`ordered_ssd.ops.decode`), so
+        steps are bitwise repeatable and an example's output does not depend on the rest of the batch.
 
         Raises:
-            NotImplementedError: always.
+            TypeError / ValueError (naming the argument): ``hidden_states`` not [B, 1, d_model] of the layer's dtype
+            and device; a cache tensor of another shape, device, or (CUDA) dtype.
         """
-        raise NotImplementedError("OrderedMamba2.step: single-token decoding is not supported")
+        out = _decode.step(self, hidden_states, conv_state, ssm_state)
+        return out, conv_state, ssm_state
 
-    def allocate_inference_cache(self, *args, **kwargs):
-        """The decoding cache: not supported yet.
+    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
+        """``(conv_state [batch_size, conv_dim, d_conv], ssm_state [batch_size, H, P, N])``, zeros on the device of
+        ``out_proj.weight``: ``conv_state`` a transposed view of a contiguous [B, d_conv, conv_dim] tensor in
+        ``dtype`` or ``conv1d.weight``'s dtype, ``ssm_state`` in ``dtype`` or ``in_proj.weight``'s dtype (as
+        ``Mamba2``). ``max_seqlen`` is unused (the state does not grow).
 
         Raises:
-            NotImplementedError: always.
+            TypeError / ValueError: ``batch_size`` not an int >= 1; ``dtype`` not a floating torch.dtype.
         """
-        raise NotImplementedError("OrderedMamba2.allocate_inference_cache: decoding is not supported")
+        _checks.check_int("batch_size", batch_size)
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype: expected None or a floating torch.dtype, got {dtype!r}")
+        return _decode.new_cache(self, batch_size, self.out_proj.weight.device,
+                                 self.conv1d.weight.dtype if dtype is None else dtype,
+                                 self.in_proj.weight.dtype if dtype is None else dtype)
+
+    def _get_states_from_cache(self, inference_params, batch_size, initialize_states=False):
+        """This layer's ``(conv_state, ssm_state)`` in ``inference_params.key_value_memory_dict[layer_idx]``,
+        allocated (zeros, the parameters' device and dtypes) on first use, zeroed with ``initialize_states``.
+
+        Raises:
+            ValueError: ``layer_idx`` is None; a cached state of another batch size. TypeError: ``inference_params``
+            without ``key_value_memory_dict`` / ``seqlen_offset``.
+        """
+        return _decode.states_from_cache(self, inference_params, batch_size, initialize_states)

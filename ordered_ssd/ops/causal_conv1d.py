@@ -4,10 +4,13 @@ Layers: composition (:func:`ordered_causal_conv1d_fwd`, :func:`ordered_causal_co
 autograd) → the custom op ``ordered_ssd::causal_conv1d`` (fake, autograd through
 ``ordered_ssd::causal_conv1d_backward``) → :func:`ordered_causal_conv1d`.
 
-Determinism: causal-conv1d's channel-first backward ``atomicAdd``s every example's weight gradient into one buffer,
-so the backward runs it once per example (or per packed sequence with ``seq_idx``), where every address has a
-single writer (:func:`csrc_bindings.launch_causal_conv1d_bwd_per_example`), and folds the per-example fp32
-partials in example order (:func:`ordered_ssd.fold.fold_dims`). Source: ``causal_conv1d.causal_conv1d_fn``.
+Determinism: ``dx`` comes from causal-conv1d's backward, one launch for the whole batch
+(:func:`csrc_bindings.launch_causal_conv1d_bwd_dx`; its ``dx`` has no atomics; the weight/bias gradients it adds
+with ``atomicAdd`` are discarded). ``dweight``/``dbias`` come from ordered-ssd's own kernel: fp32 partials per
+(example, tile of :data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L` positions)
+(:func:`ordered_ssd.fold.conv1d_grad_partials`), folded over (example, tile), example slowest
+(:func:`ordered_ssd.fold.fold_dims`), cast once. The number of launches does not depend on ``B`` or on the number
+of packed sequences, and nothing is read back to the host. Source: ``causal_conv1d.causal_conv1d_fn``.
 """
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ import torch
 
 import csrc_bindings
 
-from ..fold import fold_dims
-from .common import NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, or_none, require_cuda
+from ..fold import conv1d_grad_partials, fold_dims
+from .common import (NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, check_causal_conv1d_args,
+                     or_none, require_cuda)
 
 __all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "ordered_causal_conv1d"]
 
@@ -29,17 +33,82 @@ def ordered_causal_conv1d_fwd(x, weight, bias, *, seq_idx=None, silu=False):
     return csrc_bindings.launch_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu_activation=silu)
 
 
-def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None):
+def _takes(t, channel_last):
+    """Whether causal-conv1d's kernel of that layout takes ``t`` [B, D, L] as it is (channel-last: stride 1 in D,
+    the other strides multiples of 8; channel-first: contiguous; both: a 16-byte aligned start)."""
+    if t.data_ptr() % 16:
+        return False
+    if channel_last:
+        return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.stride(2) % 8 == 0
+    return t.is_contiguous()
+
+
+def _native_ready(t, channel_last):
+    """``t`` itself when :func:`_takes` it, else a copy in that layout (a copy changes no value)."""
+    if _takes(t, channel_last):
+        return t
+    if channel_last:
+        return t.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _channel_last_bwd(x, seq_idx) -> bool:
+    """Whether the backward runs causal-conv1d's channel-last kernel (always with ``seq_idx``)."""
+    return seq_idx is not None or (x.stride(1) == 1 and x.stride(2) > 1)
+
+
+def _dx_buffer(x, channel_last):
+    """A fresh ``dx`` [B, D, L] in the layout of the backward's kernel (channel-last view of [B, L, D], or
+    contiguous)."""
+    batch, dim, seqlen = x.shape
+    if channel_last:
+        return torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
+
+
+def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False):
     """Backward: ``(dx, dweight, dbias, dweight_partial, dbias_partial)``.
 
-    ``dx`` [B, D, L] (written into ``dx`` when given); ``dweight`` [D, W] / ``dbias`` [D] (None without a bias):
-    fp32 folds of the per-example (per-sequence) partials ``dweight_partial`` [S, D, W] / ``dbias_partial`` [S, D]
-    in order, cast once to the parameter dtype.
+    Args:
+        x, dout: [B, D, L] (channel-last views of [B, L, D] memory, or channel-first; with ``seq_idx`` they are
+            used channel-last). weight [D, W]; bias [D] or None; seq_idx [B, L] int32 or None; silu: the forward
+            applied SiLU. dx: optional [B, D, L] output (written in place; computed in a fresh buffer and copied
+            when causal-conv1d cannot write its layout). literal: launch both kernels once per example (the
+            literal path; the same bits).
+
+    Returns:
+        ``dx`` [B, D, L]; ``dweight`` [D, W] / ``dbias`` [D] (None without a bias): the fp32 folds of
+        ``dweight_partial`` [B, T, D, W] / ``dbias_partial`` [B, T, D] over (example, tile), example slowest,
+        cast once to the parameter dtype (``T = ceil(L / CONV1D_BWD_TILE_L)``).
+
+    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold per
+    gradient, whatever ``B`` and the number of packed sequences (plus a copy of an input causal-conv1d does not
+    take); nothing is read back to the host.
+
+    Raises:
+        ValueError: shapes that do not match (from :mod:`csrc_bindings` and :mod:`ordered_ssd.fold`, naming the
+            argument); ``seq_idx`` not int32.
     """
-    dx, dweight_partial, dbias_partial, _ = csrc_bindings.launch_causal_conv1d_bwd_per_example(
-        x, weight, bias, dout, silu_activation=silu, seq_idx=seq_idx, dx=dx)
-    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype)
-    dbias = fold_dims(dbias_partial, 0, dtype=bias.dtype) if bias is not None else None
+    if seq_idx is not None and seq_idx.dtype != torch.int32:
+        raise ValueError(f"seq_idx: expected dtype torch.int32, got {seq_idx.dtype}")
+    channel_last = _channel_last_bwd(x, seq_idx)
+    xr = _native_ready(x, channel_last)
+    doutr = _native_ready(dout, channel_last)
+    seq = seq_idx.contiguous() if seq_idx is not None else None
+    out = dx
+    if dx is None or not _takes(dx, channel_last):
+        dx = _dx_buffer(x, channel_last)
+    ranges = [(b, b + 1) for b in range(x.shape[0])] if literal else [(0, x.shape[0])]
+    for b0, b1 in ranges:
+        csrc_bindings.launch_causal_conv1d_bwd_dx(xr[b0:b1], weight, bias, doutr[b0:b1], silu_activation=silu,
+                                                  seq_idx=seq[b0:b1] if seq is not None else None, dx=dx[b0:b1])
+    if out is not None and out is not dx:
+        out.copy_(dx)
+        dx = out
+    dweight_partial, dbias_partial = conv1d_grad_partials(xr, weight, bias, doutr, seq_idx=seq, silu=silu,
+                                                          literal=literal)
+    dweight = fold_dims(dweight_partial, (0, 1), dtype=weight.dtype)
+    dbias = fold_dims(dbias_partial, (0, 1), dtype=bias.dtype) if bias is not None else None
     return dx, dweight, dbias, dweight_partial, dbias_partial
 
 
@@ -62,14 +131,15 @@ def _causal_conv1d_backward(dout: torch.Tensor, x: torch.Tensor, weight: torch.T
                             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with autocast_context(autocast):
         dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=silu)
-    return (dx.to(x.dtype), *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: torch.empty_like(x)
+    return (dx, *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: _dx_buffer, dtype of x
 
 
 @_causal_conv1d_backward.register_fake
 def _(dout, x, weight, bias, seq_idx, silu, autocast):
     dbias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else x.new_empty(
         (0,), dtype=torch.float32)
-    return torch.empty_like(x), torch.empty_like(weight, memory_format=torch.contiguous_format), dbias
+    dx = _dx_buffer(x, _channel_last_bwd(x, seq_idx))  # the composition's allocation
+    return dx, torch.empty_like(weight, memory_format=torch.contiguous_format), dbias
 
 
 def _causal_conv1d_setup_context(ctx, inputs, output):
@@ -94,17 +164,21 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     Args:
         x: [B, D, L] CUDA tensor (channel-first, or a channel-last view of [B, L, D] memory), fp32/fp16/bf16.
         weight: [D, W] with W in 2..4. bias: [D] or None. seq_idx: [B, L] int32 packed-sequence ids
-            (non-decreasing rows) or None. activation: None, "silu" or "swish".
+            (a tap across a change of id is zero) or None; with it ``x`` is used channel-last (``D % 8 == 0``).
+        activation: None, "silu" or "swish".
 
     Returns:
         [B, D, L], the dtype of ``x``.
 
     Raises:
-        TypeError: ``x`` is not a tensor. ValueError: ``x`` not on CUDA; an unknown ``activation``; shapes the
-        kernels reject (from :mod:`csrc_bindings`, naming the argument).
+        TypeError: a non-tensor or a dtype outside fp32/fp16/bf16. ValueError: a wrong shape, W outside 2..4, mixed
+        devices, ``x`` of 2**31 elements or more (:func:`~ordered_ssd.ops.common.check_causal_conv1d_args`), then
+        ``x`` not on CUDA, an unknown ``activation``; all before any kernel.
 
-    Determinism: ``dweight``/``dbias`` are fp32 folds of per-example partials in example order.
+    Determinism: ``dweight``/``dbias`` are fp32 folds of per-(example, tile) partials in lexical order (see the
+    module docstring); bitwise repeatable for a GPU model and the pinned versions.
     """
+    check_causal_conv1d_args(x, weight, bias, seq_idx)
     require_cuda("x", x)
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")

@@ -10,10 +10,15 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import _checks
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "not_supported", "autocast_dtype", "autocast_context",
-           "absent", "or_none", "as_dtype_of", "auxiliary_outputs"]
+__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "autocast_dtype", "autocast_context", "absent",
+           "or_none", "as_dtype_of", "auxiliary_outputs", "CUDA_DTYPES", "check_chunk_scan_args",
+           "check_split_conv1d_scan_args", "check_causal_conv1d_args", "check_states_args"]
+
+#: The floating dtypes of the CUDA path's activations and parameters.
+CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
@@ -35,17 +40,6 @@ def require_cuda(name: str, t) -> None:
     check_tensor(name, t)
     if t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (the ordered CUDA path), got device {t.device}")
-
-
-def not_supported(**kwargs) -> None:
-    """Raise ``NotImplementedError`` naming the first argument that is set (not None / False).
-
-    Raises:
-        NotImplementedError: as said.
-    """
-    for name, value in kwargs.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"{name} is not supported by the ordered path yet; pass None/False")
 
 
 def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
@@ -96,3 +90,161 @@ def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:
     ``rstd``), not differentiable, and their gradients are not materialised as zeros (no allocation per step)."""
     ctx.mark_non_differentiable(*outputs)
     ctx.set_materialize_grads(False)
+
+
+# ------------------------------------------------------------------------- checks of the public functions
+# They look at types, dtypes, shapes, devices and sizes only (never at values, never at the device type), so they run
+# on CPU and ``meta`` tensors too; the public functions call them before ``require_cuda`` and before any kernel.
+def _batch_seq(name: str, t, rank: int, dims: str):
+    _checks.check_float(name, t, CUDA_DTYPES)
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected a {rank}-d tensor {dims}, got shape {tuple(t.shape)}")
+    if t.shape[0] < 1 or t.shape[1] < 1:
+        raise ValueError(f"{name}: expected B >= 1 and L >= 1, got shape {tuple(t.shape)}")
+    return t.shape
+
+
+def _optional(name: str, t, expected, dims: str) -> None:
+    if t is not None:
+        _checks.check_float(name, t, CUDA_DTYPES)
+        _checks.check_shape(name, t, expected, dims)
+
+
+def _check_D(D, nheads: int, headdim: int) -> None:
+    _checks.check_float("D", D, CUDA_DTYPES)
+    if tuple(D.shape) not in ((nheads,), (nheads, headdim)):
+        raise ValueError(f"D: expected shape [H] = {(nheads,)} or [H, P] = {(nheads, headdim)}, got {tuple(D.shape)}")
+
+
+def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, seq_idx=None) -> None:
+    """The arguments of :func:`~ordered_ssd.ops.ordered_mamba_chunk_scan_combined`: x [B, L, H, P], dt [B, L, H],
+    A [H], B/C [B, L, G, N] with ``H % G == 0``, D [H] or [H, P], z like x, dt_bias [H], seq_idx [B, L] integer;
+    float dtypes of :data:`CUDA_DTYPES`; ``chunk_size`` an int >= 1; all on x's device; every tensor of the CUDA path
+    under 2**31 elements.
+
+    Raises:
+        TypeError: a non-tensor, a wrong dtype, a non-int ``chunk_size``. ValueError: a wrong rank, shape, device,
+            ``chunk_size < 1``, or a size past the 32-bit limit (the message names the argument, expected, actual).
+    """
+    Bsz, L, H, P = _batch_seq("x", x, 4, "[B, L, H, P]")
+    _checks.check_int("chunk_size", chunk_size)
+    _checks.check_float("dt", dt, CUDA_DTYPES)
+    _checks.check_shape("dt", dt, (Bsz, L, H), "[B, L, H]")
+    _checks.check_float("A", A, CUDA_DTYPES)
+    _checks.check_shape("A", A, (H,), "[H]")
+    _checks.check_float("B", B, CUDA_DTYPES)
+    if B.dim() != 4 or tuple(B.shape[:2]) != (Bsz, L) or B.shape[2] < 1 or H % B.shape[2]:
+        raise ValueError(f"B: expected shape [B, L, G, N] = ({Bsz}, {L}, G, N) with G dividing H = {H}, "
+                         f"got {tuple(B.shape)}")
+    N = B.shape[3]
+    _checks.check_float("C", C, CUDA_DTYPES)
+    _checks.check_shape("C", C, B.shape, "[B, L, G, N] (that of B)")
+    if D is not None:
+        _check_D(D, H, P)
+    _optional("z", z, x.shape, "[B, L, H, P] (that of x)")
+    _optional("dt_bias", dt_bias, (H,), "[H]")
+    _checks.check_same_device("x", x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
+    _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=x.device)
+    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, dstate=N,
+                                  chunk_size=chunk_size)
+
+
+def check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, *, seq_idx=None,
+                                 rmsnorm_weight=None, outproj_weight=None, outproj_bias=None, headdim=None,
+                                 ngroups=1) -> None:
+    """The arguments of :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` (shapes in its
+    docstring): float dtypes of :data:`CUDA_DTYPES`, ``conv1d_weight`` [d_ssm + 2 G N, W] with W in 2..4, a
+    ``zxbcdt`` width of ``2 d_mlp + 2 d_ssm + 2 G N + H`` with ``d_mlp >= 0``, one device, sizes under 2**31.
+
+    Raises:
+        TypeError / ValueError as :func:`check_chunk_scan_args`, naming the argument, expected and actual value.
+    """
+    Bsz, L, width = _batch_seq("zxbcdt", zxbcdt, 3, "[B, L, 2 d_mlp + 2 d_ssm + 2 G N + H]")
+    _checks.check_int("chunk_size", chunk_size)
+    _checks.check_int("ngroups", ngroups)
+    _checks.check_float("D", D, CUDA_DTYPES)
+    if D.dim() == 1:
+        if headdim is None:
+            raise ValueError("headdim: required when D is 1-d ([H]), got None")
+        _checks.check_int("headdim", headdim)
+        H, P = D.shape[0], headdim
+    elif D.dim() == 2:
+        H, P = D.shape
+    else:
+        raise ValueError(f"D: expected shape [H] or [H, P], got {tuple(D.shape)}")
+    if H < 1 or H % ngroups:
+        raise ValueError(f"ngroups: expected a divisor of H = {H}, got {ngroups}")
+    _checks.check_float("conv1d_weight", conv1d_weight, CUDA_DTYPES)
+    dim = H * P
+    extra = conv1d_weight.shape[0] - dim if conv1d_weight.dim() == 2 else -1
+    if extra <= 0 or extra % (2 * ngroups):
+        raise ValueError(f"conv1d_weight: expected shape [d_ssm + 2 G N, W] with d_ssm = H * P = {dim}, G = "
+                         f"{ngroups}, N >= 1, got {tuple(conv1d_weight.shape)}")
+    N, W = extra // (2 * ngroups), conv1d_weight.shape[1]
+    _checks.check_conv_width("conv1d_weight.shape[1] (W)", W)
+    d_mlp2 = width - 2 * dim - 2 * ngroups * N - H
+    if d_mlp2 < 0 or d_mlp2 % 2:
+        raise ValueError(f"zxbcdt: expected last dimension 2 d_mlp + 2 d_ssm + 2 G N + H = 2 d_mlp + "
+                         f"{2 * dim + 2 * ngroups * N + H} with d_mlp >= 0 (d_ssm = {dim}, G = {ngroups}, N = {N}, "
+                         f"H = {H}), got {width}")
+    _optional("conv1d_bias", conv1d_bias, (dim + 2 * ngroups * N,), "[d_ssm + 2 G N]")
+    _checks.check_float("dt_bias", dt_bias, CUDA_DTYPES)
+    _checks.check_shape("dt_bias", dt_bias, (H,), "[H]")
+    _checks.check_float("A", A, CUDA_DTYPES)
+    _checks.check_shape("A", A, (H,), "[H]")
+    _optional("rmsnorm_weight", rmsnorm_weight, (dim,), "[d_ssm]")
+    if outproj_weight is not None:
+        _checks.check_float("outproj_weight", outproj_weight, CUDA_DTYPES)
+        if outproj_weight.dim() != 2 or outproj_weight.shape[1] != d_mlp2 // 2 + dim:
+            raise ValueError(f"outproj_weight: expected shape [d_out, d_mlp + d_ssm] = [d_out, {d_mlp2 // 2 + dim}], "
+                             f"got {tuple(outproj_weight.shape)}")
+        _optional("outproj_bias", outproj_bias, (outproj_weight.shape[0],), "[d_out]")
+    elif outproj_bias is not None:
+        raise ValueError("outproj_bias: expected None when outproj_weight is None, got a tensor")
+    _checks.check_same_device("zxbcdt", zxbcdt, conv1d_weight=conv1d_weight, conv1d_bias=conv1d_bias,
+                              dt_bias=dt_bias, A=A, D=D, seq_idx=seq_idx, rmsnorm_weight=rmsnorm_weight,
+                              outproj_weight=outproj_weight, outproj_bias=outproj_bias)
+    _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=zxbcdt.device)
+    _checks.check_cuda_path_sizes(batch=Bsz, seqlen=L, nheads=H, headdim=P, dstate=N,
+                                  chunk_size=chunk_size, zxbcdt_width=width)
+
+
+def check_causal_conv1d_args(x, weight, bias=None, seq_idx=None) -> None:
+    """The arguments of :func:`~ordered_ssd.ops.ordered_causal_conv1d`: x [B, D, L], weight [D, W] with W in 2..4,
+    bias [D], seq_idx [B, L] integer; float dtypes of :data:`CUDA_DTYPES`; one device; x under 2**31 elements.
+
+    Raises:
+        TypeError / ValueError naming the argument, expected and actual value.
+    """
+    _checks.check_float("x", x, CUDA_DTYPES)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected a 3-d tensor [B, D, L], got shape {tuple(x.shape)}")
+    Bsz, dim, L = x.shape
+    _checks.check_float("weight", weight, CUDA_DTYPES)
+    if weight.dim() != 2 or weight.shape[0] != dim:
+        raise ValueError(f"weight: expected shape [D, W] with D = {dim}, got {tuple(weight.shape)}")
+    _checks.check_conv_width("weight.shape[1] (W)", weight.shape[1])
+    _optional("bias", bias, (dim,), "[D]")
+    _checks.check_same_device("x", x, weight=weight, bias=bias, seq_idx=seq_idx)
+    _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=x.device)
+    if x.numel() >= _checks.INT32_NUMEL:
+        raise ValueError(f"x: expected fewer than 2**31 elements (causal-conv1d's 32-bit offsets), got {x.numel()} "
+                         f"in shape {tuple(x.shape)}")
+
+
+def check_states_args(x_shape, dstate: int, device, initial_states=None, cu_seqlens=None, seq_idx=None,
+                      return_varlen_states: bool = False) -> None:
+    """The state arguments of the public SSD functions, before any kernel: ``initial_states`` [B, H, P, N] floating
+    on ``device`` (``x_shape`` is (B, L, H, P), ``dstate`` N); ``cu_seqlens`` required with
+    ``return_varlen_states`` and checked by :func:`ordered_ssd._checks.check_cu_seqlens` (which reads its values and
+    those of ``seq_idx`` on the host: a device synchronisation, only for the varlen states of inference/prefill).
+
+    Raises:
+        TypeError / ValueError naming the argument, expected and actual value.
+    """
+    Bsz, L, H, P = x_shape
+    _checks.check_initial_states(initial_states, shape=(Bsz, H, P, dstate), device=device)
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("cu_seqlens: required with return_varlen_states=True, got None")
+    if cu_seqlens is not None:
+        _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=device, seq_idx=seq_idx)

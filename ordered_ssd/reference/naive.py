@@ -35,6 +35,7 @@ __all__ = [
     "reference_sequential_scan",
     "reference_gated_rmsnorm",
     "reference_mamba2_layer",
+    "reference_conv_state",
 ]
 
 _NO_LIMIT = (0.0, float("inf"))
@@ -174,16 +175,29 @@ def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
                          chunk_size: int, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
                          dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
                          dt_limit: Tuple[float, float] = _NO_LIMIT,
-                         seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         seq_idx: Optional[torch.Tensor] = None, initial_states: Optional[torch.Tensor] = None,
+                         return_final_states: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
+                         return_varlen_states: bool = False):
     """Chunked SSD scan, vectorised over chunks (mirror of ``mamba_chunk_scan_combined``).
 
     Args:
         x: [B, L, H, P]; dt: [B, L, H] (raw, before ``dt_bias``/softplus); A: [H] (negative);
         B, C: [B, L, G, N] with ``H % G == 0``; chunk_size: positive int; D: [H] or [H, P];
         z: [B, L, H, P] gate (``y * silu(z)``); dt_bias: [H]; seq_idx: [B, L] non-decreasing ids.
+        initial_states: [B, H, P, N], the state before position 0. As upstream's kernels, it belongs to the
+            sequence with id 0: with ``seq_idx``, positions of another id never see it.
+        return_final_states: also return the state after position L - 1 ([B, H, P, N]; with ``seq_idx``, the
+            state of the last sequence only).
+        cu_seqlens: [S + 1] integer offsets of S packed sequences (B == 1; ``seq_idx`` must mark the same
+            sequences), used only with ``return_varlen_states``.
+        return_varlen_states: also return the state at the end of each of the S sequences, [S, H, P, N]
+            (zeros for an empty sequence).
 
     Returns:
-        y: [B, L, H, P] in the dtype of ``x``.
+        ``y`` [B, L, H, P] in the dtype of ``x``; with the flags, as upstream: ``(y, final_states)``,
+        ``(y, varlen_states)`` or ``(y, final_states, varlen_states)``.
+
+    No argument checking happens here (the public entry points check).
 
     Any ``L`` >= 1 works: the last chunk is padded with ``dt = 0`` (no decay, no input), which
     leaves the outputs of the real positions unchanged. Intra-chunk terms use the
@@ -230,34 +244,93 @@ def reference_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
         decay_states = decay_states * (sc == last.unsqueeze(-1)).unsqueeze(-1).to(decay_states.dtype)
     states = torch.einsum("bcsh,bcsh,bcshn,bcshp->bchpn", decay_states, dtc, Bc, xc)
 
+    chunk_cumsum = torch.cumsum(dA_cumsum[:, :, -1, :], dim=1)  # [B, nchunks, H]
+    prev = F.pad(chunk_cumsum[:, :-1, :], (0, 0, 1, 0))  # cumsum through chunk c'-1
+    last_prev = F.pad(last[:, :-1], (1, 0), value=0) if seq_idx is not None else None  # id at the end of c'-1
+    entering = None
     if nchunks > 1:
         # State entering chunk c' = sum_{c < c'} exp(sum of chunk totals c+1 .. c'-1) S_c
-        chunk_cumsum = torch.cumsum(dA_cumsum[:, :, -1, :], dim=1)  # [B, nchunks, H]
-        prev = F.pad(chunk_cumsum[:, :-1, :], (0, 0, 1, 0))  # cumsum through chunk c'-1
         seg_c = prev.unsqueeze(2) - chunk_cumsum.unsqueeze(1)  # [B, c', c, H]
         cmask = torch.ones(nchunks, nchunks, dtype=torch.bool, device=x.device).tril(-1).view(1, nchunks, nchunks, 1)
         if seq_idx is not None:
-            last_prev = F.pad(last[:, :-1], (1, 0), value=0)  # id at the end of chunk c'-1
             cmask = cmask & (last_prev.unsqueeze(2) == last.unsqueeze(1)).unsqueeze(-1)
         w = torch.exp(seg_c.masked_fill(~cmask, float("-inf")))
         entering = torch.einsum("bxch,bchpn->bxhpn", w, states)  # [B, nchunks, H, P, N]
+    if initial_states is not None:
+        # The initial state enters chunk c' decayed by all of chunks 0 .. c'-1 (sequence id 0 only).
+        w0 = torch.exp(prev)  # [B, nchunks, H]
+        if seq_idx is not None:
+            w0 = w0 * (last_prev == 0).unsqueeze(-1).to(w0.dtype)
+        from_init = torch.einsum("bxh,bhpn->bxhpn", w0, initial_states.to(states.dtype))
+        entering = from_init if entering is None else entering + from_init
+    if entering is not None:
         out_decay = torch.exp(dA_cumsum)  # [B, nchunks, chunk_size, H]
         if seq_idx is not None:
             out_decay = out_decay * (sc == last_prev.unsqueeze(-1)).unsqueeze(-1).to(out_decay.dtype)
         y = y + torch.einsum("bcthn,bchpn,bcth->bcthp", Cc, entering, out_decay)
 
     y = y.reshape(Bsz, nchunks * chunk_size, H, P)[:, :L]
-    return _apply_D_and_gate(y, x, D, z)
+    y = _apply_D_and_gate(y, x, D, z)
+    if not (return_final_states or return_varlen_states):
+        return y
+    result = (y,)
+    if return_final_states:
+        # The state after the last chunk: chunk states decayed by the later chunks (same sequence only).
+        wf = torch.exp(chunk_cumsum[:, -1:, :] - chunk_cumsum)  # [B, nchunks, H]
+        if seq_idx is not None:
+            wf = wf * (last == last[:, -1:]).unsqueeze(-1).to(wf.dtype)
+        final = torch.einsum("bch,bchpn->bhpn", wf, states)
+        if initial_states is not None:
+            w0f = torch.exp(chunk_cumsum[:, -1, :])
+            if seq_idx is not None:
+                w0f = w0f * (last[:, -1:] == 0).to(w0f.dtype)
+            final = final + w0f[:, :, None, None] * initial_states.to(final.dtype)
+        result += (final,)
+    if return_varlen_states:
+        if entering is None:
+            entering = torch.zeros_like(states)
+        result += (_varlen_states(cu_seqlens, dA_cumsum[0], dtc[0], Bc[0], xc[0], entering[0], chunk_size),)
+    return result
+
+
+def _varlen_states(cu_seqlens, dA_cumsum, dtc, Bc, xc, entering, chunk_size):
+    """State at the end of each packed sequence (B == 1; the tensors of example 0): [S, H, P, N].
+
+    Sequence ``i`` ends at ``e = cu_seqlens[i + 1] - 1`` in chunk ``c = e // chunk_size``, position ``r``; its state is
+    the state entering chunk ``c`` decayed to ``r`` (if the sequence started before chunk ``c``, or is the first one:
+    then the state entering chunk 0 is the initial state) plus the chunk's own inputs at positions ``<= r`` of
+    sequence ``i``. An empty sequence has the zero state. (Upstream's ``chunk_state_varlen`` omits the initial state
+    when the first sequence ends inside chunk 0; the CUDA path adds it back.)
+    """
+    cu = cu_seqlens.to(torch.long).tolist()
+    H, P, N = xc.shape[-2], xc.shape[-1], Bc.shape[-1]
+    out = xc.new_zeros(len(cu) - 1, H, P, N)
+    for i in range(len(cu) - 1):
+        start, end = cu[i], cu[i + 1]
+        if end <= start:
+            continue
+        c, r = divmod(end - 1, chunk_size)
+        decay = torch.exp(dA_cumsum[c, r] - dA_cumsum[c, :r + 1])  # [r + 1, H]
+        mine = torch.arange(c * chunk_size, c * chunk_size + r + 1, device=xc.device) >= start
+        decay = decay * mine.unsqueeze(-1).to(decay.dtype)
+        state = torch.einsum("sh,sh,shn,shp->hpn", decay, dtc[c, :r + 1], Bc[c, :r + 1], xc[c, :r + 1])
+        if start < c * chunk_size or start == 0:  # the state entering chunk c is this sequence's (or the initial one)
+            state = state + torch.exp(dA_cumsum[c, r])[:, None, None] * entering[c]
+        out[i] = state
+    return out
 
 
 def reference_sequential_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                               C: torch.Tensor, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
                               dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
                               dt_limit: Tuple[float, float] = _NO_LIMIT,
-                              seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
+                              seq_idx: Optional[torch.Tensor] = None, initial_states: Optional[torch.Tensor] = None,
+                              return_final_states: bool = False):
     """The SSM as a plain per-time-step recurrence (tests only: a Python loop over ``L``).
 
-    Same arguments and result as :func:`reference_chunk_scan` (no ``chunk_size``).
+    Same arguments and result as :func:`reference_chunk_scan` (no ``chunk_size``, no varlen states):
+    ``initial_states`` [B, H, P, N] is the state before position 0 (kept only where ``seq_idx[:, 0] == 0``);
+    ``return_final_states`` also returns the state after position L - 1.
     """
     Bsz, L, H, P = x.shape
     N = B.shape[-1]
@@ -265,6 +338,10 @@ def reference_sequential_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     Bh = _heads_from_groups(B, H)
     Ch = _heads_from_groups(C, H)
     h = x.new_zeros(Bsz, H, P, N)
+    if initial_states is not None:
+        h = initial_states.to(x.dtype)
+        if seq_idx is not None:
+            h = h * (seq_idx[:, 0] == 0).to(x.dtype).view(Bsz, 1, 1, 1)
     ys = []
     for t in range(L):
         if seq_idx is not None and t > 0:
@@ -273,8 +350,8 @@ def reference_sequential_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         dA = torch.exp(dt[:, t] * A)  # [B, H]
         h = h * dA[:, :, None, None] + torch.einsum("bh,bhp,bhn->bhpn", dt[:, t], x[:, t], Bh[:, t])
         ys.append(torch.einsum("bhpn,bhn->bhp", h, Ch[:, t]))
-    y = torch.stack(ys, dim=1)
-    return _apply_D_and_gate(y, x, D, z)
+    y = _apply_D_and_gate(torch.stack(ys, dim=1), x, D, z)
+    return (y, h) if return_final_states else y
 
 
 def reference_gated_rmsnorm(y: torch.Tensor, z: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
@@ -296,7 +373,8 @@ def reference_gated_rmsnorm(y: torch.Tensor, z: Optional[torch.Tensor], weight: 
 
 
 def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
-                           seq_idx: Optional[torch.Tensor] = None, scan: str = "chunked") -> torch.Tensor:
+                           seq_idx: Optional[torch.Tensor] = None, scan: str = "chunked", *,
+                           return_states: bool = False, cu_seqlens: Optional[torch.Tensor] = None):
     """The full Mamba-2 layer as ``Mamba2(use_mem_eff_path=True)`` computes it.
 
     in_proj -> split ``[z0, x0, z, xBC, dt]`` -> causal depthwise conv1d (+bias) + SiLU on ``xBC``
@@ -309,9 +387,14 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
         params: :class:`Mamba2Params`. dims: :class:`Mamba2Dims`.
         seq_idx: [B, L] integer, non-decreasing along L, or None.
         scan: "chunked" (vectorised, default) or "sequential" (per-step recurrence, tests only).
+        return_states: also return the decoding cache after the last position, as ``Mamba2``'s prefill
+            (``forward`` with ``inference_params`` at ``seqlen_offset == 0``) writes it: ``conv_state``
+            [B, conv_dim, d_conv], the last ``d_conv`` conv inputs (``xBC`` before the conv, zeros before position
+            0), and ``ssm_state`` [B, H, P, N]. With ``cu_seqlens`` ([S + 1], B == 1, ``seq_idx`` marking the same
+            sequences): one of each per sequence, [S, conv_dim, d_conv] and [S, H, P, N]. Chunked scan only.
 
     Returns:
-        [B, L, d_model].
+        [B, L, d_model]; with ``return_states``, ``(out, conv_state, ssm_state)``.
 
     Raises:
         ValueError: ``scan`` is not "chunked" or "sequential". Shapes are not checked here (``OrderedMamba2``
@@ -321,6 +404,7 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
     H, P, G, N = dims.nheads, dims.headdim, dims.ngroups, dims.d_state
     zxbcdt = F.linear(u, params.in_proj_weight, params.in_proj_bias)
     z0, x0, z, xBC, dt = torch.split(zxbcdt, [dims.d_mlp, dims.d_mlp, dims.d_ssm, dims.conv_dim, H], dim=-1)
+    xBC_in = xBC
     xBC = reference_causal_conv1d(xBC, params.conv1d_weight, params.conv1d_bias, seq_idx, activation="silu")
     x, B, C = torch.split(xBC, [dims.d_ssm, G * N, G * N], dim=-1)
     x = x.reshape(Bsz, L, H, P)
@@ -330,7 +414,14 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
     D = params.D.reshape(H, P) if dims.D_has_hdim else params.D
     z_heads = None if dims.rmsnorm else z.reshape(Bsz, L, H, P)
     kw = dict(D=D, z=z_heads, dt_bias=params.dt_bias, dt_softplus=True, dt_limit=dims.dt_limit, seq_idx=seq_idx)
-    if scan == "chunked":
+    if return_states:
+        if scan != "chunked":
+            raise ValueError(f"scan: expected 'chunked' with return_states=True, got {scan!r}")
+        conv_state = reference_conv_state(xBC_in, dims.d_conv, cu_seqlens)
+        y, ssm_state = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw,
+                                            return_final_states=cu_seqlens is None, cu_seqlens=cu_seqlens,
+                                            return_varlen_states=cu_seqlens is not None)
+    elif scan == "chunked":
         y = reference_chunk_scan(x, dt, A, B, C, dims.chunk_size, **kw)
     elif scan == "sequential":
         y = reference_sequential_scan(x, dt, A, B, C, **kw)
@@ -341,4 +432,30 @@ def reference_mamba2_layer(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Di
         y = reference_gated_rmsnorm(y, z, params.norm_weight, dims.norm_eps, dims.d_ssm // G, dims.norm_before_gate)
     if dims.d_mlp > 0:
         y = torch.cat([F.silu(z0) * x0, y], dim=-1)
-    return F.linear(y, params.out_proj_weight, params.out_proj_bias)
+    out = F.linear(y, params.out_proj_weight, params.out_proj_bias)
+    return (out, conv_state, ssm_state) if return_states else out
+
+
+def reference_conv_state(xBC: torch.Tensor, state_len: int, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The conv part of the decoding cache after a prefill: the last ``state_len`` conv inputs.
+
+    Args:
+        xBC: [B, L, C], the conv input (before the conv). state_len: ``d_conv``.
+        cu_seqlens: None, or [S + 1] offsets of S packed sequences in example 0 (as causal-conv1d's
+            ``causal_conv1d_varlen_states``).
+
+    Returns:
+        [B, C, state_len] (or [S, C, state_len]): ``out[..., -k:]`` holds the last ``k = min(state_len, length)``
+        inputs of the (sequence of the) example, the rest zeros. As ``Mamba2`` allocates it: a transposed view of a
+        contiguous [B, state_len, C] tensor.
+    """
+    if cu_seqlens is None:
+        xt = F.pad(xBC, (0, 0, max(state_len - xBC.shape[1], 0), 0))[:, -state_len:]
+        return xt.contiguous().transpose(1, 2)
+    cu = cu_seqlens.to(torch.long).tolist()
+    out = xBC.new_zeros(len(cu) - 1, state_len, xBC.shape[-1])
+    for i in range(len(cu) - 1):
+        start = max(cu[i], cu[i + 1] - state_len)
+        if cu[i + 1] > start:
+            out[i, state_len - (cu[i + 1] - start):] = xBC[0, start:cu[i + 1]]
+    return out.transpose(1, 2)

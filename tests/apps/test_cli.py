@@ -12,7 +12,8 @@ SMOKE = ["--device", "cpu", "--shape", "2,64,32,16,1,16,32", "--repeats", "3", "
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--data", "/nonexistent/corpus"], "--data: no such file or directory: /nonexistent/corpus"),
+    (["--data", "/nonexistent/corpus"],
+     "--data: expected an existing file or directory, got /nonexistent/corpus (no such file or directory)"),
     (["--stop-at", "9"], "--stop-at: expected 0 < k < --steps=6, got 9"),
     (["--headdim", "24"], "--headdim: expected a divisor of 2 * d_model = 64, got 24"),
     (["--native"], "--native: the native Mamba2 control needs a CUDA device"),
@@ -30,12 +31,12 @@ def test_empty_data_and_unwritable_output(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     assert main(["check", *TINY, "--data", str(empty), "--out", str(tmp_path / "o")]) == 2
-    assert "--data: no bytes to train on in file" in capsys.readouterr().err
+    assert "--data: expected some bytes to train on, got 0 bytes in file" in capsys.readouterr().err
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert main(["check", *TINY, "--out", str(blocker / "sub")]) == 2
     err = capsys.readouterr().err
-    assert "--out: output directory" in err and "is not writable" in err
+    assert "--out: expected a writable output directory, got" in err and "is not writable" in err
 
 
 def test_env_prints_versions_and_fingerprint():
@@ -82,4 +83,4 @@ def test_bench_without_cuda_exits_2_with_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert err.startswith("ordered-ssd bench: error: no CUDA device")
-    assert "pip install ordered-ssd[cuda]" in err
+    assert "pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0" in err

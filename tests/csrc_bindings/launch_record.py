@@ -42,6 +42,9 @@ class _ConvExt:
     def causal_conv1d_bwd(self, *args):
         self.log.append({"kernel": "causal_conv1d_bwd", "args": list(args)})
 
+    def causal_conv1d_update(self, *args):
+        self.log.append({"kernel": "causal_conv1d_update", "args": list(args)})
+
 
 def fake_native(log):
     """(triton side, conv side) namespaces in the shape of ``csrc_bindings._native``'s cached ones, every kernel

@@ -157,10 +157,64 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     from ordered_ssd.fold import settings
 
     base = settings.reduction_fingerprint()
-    assert base == "v2 gemm=46cc7281be71"  # the value before the renovation (bits unchanged)
+    assert base == "v3 gemm=d93bf44d8b2a"  # version 3: the conv1d partials kernel and its tile
     assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
     monkeypatch.setattr(settings, "LINEAR_FUSED_BELOW_L", settings.LINEAR_FUSED_BELOW_L * 2)
     longer = settings.reduction_fingerprint()
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
                         {**settings.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
-    assert len({base, longer, settings.reduction_fingerprint()}) == 3
+    configs = settings.reduction_fingerprint()
+    monkeypatch.setattr(settings, "CONV1D_BWD_TILE_L", settings.CONV1D_BWD_TILE_L // 2)
+    assert len({base, longer, configs, settings.reduction_fingerprint()}) == 4
+
+
+def test_gemm_fold_shared_bytes_is_the_pipelined_tiles():
+    """The estimate against the numbers triton 3.6.0 compiles to (``metadata.shared``, bf16 128x128x64: 131,072 /
+    98,304 / 65,536 bytes at 4 / 3 / 2 stages on sm_90, fewer on sm_8x; fp32 64x64x32 at 2 stages: 16,384)."""
+    from ordered_ssd.fold.settings import gemm_fold_shared_bytes
+
+    bf16 = (128, 128, 64, 8, 8)
+    assert [gemm_fold_shared_bytes(bf16 + (s,), torch.bfloat16) for s in (4, 3, 2, 1)] == [131072, 98304, 65536,
+                                                                                             65536]
+    assert gemm_fold_shared_bytes(bf16 + (4,), torch.float16) == 131072
+    assert gemm_fold_shared_bytes((64, 64, 32, 8, 4, 2), torch.float32) == 32768
+
+
+@pytest.mark.parametrize("limit,stages", [(232448, 4), (166912, 4), (131072, 4), (131071, 3), (101376, 3),
+                                          (98304, 3), (98303, 2), (65536, 2)])
+def test_gemm_fold_config_lowers_only_the_stages_to_fit_the_device(limit, stages):
+    from ordered_ssd.fold.settings import GEMM_FOLD_CONFIGS, gemm_fold_config
+
+    for dtype in (torch.bfloat16, torch.float16):
+        assert gemm_fold_config(dtype, limit) == (128, 128, 64, 8, 8, stages)
+    assert gemm_fold_config(torch.float32, limit) == GEMM_FOLD_CONFIGS[torch.float32] == (64, 64, 32, 8, 4, 2)
+
+
+def test_gemm_fold_config_raises_when_even_one_stage_does_not_fit():
+    from ordered_ssd.fold.settings import gemm_fold_config, gemm_fold_configs_for
+
+    with pytest.raises(ValueError) as err:
+        gemm_fold_config(torch.bfloat16, 65535)
+    assert str(err.value) == (
+        "fold_example_gemms: configuration (BM, BN, BK, GROUP_M, num_warps, num_stages) = (128, 128, 64, 8, 8, 4) "
+        "for torch.bfloat16 asks 65536 bytes of shared memory per program even at num_stages=1, more than the 65535 "
+        "bytes the device allows (shared_memory_per_block_optin)")
+    assert gemm_fold_configs_for(65535) == {torch.float32: (64, 64, 32, 8, 4, 2)}
+
+
+def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(monkeypatch):
+    import csrc_bindings._resources as resources
+    from ordered_ssd.fold import settings
+
+    limit = {"bytes": 232448}
+    monkeypatch.setattr(resources, "shared_memory_limit", lambda device: limit["bytes"])
+    pinned = settings.reduction_fingerprint()
+    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v3 gemm=")  # H200
+    assert settings.reduction_fingerprint("cpu") == pinned
+    limit["bytes"] = 101376
+    small = settings.reduction_fingerprint("cuda:0")
+    assert small != pinned and small.startswith("v3 gemm=") and len(small.split("=")[1]) == 12
+    monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS", {**settings.GEMM_FOLD_CONFIGS,
+                                                        torch.bfloat16: (128, 128, 64, 8, 8, 3),
+                                                        torch.float16: (128, 128, 64, 8, 8, 3)})
+    assert settings.reduction_fingerprint() == small  # the hash of the configuration set that runs

@@ -1,4 +1,6 @@
 """Every bad argument raises a clear error naming it, before anything is computed or written."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -40,6 +42,11 @@ def test_process_group_not_supported():
         OrderedMamba2(**BASE, process_group=object())
 
 
+def _params(offset):
+    """A stand-in for mamba-ssm's InferenceParams (the fields the layer reads)."""
+    return SimpleNamespace(key_value_memory_dict={}, seqlen_offset=offset)
+
+
 def _bad_forward_cases():
     f32 = dict(dtype=torch.float32)
     return [
@@ -62,10 +69,31 @@ def _bad_forward_cases():
          dict(seq_idx=torch.zeros(2, 4, dtype=torch.int32)), ValueError, r"seq_idx: expected shape \(B, L\) = \(2, 5\)"),
         ("seq_idx type", lambda: (torch.randn(1, 3, 16, **f32),), dict(seq_idx=[0, 0, 0]), TypeError,
          r"seq_idx: expected a torch.Tensor"),
-        ("inference_params", lambda: (torch.randn(1, 3, 16, **f32),), dict(inference_params=object()),
-         NotImplementedError, r"inference_params"),
-        ("cu_seqlens", lambda: (torch.randn(1, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([0, 3])),
-         NotImplementedError, r"cu_seqlens"),
+        ("inference_params type", lambda: (torch.randn(1, 3, 16, **f32),), dict(inference_params=object()),
+         TypeError, r"^inference_params: expected an object with a dict key_value_memory_dict and an int "
+                    r"seqlen_offset"),
+        ("seqlen_offset < 0", lambda: (torch.randn(1, 3, 16, **f32),), dict(inference_params=_params(-1)),
+         ValueError, r"^inference_params.seqlen_offset: expected an int >= 0, got -1"),
+        ("layer_idx None", lambda: (torch.randn(1, 3, 16, **f32),), dict(inference_params=_params(0)),
+         ValueError, r"^layer_idx: expected an int \(the key of this layer's cache in inference_params\), got None"),
+        ("cu_seqlens start", lambda: (torch.randn(1, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([1, 3])),
+         ValueError, r"^cu_seqlens: expected cu_seqlens\[0\] == 0, got 1"),
+        ("cu_seqlens end", lambda: (torch.randn(1, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([0, 2])),
+         ValueError, r"^cu_seqlens: expected cu_seqlens\[-1\] == B \* L = 3, got 2"),
+        ("cu_seqlens empty sequence", lambda: (torch.randn(1, 3, 16, **f32),),
+         dict(cu_seqlens=torch.tensor([0, 2, 2, 3])), ValueError, r"^cu_seqlens: expected strictly increasing"),
+        ("cu_seqlens batch", lambda: (torch.randn(2, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([0, 6])),
+         ValueError, r"^cu_seqlens: expected batch size 1 .*got B=2"),
+        ("cu_seqlens dtype", lambda: (torch.randn(1, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([0.0, 3.0])),
+         TypeError, r"^cu_seqlens: expected an integer dtype"),
+        ("cu_seqlens rank", lambda: (torch.randn(1, 3, 16, **f32),), dict(cu_seqlens=torch.tensor([[0, 3]])),
+         ValueError, r"^cu_seqlens: expected a 1-d tensor of S \+ 1 >= 2 offsets, got shape \(1, 2\)"),
+        ("cu_seqlens vs seq_idx", lambda: (torch.randn(1, 3, 16, **f32),),
+         dict(cu_seqlens=torch.tensor([0, 1, 3]), seq_idx=torch.tensor([[0, 0, 1]], dtype=torch.int32)), ValueError,
+         r"^seq_idx: expected ids that change exactly at the offsets of cu_seqlens"),
+        ("cu_seqlens without seq_idx", lambda: (torch.randn(1, 3, 16, **f32),),
+         dict(cu_seqlens=torch.tensor([0, 1, 3]), inference_params=_params(0)), ValueError,
+         r"^seq_idx: required with cu_seqlens and inference_params"),
     ]
 
 
@@ -102,9 +130,67 @@ def test_seq_idx_values_are_checked_only_on_request():
         validate_seq_idx(falling[0])
 
 
-def test_step_and_inference_cache_not_supported():
-    layer = OrderedMamba2(**BASE)
-    with pytest.raises(NotImplementedError, match="step"):
-        layer.step(None, None, None)
-    with pytest.raises(NotImplementedError, match="allocate_inference_cache"):
-        layer.allocate_inference_cache(1, 8)
+
+def test_backend_attribute_is_validated_and_forces_the_path(monkeypatch):
+    layer = OrderedMamba2(d_model=16, d_state=8, headdim=8, chunk_size=8)
+    u = torch.randn(1, 4, 16)
+    layer.backend = "fast"
+    with pytest.raises(ValueError, match=r"backend: expected None, 'cuda' or 'reference', got 'fast'"):
+        layer(u)
+    layer.backend = "cuda"
+    with pytest.raises(ValueError, match=r"backend: 'cuda' needs u on a CUDA device, got u on cpu"):
+        layer(u)
+    layer.backend = "reference"
+    assert layer.backend_for(u) == "reference"
+
+
+def test_cuda_without_the_extras_raises_instead_of_falling_back(monkeypatch):
+    """A CUDA fp32/bf16/fp16 input never silently runs the reference: without the CUDA path the layer raises the
+    probe's own exception type with the reason (checked here with a stand-in probe and a stand-in CUDA tensor)."""
+    from ordered_ssd.modules import mamba2 as mod
+
+    layer = OrderedMamba2(d_model=16, d_state=8, headdim=8, chunk_size=8)
+    monkeypatch.setattr(mod, "_cuda_status", (False, "mamba_ssm is not installed", ImportError))
+
+    class FakeCuda:
+        device = torch.device("cuda")
+        dtype = torch.bfloat16
+
+    with pytest.raises(ImportError, match=r"cannot run here: mamba_ssm is not installed\. .*layer.backend = "
+                                          r"'reference'"):
+        layer.backend_for(FakeCuda())
+    layer.backend = "reference"
+    assert layer.backend_for(FakeCuda()) == "reference"
+    assert mod.cuda_path_available() == (False, "mamba_ssm is not installed")
+
+
+
+def test_decoding_rejects_bad_input_before_computing():
+    layer = make_layer(seed=0, dtype=torch.float32, layer_idx=3, **BASE)
+    conv_state, ssm_state = layer.allocate_inference_cache(2, 8)
+    u = torch.randn(2, 1, 16)
+    cases = [
+        (lambda: layer.step(torch.randn(2, 2, 16), conv_state, ssm_state), ValueError,
+         r"^hidden_states: expected \[B, 1, d_model\] \(one token per example\), got \(2, 2, 16\)"),
+        (lambda: layer.step(u.double(), conv_state, ssm_state), TypeError, r"^u: expected dtype torch.float32"),
+        (lambda: layer.step(u, conv_state[:1], ssm_state), ValueError,
+         r"^conv_state: expected shape \(2, 48, 4\), got \(1, 48, 4\)"),
+        (lambda: layer.step(u, conv_state, ssm_state[..., :3]), ValueError, r"^ssm_state: expected shape"),
+        (lambda: layer.step(u, conv_state, ssm_state.int()), TypeError, r"^ssm_state: expected a floating dtype"),
+        (lambda: layer.step(u, conv_state, None), TypeError, r"^ssm_state: expected a torch.Tensor, got NoneType"),
+        (lambda: layer.allocate_inference_cache(0, 8), ValueError, r"^batch_size: expected an int >= 1, got 0"),
+        (lambda: layer.allocate_inference_cache(2, 8, dtype=torch.int32), TypeError, r"^dtype: expected None or a "
+                                                                                     r"floating torch.dtype"),
+        (lambda: layer(torch.randn(2, 3, 16), inference_params=_params(1)), ValueError,
+         r"^hidden_states: expected \[B, 1, d_model\]"),
+    ]
+    before = (conv_state.clone(), ssm_state.clone())
+    for call, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            call()
+    assert torch.equal(conv_state, before[0]) and torch.equal(ssm_state, before[1])
+    params = _params(0)
+    layer(torch.randn(2, 3, 16), inference_params=params)  # a prefill for 2 examples fills the cache ...
+    params.seqlen_offset = 3
+    with pytest.raises(ValueError, match=r"^conv_state: expected shape \(3, 48, 4\), got \(2, 48, 4\)"):
+        layer(torch.randn(3, 1, 16), inference_params=params)  # ... a step for 3 is refused

@@ -122,7 +122,7 @@ def test_cuda_path_traces_as_one_graph(kw, monkeypatch, fresh_dynamo):
     and fullgraph=True, so no GPU is needed; the fakes give the output shape, dtype and strides."""
     import ordered_ssd.modules.mamba2 as mamba2
 
-    monkeypatch.setattr(mamba2, "_cuda_status", (True, ""))  # as on a machine with the native extras
+    monkeypatch.setattr(mamba2, "_cuda_status", (True, "", None))  # as on a machine with the native extras
     out, graphs = _trace_cuda_path(**kw)
     assert out.shape == (2, 48, 64) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
     assert out.stride() == (48 * 64, 64, 1)
@@ -145,13 +145,13 @@ def test_native_check_is_a_constant_for_dynamo(monkeypatch, fresh_dynamo):
 
     def untraceable():
         torch._dynamo.graph_break()
-        return (True, "")
+        return (True, "", None)
 
     with monkeypatch.context() as m:
         m.setattr(torch.cuda, "is_available", lambda: True)
         OrderedMamba2(d_model=16, d_state=8, headdim=8)  # construction where CUDA is available marks the check
     assert getattr(mamba2._cuda_path_ok, "_ordered_ssd_marked", False)
-    monkeypatch.setattr(mamba2, "cuda_path_available", untraceable)
+    monkeypatch.setattr(mamba2, "_cuda_path_status", untraceable)
     out, graphs = _trace_cuda_path()
     assert out.shape == (2, 48, 64) and len(graphs) == 1
 

@@ -9,7 +9,7 @@ import torch
 from ..errors import AppError
 
 DET_ENV = ("MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC")
-INSTALL = "pip install ordered-ssd[cuda]"
+INSTALL = "pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0"  # as csrc_bindings.INSTALL_HINT
 
 
 class BenchError(AppError):

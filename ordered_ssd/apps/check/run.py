@@ -53,18 +53,18 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
         _check_nproc(spec, nproc)
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made
+    data = ByteData(corpus, spec["seq_len"])
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
-        return _run_check(spec, out_dir, stop_at=stop_at, native=native, progress=progress, print_fn=print_fn,
-                          nproc=nproc)
+        return _run_check(spec, out_dir, data, source, stop_at=stop_at, native=native, progress=progress,
+                          print_fn=print_fn, nproc=nproc)
 
 
-def _run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress: bool, print_fn,
-               nproc: Optional[int]) -> int:
-    """:func:`run_check` in its locked output directory."""
+def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
+               print_fn, nproc: Optional[int]) -> int:
+    """:func:`run_check` in its locked output directory, on the data already read."""
     ddp = nproc is not None
-    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"])
     spec = dict(spec, data_sha256=data.sha256)
     if ddp:
         spec = dict(spec, nproc=nproc, ddp={"bucket_cap_mb": DDP_BUCKET_CAP_MB, "hook": "ordered_allreduce_hook",

@@ -17,7 +17,8 @@ DEFAULTS = {
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else or a missing GPU."""
+    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else, a missing GPU, or a
+    GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -28,6 +29,13 @@ def resolve_device(name: str) -> torch.device:
         raise DataError(f"--device: {name} requested but no CUDA device is available")
     if device.type not in ("cpu", "cuda"):
         raise DataError(f"--device: expected cpu or cuda, got {name!r}")
+    if device.type == "cuda":
+        from ...modules import cuda_path_available
+
+        ok, why = cuda_path_available()
+        if not ok:  # OrderedMamba2 never falls back to the reference on CUDA by itself; say so before training
+            raise DataError(f"--device: {device} needs the ordered CUDA path, which cannot run here ({why}); "
+                            "install the native extras (README, GPU section) or pass --device cpu")
     return device
 
 
@@ -47,7 +55,8 @@ def spec_from_args(args) -> dict:
         raise DataError(f"--ngroups: expected a divisor of the number of heads "
                         f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
     if args.data is not None and not os.path.exists(args.data):
-        raise DataError(f"--data: no such file or directory: {args.data}")
+        raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
+                        f"directory)")
     if args.native and device.type != "cuda":
         raise DataError("--native: the native Mamba2 control needs a CUDA device (and mamba-ssm)")
     nproc = getattr(args, "nproc", None)

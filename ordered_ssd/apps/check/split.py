@@ -125,17 +125,17 @@ def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int
     block = check_splits(spec, splits)
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made
+    data = ByteData(corpus, spec["seq_len"])
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
-        return _run_split_check(spec, out_dir, splits=splits, block=block, stop_at=stop_at, accumulate=accumulate,
-                                progress=progress, print_fn=print_fn)
+        return _run_split_check(spec, out_dir, data, source, splits=splits, block=block, stop_at=stop_at,
+                                accumulate=accumulate, progress=progress, print_fn=print_fn)
 
 
-def _run_split_check(spec: dict, out_dir: str, *, splits: List[Tuple[int, int]], block: int, stop_at: int,
-                     accumulate: str, progress: bool, print_fn: Callable) -> int:
-    """:func:`run_split_check` in its locked output directory."""
-    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"])
+def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, splits: List[Tuple[int, int]],
+                     block: int, stop_at: int, accumulate: str, progress: bool, print_fn: Callable) -> int:
+    """:func:`run_split_check` in its locked output directory, on the data already read."""
     spec = dict(spec, data_sha256=data.sha256)
     remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
     threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))

@@ -13,6 +13,7 @@ from ...digest import tensor_sha256
 from ...fingerprint import fingerprint_diff, fingerprint_string
 from ..files import atomic_torch_save, atomic_write_json
 from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
+from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
 from .errors import CheckError
 from .world import world_of
 
@@ -55,7 +56,7 @@ def _mixer_class(kind: str):
         try:
             from mamba_ssm.modules.mamba2 import Mamba2
         except ImportError as e:
-            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: pip install ordered-ssd[cuda]"
+            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0"
                              ) from None
         return Mamba2
     raise ValueError(f"mixer: expected 'ordered' or 'native', got {kind!r}")
@@ -124,7 +125,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
 
     Raises:
         CheckError: the ranks' fingerprints differ, uneven batch, the data differs from the parent run's, or the
-            checkpoint does not match (format, world size, fingerprint).
+            checkpoint is unusable (missing, corrupt, truncated, not a checkpoint: :mod:`.checkpoint`) or does not
+            match (format, world size, fingerprint, the model's parameters).
     """
     device = world.device
     fingerprint_info = world.fingerprint()
@@ -137,11 +139,12 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     model, optimizer = build_model(spec, device)
     start = 0
     if resume is not None:
-        ckpt = torch.load(resume, map_location="cpu", weights_only=True)  # RNG states must stay on the CPU
+        ckpt = read_checkpoint(resume)  # weights_only=True, on the CPU; one-line CheckError for a bad file
         world.check_checkpoint(ckpt, resume)
         _check_resume_fingerprint(ckpt, resume, fingerprint, fingerprint_info, allow_fingerprint_mismatch, world.holder)
+        check_model_state(resume, ckpt["model"], model)
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(resume, optimizer, ckpt["optimizer"])
         _set_rng_state(world.rng_of(ckpt), device)
         start = int(ckpt["data_position"])
     net = world.wrap(model, spec)

@@ -51,13 +51,13 @@ def test_lock_is_released_on_exit_and_on_error(tmp_path):
 def test_the_smallest_corpus_trains_and_the_last_window_is_sampled(tmp_path):
     seq = 24
     n_val = seq + 1
-    with pytest.raises(DataError, match=f"need at least {n_val + seq + 1}"):
+    with pytest.raises(DataError, match=f"expected at least {n_val + seq + 1} bytes, got {n_val + seq}"):
         ByteData(bytes(n_val + seq), seq)
     data = ByteData(bytes(range(n_val + seq + 1)), seq)  # exactly the minimum: one training window
     x, y = data.batch(0, 0, 4)
     assert x.shape == (4, seq) and torch.equal(x[0], torch.arange(seq)) and torch.equal(y[0], torch.arange(1, seq + 1))
     corpus = tmp_path / "min.txt"
-    corpus.write_bytes(bytes(range(n_val + seq + 1)))
+    corpus.write_bytes(bytes(range(1, n_val + seq + 2)))  # text: no NUL byte (a NUL means binary)
     res = run_cli("check", *TINY, "--data", str(corpus), "--out", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr + res.stdout
     assert "verdict: REPRODUCIBLE" in res.stdout

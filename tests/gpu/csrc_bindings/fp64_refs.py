@@ -69,6 +69,14 @@ rmsnorm_gated_bwd                  0-2   ``∂/∂(x, w, z) <dy, out>`` (autogra
 causal_conv1d_fwd[_seq_idx]        0     ``silu(bias + sum_k w[k] x[t-3+k])`` depthwise, zero history; with
                                          ``seq_idx`` taps from another sequence are dropped (direct)
 causal_conv1d_bwd[_seq_idx]        0-2   ``∂/∂(x, w, bias) <dout, out>`` (autograd)
+chunk_state_varlen                 0     the state at the end of each packed sequence of example 0 (its inputs in
+                                         its last chunk decayed to its end, plus the given state entering that
+                                         chunk, decayed, when it started before it) (direct)
+causal_conv1d_update               0     ``silu(bias + sum_k w[k] s'[k])``, ``s'`` the state shifted by one with
+                                         the new input last (direct)
+                                   1     ``s'`` (direct)
+selective_state_update             0     ``(h' C + D x) * silu(z)`` (direct)
+                                   1     ``h' = exp(A dt) h + dt x B^T``, ``dt = softplus(dt_raw + bias)`` (direct)
 =================================  ====  =======================================================================
 """
 from __future__ import annotations
@@ -208,6 +216,37 @@ def causal_conv1d_silu(x, w, b, seq_idx=None):
     return F.silu(acc)
 
 
+def chunk_state_varlen(Bm, x, dt, a, cu, chunk_states):
+    """State at the end of each packed sequence (one example): ``Bm`` ``[L, G, N]``, ``x`` ``[L, H, P]``, ``dt``/``a``
+    ``[H, C, cs]``, ``cu`` the offsets, ``chunk_states`` ``[C, H, P, N]`` the states entering each chunk. Sequence
+    ``s`` ends at ``e`` in chunk ``c``: ``sum_{l in chunk c, l >= start, l <= e} exp(a[e] - a[l]) dt[l] x[l] B[l]^T``
+    ``+ [start < c cs] exp(a[e]) chunk_states[c]``."""
+    H, cs = x.shape[1], dt.shape[-1]
+    Bh = _heads(Bm, H)  # [L, H, N]
+    out = []
+    for start, end in zip(cu[:-1], cu[1:]):
+        c, r = divmod(end - 1, cs)
+        lo = max(start, c * cs)
+        pos = torch.arange(lo, end, device=x.device) - c * cs
+        w = torch.exp(a[:, c, r, None] - a[:, c, pos]) * dt[:, c, pos]  # [H, n]
+        st = torch.einsum("hl,lhp,lhn->hpn", w, x[lo:end], Bh[lo:end])
+        if start < c * cs:
+            st = st + torch.exp(a[:, c, r])[:, None, None] * chunk_states[c]
+        out.append(st)
+    return torch.stack(out)
+
+
+def selective_state_update(state, x, dt_raw, A, Bm, Cm, D, z, dt_bias):
+    """One token of the SSM (Mamba-2 per head, softplus on): ``state`` ``[B, H, P, N]``, ``x``/``z`` ``[B, H, P]``,
+    ``dt_raw`` ``[B, H]``, ``A``/``D``/``dt_bias`` ``[H]``, ``Bm``/``Cm`` ``[B, G, N]`` -> ``(out, new state)`` with
+    ``h' = exp(A dt) h + dt x B^T``, ``out = (h' C + D x) * silu(z)``."""
+    H = x.shape[1]
+    dt = dt_process(dt_raw, dt_bias)  # [B, H]
+    new = state * torch.exp(A * dt)[..., None, None] + torch.einsum("bh,bhp,bhn->bhpn", dt, x, _heads(Bm, H))
+    out = (torch.einsum("bhpn,bhn->bhp", new, _heads(Cm, H)) + x * D[None, :, None]) * F.silu(z)
+    return out, new
+
+
 # --------------------------------------------------------------------------------------------- per kernel
 def reference(kernel, p, seq_idx=None):
     """fp64 reference outputs of ``kernel`` on problem ``p`` (see the module table), as a tuple.
@@ -304,6 +343,18 @@ def _reference(kernel, p, d, cs, G, H, L, seq_idx):
         x2, z2, w = x2.clone().requires_grad_(True), z2.clone().requires_grad_(True), _leaf(p["rms_w"])
         out, _ = rmsnorm_gated(x2, z2, w, G)
         return _grad((d["dy_rms"] * out).sum(), (x2, w, z2))
+    if kernel == "chunk_state_varlen":
+        from csrc_bindings.ssd_chunk_state import example_cu_seqlens
+        return (chunk_state_varlen(d["Bm"][0], d["x"][0], dt[0], a[0], example_cu_seqlens(p).tolist(),
+                                   d["states"][0]),)
+    if kernel == "selective_state_update":
+        return selective_state_update(d["states"][:, 0], d["x"][:, 0], d["dt_raw"][:, 0], d["A"], d["Bm"][:, 0],
+                                      d["Cm"][:, 0], d["D"], d["z"][:, 0], d["dt_bias"])
+    if kernel == "causal_conv1d_update":
+        state = d["conv_x"][:, :4].transpose(1, 2)  # [B, D, W]
+        new = torch.cat([state[..., 1:], d["conv_x"][:, 4, :, None]], dim=-1)
+        out = causal_conv1d_silu(new, d["conv_w"], d["conv_b"])[..., -1]
+        return out, new
     if kernel.startswith("causal_conv1d"):
         sidx = seq_idx if kernel.endswith("seq_idx") else None
         if kernel.endswith("seq_idx") and sidx is None:

@@ -73,14 +73,13 @@ def _ours_folded(kernel, p):
     if kernel == "rmsnorm_gated_bwd":
         dx, dw_p, dz = run_kernel(kernel, p)
         return dx, dw_p.sum(0).to(p["rms_w"].dtype), dz
-    if kernel == "causal_conv1d_bwd":
-        dx, dw_p, db_p = run_kernel(kernel, p)
-        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
-    if kernel == "causal_conv1d_bwd_seq_idx":
+    if kernel in ("causal_conv1d_bwd", "causal_conv1d_bwd_seq_idx"):
+        # the launcher gives dx only; the weight/bias gradients are ordered-ssd's own partials, folded
+        from ordered_ssd.ops.causal_conv1d import ordered_causal_conv1d_bwd
         xc, dc = p["conv_x"].transpose(1, 2), p["conv_dout"].transpose(1, 2)
-        dx, dw_p, db_p, _ = cb.launch_causal_conv1d_bwd_per_example(xc, p["conv_w"], p["conv_b"], dc,
-                                                                    seq_idx=_seq_idx(p), silu_activation=True)
-        return dx, dw_p.sum(0).to(p["conv_w"].dtype), db_p.sum(0).to(p["conv_b"].dtype)
+        sidx = _seq_idx(p) if kernel.endswith("seq_idx") else None
+        dx, dw, db, _, _ = ordered_causal_conv1d_bwd(xc, p["conv_w"], p["conv_b"], dc, seq_idx=sidx, silu=True)
+        return dx, dw, db
     if kernel == "causal_conv1d_fwd_seq_idx":
         return (cb.launch_causal_conv1d_fwd(p["conv_x"].transpose(1, 2), p["conv_w"], p["conv_b"],
                                             seq_idx=_seq_idx(p), silu_activation=True),)
@@ -141,6 +140,19 @@ def _native(kernel, p):
     if kernel == "chunk_scan_chunk_state_bwd_dx":
         return sc._chunk_scan_chunk_state_bwd_dx(p["x"], p["dt"], p["dA_cumsum"], p["Bm"], p["CB"], p["dout"],
                                                  p["dstates"], D=p["D"])
+    if kernel == "chunk_state_varlen":
+        from csrc_bindings.ssd_chunk_state import example_cu_seqlens
+        return (cs.chunk_state_varlen(p["Bm"][0], p["x"][0], p["dt"][0], p["dA_cumsum"][0], example_cu_seqlens(p),
+                                      p["states"][0]),)
+    if kernel == "selective_state_update":
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        Bsz, H, P, N = p["batch"], p["nheads"], p["headdim"], p["dstate"]
+        state = p["states"][:, 0].clone()
+        out = selective_state_update(state, p["x"][:, 0], p["dt_raw"][:, 0, :, None].expand(Bsz, H, P),
+                                     p["A"][:, None, None].expand(H, P, N), p["Bm"][:, 0], p["Cm"][:, 0],
+                                     D=p["D"][:, None].expand(H, P), z=p["z"][:, 0],
+                                     dt_bias=p["dt_bias"][:, None].expand(H, P), dt_softplus=True)
+        return out, state
     if kernel == "swiglu_fwd":
         return (ka._swiglu_fwd(p["xy"]),)
     if kernel == "swiglu_bwd":
@@ -163,6 +175,10 @@ def _native(kernel, p):
     w, b = p["conv_w"], p["conv_b"]
     if kernel == "causal_conv1d_fwd":
         return (causal_conv1d_fwd_function(xc, w, b, None, None, None, True),)
+    if kernel == "causal_conv1d_update":
+        from causal_conv1d import causal_conv1d_update
+        state = p["conv_x"][:, :4].clone().transpose(1, 2)
+        return causal_conv1d_update(p["conv_x"][:, 4].contiguous(), state, w, b, "silu"), state
     if kernel == "causal_conv1d_fwd_seq_idx":
         return (causal_conv1d_fwd_function(xc, w, b, _seq_idx(p), None, None, True),)
     if kernel in ("causal_conv1d_bwd", "causal_conv1d_bwd_seq_idx"):
@@ -331,7 +347,7 @@ def test_version_mismatch_message(monkeypatch):
     with pytest.raises(RuntimeError) as ei:
         _native._check_version("mamba_ssm", SimpleNamespace(__version__="9.9.9"))
     msg = str(ei.value)
-    assert "9.9.9" in msg and "2.3.2.post1" in msg and "pip install ordered-ssd[cuda]" in msg
+    assert "9.9.9" in msg and "2.3.2.post1" in msg and "pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0" in msg
 
 
 def test_describe_launch_and_fingerprint():

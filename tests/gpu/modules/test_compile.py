@@ -4,11 +4,12 @@
   forward + backward give the eager bits (output, input gradient, every parameter gradient), repeatedly: bf16 and
   fp32, ``use_mem_eff_path`` True and False, with and without ``seq_idx``, the gated-MLP branch, CUDA autocast;
 * ``mode="reduce-overhead"`` (CUDA graphs through inductor's cudagraph trees) replays several steps with the eager
-  bits, and no graph was skipped;
+  bits, and no graph was skipped, with and without ``seq_idx``;
 * one eager training step (forward + backward) captured with ``torch.cuda.graph`` replays with the eager bits, for
-  two different inputs copied into the static ones (no host synchronisation in the step; without ``seq_idx``,
-  whose conv backward still reads it on the host);
-* a training step without ``seq_idx`` makes no synchronising CUDA call (``torch.cuda.set_sync_debug_mode``);
+  two different inputs copied into the static ones (no host synchronisation in the step), with and without
+  ``seq_idx`` (a static ``seq_idx`` tensor; the conv backward reads it on the device only);
+* a training step, with and without ``seq_idx``, makes no synchronising CUDA call
+  (``torch.cuda.set_sync_debug_mode``);
 * the custom ops pass ``torch.library.opcheck`` (schema and no undeclared mutation, autograd registration, the
   fakes against the real outputs, AOT dispatch with dynamic shapes against eager).
 """
@@ -141,32 +142,37 @@ def test_compile_first_in_a_fresh_process():
 
 
 @pytest.mark.parametrize("dtype,mem_eff", GRAPH_CASES, ids=GRAPH_IDS)
-def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, fresh_dynamo):
+@pytest.mark.parametrize("packed", [False, True], ids=["no-seq_idx", "seq_idx"])
+def test_reduce_overhead_replays_give_the_eager_bits(dtype, mem_eff, packed, fresh_dynamo):
     """Inductor's CUDA graphs: the first calls warm up and record, the later ones replay; every step (two inputs in
     turn, static shapes) gives the eager bits, no graph was skipped and graphs were recorded (inductor's counters)."""
     from torch._dynamo.utils import counters
 
     model = TwoLayers(dtype, use_mem_eff_path=mem_eff)
     inputs = [_inputs(dtype, seed=s) for s in (1, 2)]
-    eager = [_step(model, model, u, dout) for u, dout in inputs]
+    seq_idx = _seq_idx() if packed else None
+    eager = [_step(model, model, u, dout, seq_idx) for u, dout in inputs]
     counters.clear()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     for i in range(6):
         torch.compiler.cudagraph_mark_step_begin()
         u, dout = inputs[i % 2]
-        _assert_bits(_step(model, compiled, u, dout), eager[i % 2], f"reduce-overhead step {i}")
+        _assert_bits(_step(model, compiled, u, dout, seq_idx), eager[i % 2], f"reduce-overhead step {i}")
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     # graphs were recorded (u and dout are copied into static inputs: the counter inductor keeps while recording)
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0, dict(counters["inductor"])
 
 
 @pytest.mark.parametrize("dtype,mem_eff", GRAPH_CASES, ids=GRAPH_IDS)
-def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_eff):
+@pytest.mark.parametrize("packed", [False, True], ids=["no-seq_idx", "seq_idx"])
+def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_eff, packed):
     """torch.cuda.graph of forward + backward of the eager model (warm-up on a side stream first, as the torch
-    docs require); replays with two inputs copied into the static ones give the eager bits of each."""
+    docs require); replays with two inputs copied into the static ones give the eager bits of each. With
+    ``seq_idx`` (a static tensor captured with the graph) the step reads it on the device only."""
     model = TwoLayers(dtype, use_mem_eff_path=mem_eff)
     inputs = [_inputs(dtype, seed=s) for s in (1, 2)]
-    eager = [_step(model, model, u, dout) for u, dout in inputs]
+    seq_idx = _seq_idx() if packed else None
+    eager = [_step(model, model, u, dout, seq_idx) for u, dout in inputs]
 
     static_u = inputs[0][0].clone().requires_grad_(True)
     static_dout = inputs[0][1].clone()
@@ -176,14 +182,14 @@ def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_e
         for _ in range(3):
             model.zero_grad(set_to_none=True)
             static_u.grad = None
-            model(static_u).backward(static_dout)
+            model(static_u, seq_idx=seq_idx).backward(static_dout)
     torch.cuda.current_stream().wait_stream(side)
 
     model.zero_grad(set_to_none=True)
     static_u.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = model(static_u)
+        static_out = model(static_u, seq_idx=seq_idx)
         static_out.backward(static_dout)
     static = {"out": static_out, "u": static_u.grad}
     static.update({n: p.grad for n, p in model.named_parameters()})
@@ -201,13 +207,15 @@ def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_e
 
 
 @pytest.mark.parametrize("mem_eff", [True, False])
-def test_training_step_has_no_host_synchronisation(mem_eff):
-    """A training step without seq_idx (after a first step that compiles the kernels) runs under
+@pytest.mark.parametrize("packed", [False, True], ids=["no-seq_idx", "seq_idx"])
+def test_training_step_has_no_host_synchronisation(mem_eff, packed):
+    """A training step, with and without seq_idx (after a first step that compiles the kernels), runs under
     torch.cuda.set_sync_debug_mode("error"), which raises on any synchronising CUDA call; the positive control
     (.item()) shows that the mode is on."""
     model = TwoLayers(torch.bfloat16, use_mem_eff_path=mem_eff)
     u, dout = _inputs(torch.bfloat16)
-    first = _step(model, model, u, dout)
+    seq_idx = _seq_idx() if packed else None
+    first = _step(model, model, u, dout, seq_idx)
     torch.cuda.synchronize()
     try:
         torch.cuda.set_sync_debug_mode("error")
@@ -215,7 +223,7 @@ def test_training_step_has_no_host_synchronisation(mem_eff):
             torch.ones(1, device="cuda").item()
         model.zero_grad(set_to_none=True)
         uu = u.clone().requires_grad_(True)
-        out = model(uu)
+        out = model(uu, seq_idx=seq_idx)
         out.backward(dout)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -238,25 +246,45 @@ def _op_cases():
     inf = math.inf
     A = (-torch.exp(torch.rand(H, device="cuda", generator=g))).requires_grad_(True)
     dt_bias = _t(g, H, dtype=torch.float32, scale=0.1)
+    seq_idx = torch.zeros(Bs, Ls, dtype=torch.int32, device="cuda")
+    seq_idx[0, 13:] = 1
+    seq_idx[1, 30:] = 1
     cases = {
         "linear": (torch.ops.ordered_ssd.linear.default, lambda: (_t(g, Bs, Ls, 64), _t(g, 96, 64), _t(g, 96), None)),
         "causal_conv1d": (torch.ops.ordered_ssd.causal_conv1d.default, lambda: (
             _t(g, Bs, Ls, conv_dim).transpose(1, 2), _t(g, conv_dim, W), _t(g, conv_dim), None, True, None)),
+        "causal_conv1d_seq_idx": (torch.ops.ordered_ssd.causal_conv1d.default, lambda: (
+            _t(g, Bs, Ls, conv_dim).transpose(1, 2), _t(g, conv_dim, W), _t(g, conv_dim), seq_idx, True, None)),
         "gated_rmsnorm": (torch.ops.ordered_ssd.gated_rmsnorm.default, lambda: (
             _t(g, Bs, Ls, d_ssm), _t(g, d_ssm, scale=1.0), _t(g, Bs, Ls, d_ssm), 1e-5, d_ssm // 2, False, cs, None)),
+        # (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
+        #  return_final_states, return_varlen_states, literal, autocast)
         "chunk_scan": (torch.ops.ordered_ssd.mamba_chunk_scan_combined.default, lambda: (
             _t(g, Bs, Ls, H, P), _t(g, Bs, Ls, H), A, _t(g, Bs, Ls, G, N), _t(g, Bs, Ls, G, N),
-            cs, _t(g, H, dtype=torch.float32), _t(g, Bs, Ls, H, P), dt_bias, None, True, [0.0, inf], False, None)),
+            cs, _t(g, H, dtype=torch.float32), _t(g, Bs, Ls, H, P), dt_bias, None, None, None, True, [0.0, inf],
+            False, False, False, None)),
+        "chunk_scan_states": (torch.ops.ordered_ssd.mamba_chunk_scan_combined.default, lambda: (
+            _t(g, Bs, Ls, H, P), _t(g, Bs, Ls, H), A, _t(g, Bs, Ls, G, N), _t(g, Bs, Ls, G, N),
+            cs, _t(g, H, dtype=torch.float32), None, dt_bias, _t(g, Bs, H, P, N, dtype=torch.float32), seq_idx,
+            None, True, [0.0, inf], True, False, False, None)),
+        # (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
+        #  return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
+        #  ngroups, norm_before_gate, literal, autocast)
         "split_conv1d_scan": (torch.ops.ordered_ssd.mamba_split_conv1d_scan_combined.default, lambda: (
             _t(g, Bs, Ls, 2 * d_ssm + 2 * G * N + H), _t(g, conv_dim, W), _t(g, conv_dim), dt_bias, A,
-            _t(g, H, dtype=torch.float32), cs, None, [0.0, inf], "silu", _t(g, d_ssm, scale=1.0), 1e-5,
+            _t(g, H, dtype=torch.float32), cs, None, None, [0.0, inf], False, "silu", _t(g, d_ssm, scale=1.0), 1e-5,
             _t(g, 64, d_ssm, scale=0.05), None, P, G, False, False, None)),
+        "split_conv1d_scan_states": (torch.ops.ordered_ssd.mamba_split_conv1d_scan_combined.default, lambda: (
+            _t(g, Bs, Ls, 2 * d_ssm + 2 * G * N + H), _t(g, conv_dim, W), _t(g, conv_dim), dt_bias, A,
+            _t(g, H, dtype=torch.float32), cs, _t(g, Bs, H, P, N), seq_idx, [0.0, inf], True, "silu",
+            _t(g, d_ssm, scale=1.0), 1e-5, _t(g, 64, d_ssm, scale=0.05), None, P, G, False, False, None)),
         "A_from_log": (torch.ops.ordered_ssd.A_from_log.default, lambda: (_t(g, H, dtype=torch.float32),)),
     }
     return cases
 
 
-OPS = ["linear", "causal_conv1d", "gated_rmsnorm", "chunk_scan", "split_conv1d_scan", "A_from_log"]
+OPS = ["linear", "causal_conv1d", "causal_conv1d_seq_idx", "gated_rmsnorm", "chunk_scan", "chunk_scan_states",
+       "split_conv1d_scan", "split_conv1d_scan_states", "A_from_log"]
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -1,0 +1,136 @@
+"""The ordered forward + backward over a grid of small cases, for NVIDIA's ``compute-sanitizer``.
+
+Every case builds an ``OrderedMamba2`` (fixed seed), runs one training step (forward, backward with a fixed output
+gradient) and synchronises, so that every kernel of the ordered CUDA path and every code path runs at least once:
+partial last chunk, ``L < d_conv``, ``L = 1``, ``ngroups > 1``, ``D_has_hdim``, ``rmsnorm=False``, ``seq_idx``,
+fp16 / bf16 / fp32, the literal mode, ``use_mem_eff_path=False``, the gated MLP and the projection biases. Three
+more cases (:data:`PROBES`) run no layer: causal-conv1d's channel-last forward alone (on a ``randn`` input and on
+the output of a cuBLAS GEMM) and a cuBLAS GEMM followed by a torch elementwise kernel: the smallest reproducers of
+``initcheck``'s findings (see ``docs/guarantees.md``).
+
+    python benchmarks/sanitize.py --list
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \\
+        python benchmarks/sanitize.py                                     # every case
+    ... python benchmarks/sanitize.py --case bf16-seq_idx --case fp32-literal
+
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor its own ``cudaMalloc``, so the checker sees tensor bounds
+(torch's caching allocator would hide out-of-bounds accesses inside a larger block). Exit status 0 when every
+case ran; the sanitizer's own exit status (``--error-exitcode``) says whether it found anything.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from ordered_ssd import OrderedMamba2  # noqa: E402
+
+_BASE = {"d_model": 64, "d_state": 16, "headdim": 16, "chunk_size": 16}
+
+#: name: (dtype, B, L, layer options, packed sequences, literal mode)
+CASES = {
+    "bf16-partial-chunk": (torch.bfloat16, 2, 40, {}, False, False),
+    "bf16-L-below-d_conv": (torch.bfloat16, 2, 3, {}, False, False),
+    "bf16-L1": (torch.bfloat16, 2, 1, {}, False, False),
+    "bf16-ngroups2": (torch.bfloat16, 2, 48, {"ngroups": 2}, False, False),
+    "bf16-D_has_hdim": (torch.bfloat16, 2, 40, {"D_has_hdim": True}, False, False),
+    "bf16-no-rmsnorm": (torch.bfloat16, 2, 40, {"rmsnorm": False}, False, False),
+    "bf16-seq_idx": (torch.bfloat16, 3, 50, {}, True, False),
+    "fp16-partial-chunk": (torch.float16, 2, 40, {}, False, False),
+    "fp32-partial-chunk": (torch.float32, 2, 40, {}, False, False),
+    "fp32-literal": (torch.float32, 2, 40, {}, False, True),
+    "bf16-literal-seq_idx": (torch.bfloat16, 2, 50, {}, True, True),
+    "bf16-not-mem-eff": (torch.bfloat16, 2, 40, {"use_mem_eff_path": False}, False, False),
+    "bf16-not-mem-eff-seq_idx-no-rmsnorm": (torch.bfloat16, 2, 50,
+                                            {"use_mem_eff_path": False, "rmsnorm": False}, True, False),
+    "bf16-mlp-bias": (torch.bfloat16, 2, 40, {"d_ssm": 32, "bias": True, "conv_bias": True}, False, False),
+    "fp32-not-mem-eff-mlp": (torch.float32, 2, 33, {"use_mem_eff_path": False, "d_ssm": 32}, False, False),
+}
+
+
+def run_layer_case(name: str) -> None:
+    dtype, batch, seqlen, options, packed, literal = CASES[name]
+    torch.manual_seed(0)
+    layer = OrderedMamba2(**{**_BASE, **options}, device="cuda").to(dtype)
+    layer.literal = literal
+    u = torch.randn(batch, seqlen, layer.d_model, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn_like(u)
+    seq_idx = None
+    if packed:
+        seq_idx = torch.zeros(batch, seqlen, dtype=torch.int32, device="cuda")
+        for b in range(batch):
+            seq_idx[b, 7 + 5 * b:] += 1
+            seq_idx[b, 30 + b:] += 1
+    out = layer(u, seq_idx=seq_idx)
+    out.backward(dout)
+    torch.cuda.synchronize()
+    bad = [n for n, p in layer.named_parameters() if p.grad is None or not bool(torch.isfinite(p.grad).all())]
+    if bad or not bool(torch.isfinite(u.grad).all()):
+        raise RuntimeError(f"{name}: non-finite or missing gradients: {bad or ['u']}")
+
+
+def run_conv_channel_last_fwd() -> None:
+    """causal-conv1d's channel-last forward alone, on a fully written [B, L, D] input (B 2, L 40, D 96, W 4)."""
+    import csrc_bindings
+
+    x = torch.randn(2, 40, 96, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # [B, D, L], channel-last
+    weight = torch.randn(96, 4, device="cuda", dtype=torch.bfloat16)
+    csrc_bindings.launch_causal_conv1d_fwd(x, weight, None, silu_activation=True)
+    torch.cuda.synchronize()
+
+
+def run_matmul_then_add() -> None:
+    """No ordered-ssd code: ``c = a @ b`` (cuBLAS, bf16) then ``c + 1`` (a torch elementwise kernel reads ``c``)."""
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    (a @ a + 1).sum()
+    torch.cuda.synchronize()
+
+
+def run_conv_after_matmul() -> None:
+    """causal-conv1d's channel-last forward on an input written by a cuBLAS GEMM (as ``in_proj`` writes xBC)."""
+    import csrc_bindings
+
+    a = torch.randn(80, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    x = (a @ b).reshape(2, 40, 96).transpose(1, 2)  # [B, D, L], channel-last
+    weight = torch.randn(96, 4, device="cuda", dtype=torch.bfloat16)
+    csrc_bindings.launch_causal_conv1d_fwd(x, weight, None, silu_activation=True)
+    torch.cuda.synchronize()
+
+
+#: the cases without a layer: the smallest reproducers of ``initcheck``'s findings
+PROBES = {"conv-channel-last-fwd": run_conv_channel_last_fwd, "matmul-then-add": run_matmul_then_add,
+          "conv-after-matmul": run_conv_after_matmul}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", action="append", help="run only this case (repeatable; default: every case)")
+    ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    args = ap.parse_args(argv)
+    names = [*CASES, *PROBES]
+    if args.list:
+        print("\n".join(names))
+        return 0
+    if not torch.cuda.is_available():
+        print("sanitize: needs a CUDA GPU with the native extras (see the README's GPU install)", file=sys.stderr)
+        return 2
+    for name in args.case or names:
+        if name not in names:
+            print(f"sanitize: --case: expected one of {names}, got {name!r}", file=sys.stderr)
+            return 2
+        if name in PROBES:
+            PROBES[name]()
+        else:
+            run_layer_case(name)
+        print(f"sanitize: {name} ran", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Swap every mamba-ssm ``Mamba2`` layer of a model for :class:`~ordered_ssd.OrderedMamba2` in place, and back.
+
+The new layer takes over the old layer's parameter objects (the same ``nn.Parameter`` instances: their storage,
+dtype, device, ``requires_grad``, gradient and attributes such as ``_no_weight_decay``; an optimizer built on the
+model keeps working), its constructor arguments (``layer_idx`` included), the norm's ``eps`` and ``group_size``,
+and its train/eval mode. The new layer is built on the ``meta`` device first, so a conversion allocates nothing
+and draws no random numbers. Hooks registered on the old layer or its submodules are not carried over.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch.nn as nn
+
+from .modules.mamba2 import OrderedMamba2
+
+__all__ = ["convert_to_ordered", "convert_to_mamba2"]
+
+#: The constructor arguments both classes take and store under the same attribute name.
+_STORED_ARGS = ("d_model", "d_state", "d_conv", "conv_init", "expand", "headdim", "d_ssm", "ngroups", "D_has_hdim",
+                "rmsnorm", "norm_before_gate", "dt_limit", "chunk_size", "use_mem_eff_path", "layer_idx",
+                "process_group", "sequence_parallel")
+
+
+def _is_mamba2(module: nn.Module) -> bool:
+    """mamba-ssm's ``Mamba2`` itself (not a subclass), recognised without importing mamba-ssm."""
+    cls = type(module)
+    return cls.__name__ == "Mamba2" and cls.__module__ == "mamba_ssm.modules.mamba2"
+
+
+def _constructor_args(layer: nn.Module) -> dict:
+    missing = [a for a in _STORED_ARGS if not hasattr(layer, a)]
+    if missing:
+        raise TypeError(f"{type(layer).__module__}.{type(layer).__name__}: expected the attributes of mamba-ssm "
+                        f"2.3.2.post1's Mamba2, missing {missing}")
+    if layer.process_group is not None:
+        raise ValueError(f"{type(layer).__name__}(layer_idx={layer.layer_idx}): process_group: expected None "
+                         "(tensor parallelism is not supported by OrderedMamba2), got a process group")
+    args = {a: getattr(layer, a) for a in _STORED_ARGS}
+    args["bias"] = layer.in_proj.bias is not None
+    args["conv_bias"] = layer.conv1d.bias is not None
+    return args
+
+
+def _take_over(new: nn.Module, old: nn.Module) -> nn.Module:
+    """Give ``new`` (on meta) ``old``'s parameter objects, name by name; both must have the same names and shapes."""
+    new_names = dict(new.named_parameters())
+    old_params = dict(old.named_parameters())
+    if set(new_names) != set(old_params):
+        raise ValueError(f"{type(old).__name__}: expected the parameters {sorted(new_names)}, "
+                         f"got {sorted(old_params)}")
+    for name, param in new_names.items():
+        source = old_params[name]
+        if source.shape != param.shape:
+            raise ValueError(f"{type(old).__name__}.{name}: expected shape {tuple(param.shape)}, "
+                             f"got {tuple(source.shape)}")
+        owner_name, _, leaf = name.rpartition(".")
+        owner = new.get_submodule(owner_name) if owner_name else new
+        owner._parameters[leaf] = source
+    left = [n for n, t in [*new.named_parameters(), *new.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"{type(old).__name__}: no source for {left}")
+    new.train(old.training)
+    return new
+
+
+def _swap(model: nn.Module, matches: Callable[[nn.Module], bool], build: Callable[[nn.Module], nn.Module],
+          what: str) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if matches(model):
+        return build(model)
+    targets = [(name, module) for name, module in model.named_modules() if name and matches(module)]
+    if not targets:
+        raise ValueError(f"model: expected at least one {what} module, found none")
+    built = [(name, build(module)) for name, module in targets]  # every layer checked before any is replaced
+    for name, module in built:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, leaf, module)
+    return model
+
+
+def _ordered_from(layer: nn.Module) -> OrderedMamba2:
+    new = OrderedMamba2(**_constructor_args(layer), device="meta")
+    _take_over(new, layer)
+    if layer.rmsnorm:
+        new.norm.eps, new.norm.group_size = layer.norm.eps, layer.norm.group_size
+    return new
+
+
+def convert_to_ordered(model: nn.Module) -> nn.Module:
+    """Replace every mamba-ssm ``Mamba2`` in ``model`` (not subclasses) with an :class:`OrderedMamba2`, in place.
+
+    Works without mamba-ssm's kernels (a model loaded on the CPU converts). After it, the model computes with
+    ordered gradients on CUDA (bitwise reproducible; ``docs/guarantees.md``) and on the pure-PyTorch reference
+    elsewhere; ``state_dict`` keys, shapes and values are unchanged.
+
+    Args:
+        model: an ``nn.Module`` holding ``Mamba2`` layers (e.g. ``mamba_ssm.models.mixer_seq_simple.
+            MambaLMHeadModel`` with ``ssm_cfg={"layer": "Mamba2"}``), or a ``Mamba2`` itself.
+
+    Returns:
+        ``model`` (converted in place), or the new layer when ``model`` itself is a ``Mamba2``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``; a ``Mamba2`` lacks mamba-ssm 2.3.2.post1's attributes.
+        ValueError: no ``Mamba2`` in ``model``; a layer has a ``process_group`` (tensor parallelism). Every
+            layer is checked before any is replaced, so on an error the model is unchanged.
+    """
+    return _swap(model, _is_mamba2, _ordered_from, "mamba_ssm Mamba2")
+
+
+def convert_to_mamba2(model: nn.Module) -> nn.Module:
+    """Replace every :class:`OrderedMamba2` in ``model`` with mamba-ssm's ``Mamba2``, in place (the reverse of
+    :func:`convert_to_ordered`).
+
+    Returns:
+        ``model``, or the new layer when ``model`` itself is an ``OrderedMamba2``.
+
+    Raises:
+        ImportError: mamba-ssm is not installed (the message gives the install command).
+        RuntimeError: another mamba-ssm version than the supported one.
+        TypeError / ValueError: as :func:`convert_to_ordered`.
+    """
+    def build(layer):
+        import csrc_bindings
+
+        mamba2_cls = csrc_bindings.mamba2_class()
+        new = mamba2_cls(**_constructor_args(layer), device="meta")
+        _take_over(new, layer)
+        if layer.rmsnorm:
+            new.norm.eps, new.norm.group_size = layer.norm.eps, layer.norm.group_size
+        return new
+
+    return _swap(model, lambda m: type(m) is OrderedMamba2, build, "OrderedMamba2")
