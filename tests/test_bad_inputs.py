@@ -462,3 +462,21 @@ def test_checkpoints_are_written_atomically_and_read_weights_only(checkpoints, t
         pickle.dump(OrderedDict(x=Evil()), fh, protocol=2)
     with pytest.raises(CheckError, match=r"weights_only=True, got one that does not"):
         read_checkpoint(str(evil))
+
+
+def test_functional_api_checks_seq_idx_without_reading_its_values():
+    """The functional API's checks read no value of seq_idx (no host synchronisation, docs/compile.md): on the meta
+    device, whose values cannot be read, a decreasing-or-not seq_idx passes every check and the call stops only at
+    require_cuda; ordered_ssd.validate_seq_idx is the opt-in check of the values."""
+    from ordered_ssd import validate_seq_idx
+
+    seq_idx = torch.empty(2, 8, dtype=torch.int32, device="meta")
+    calls = [_ssd("meta", seq_idx=seq_idx), _split("meta", seq_idx=seq_idx),
+             lambda ctx: ordered_causal_conv1d(torch.empty(2, 16, 8, device="meta"),
+                                               torch.empty(16, 4, device="meta"), seq_idx=seq_idx)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor|^zxbcdt: expected a CUDA tensor"):
+            call(None)
+    with pytest.raises(ValueError, match=r"^seq_idx: expected non-decreasing ids along L .* row 0 from 1 to 0 "
+                                         r"at position 2$"):
+        validate_seq_idx(torch.tensor([[0, 1, 0]], dtype=torch.int32))
