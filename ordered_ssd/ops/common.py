@@ -94,7 +94,9 @@ def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------- checks of the public functions
 # They look at types, dtypes, shapes, devices and sizes only (never at values, never at the device type), so they run
-# on CPU and ``meta`` tensors too; the public functions call them before ``require_cuda`` and before any kernel.
+# on CPU and ``meta`` tensors too and never synchronise; the public functions call them before ``require_cuda`` and
+# before any kernel. The values of ``seq_idx`` are checked only on request (:func:`ordered_ssd.validate_seq_idx`);
+# the one exception is ``cu_seqlens`` (:func:`check_states_args`, inference/prefill only), whose offsets are read.
 def _batch_seq(name: str, t, rank: int, dims: str):
     _checks.check_float(name, t, CUDA_DTYPES)
     if t.dim() != rank:
