@@ -4,7 +4,8 @@ Layout (each layer rests on the ones below it):
 
 * :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer (training, and ``Mamba2``'s decoding);
 * :mod:`ordered_ssd.ops` -- the ordered operations of its CUDA path, one file per upstream operation
-  (composition, autograd Function, public function), on the launchers of :mod:`csrc_bindings`;
+  (composition, ``torch.library`` custom op with its fake and autograd, public function), on the launchers of
+  :mod:`csrc_bindings`;
 * :mod:`ordered_ssd.reference` -- the pure-PyTorch layer, its ordered backward and its decoding step (the path
   elsewhere, and the oracle of the tests);
 * :mod:`ordered_ssd.fold` -- the order of every sum, and every setting that decides it;
@@ -17,13 +18,15 @@ Layout (each layer rests on the ones below it):
 * :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
 
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
-state of torch or of those libraries.
+state of torch or of those libraries; it registers its own custom ops in the ``ordered_ssd`` namespace of
+``torch.library`` (``torch.ops.ordered_ssd.*``), nothing else.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
 from .modules import GatedRMSNorm, OrderedMamba2
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
+from ._checks import validate_seq_idx
 from .convert import convert_to_mamba2, convert_to_ordered
 from ._version import __version__
 
@@ -37,6 +40,7 @@ __all__ = [
     "accumulation_dtype",
     "TreeGradAccumulator",
     "tree_sum",
+    "validate_seq_idx",
     "convert_to_ordered",
     "convert_to_mamba2",
     "digest",

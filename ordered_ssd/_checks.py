@@ -74,8 +74,10 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         raise TypeError(f"u: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
 
 
-def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, device: torch.device) -> None:
-    """``seq_idx`` must be None or an integer [B, L] tensor on ``device``, non-decreasing along L."""
+def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, device: torch.device,
+                  values: bool = False) -> None:
+    """``seq_idx`` must be None or an integer [B, L] tensor on ``device``; with ``values``, also non-decreasing
+    along L (:func:`validate_seq_idx`, which reads the tensor on the host)."""
     if seq_idx is None:
         return
     check_tensor("seq_idx", seq_idx)
@@ -85,8 +87,36 @@ def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, d
         raise ValueError(f"seq_idx: expected shape (B, L) = ({batch}, {seqlen}), got {tuple(seq_idx.shape)}")
     if seq_idx.device != device:
         raise ValueError(f"seq_idx: expected device {device}, got {seq_idx.device}")
-    if seqlen > 1 and bool((seq_idx[:, 1:] < seq_idx[:, :-1]).any()):
-        raise ValueError("seq_idx: expected non-decreasing ids along L (packed sequences), got a decrease")
+    if values:
+        validate_seq_idx(seq_idx)
+
+
+def validate_seq_idx(seq_idx: torch.Tensor) -> None:
+    """Check the values of packed-sequence ids ``seq_idx`` [B, L] (integer): every row non-decreasing along L.
+
+    Opt-in, because it copies a flag to the host (a device synchronisation, which a CUDA graph cannot capture and
+    ``torch.compile(fullgraph=True)`` cannot trace): call it on a batch before the training step, or set
+    ``OrderedMamba2.validate_seq_idx = True`` to run it in every forward (eager mode only). The functional API
+    (:mod:`ordered_ssd.ops`) checks only the type, shape and device of ``seq_idx`` unless asked
+    (``validate_seq_idx=True``). Without the check, a decreasing row is not detected anywhere: the kernels compare
+    neighbouring ids for equality only, so such a row is computed as some other packing, without an error.
+
+    Raises:
+        TypeError: ``seq_idx`` is not an integer tensor. ValueError: it is not 2-d, or a row decreases (the
+        message names the first such row and position).
+    """
+    check_tensor("seq_idx", seq_idx)
+    if seq_idx.dtype not in _INT_DTYPES:
+        raise TypeError(f"seq_idx: expected an integer dtype (torch.int32), got {seq_idx.dtype}")
+    if seq_idx.dim() != 2:
+        raise ValueError(f"seq_idx: expected a 2-d tensor [B, L], got shape {tuple(seq_idx.shape)}")
+    if seq_idx.shape[1] < 2:
+        return
+    drops = seq_idx[:, 1:] < seq_idx[:, :-1]
+    if bool(drops.any()):
+        b, t = (int(v) for v in torch.nonzero(drops)[0])
+        raise ValueError(f"seq_idx: expected non-decreasing ids along L (packed sequences), got a decrease in row "
+                         f"{b} from {int(seq_idx[b, t])} to {int(seq_idx[b, t + 1])} at position {t + 1}")
 
 
 def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], dims: str) -> None:

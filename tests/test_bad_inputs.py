@@ -142,8 +142,13 @@ def _as_cuda_path(layer):
 
 
 def _forward(layer_kw=None, *, cuda_path=False, meta=False, u=None, **fwd):
+    """A forward of a fresh layer; ``layer_kw`` are constructor arguments, except ``validate_seq_idx`` (an
+    attribute)."""
     def call(ctx):
-        layer = OrderedMamba2(**{**BASE, **(layer_kw or {})}, device="meta") if meta else _layer(**(layer_kw or {}))
+        kw = dict(layer_kw or {})
+        validate = kw.pop("validate_seq_idx", False)
+        layer = OrderedMamba2(**{**BASE, **kw}, device="meta") if meta else _layer(**kw)
+        layer.validate_seq_idx = validate
         if cuda_path:
             _as_cuda_path(layer)
         ctx.layer = layer
@@ -240,8 +245,10 @@ ROWS = [
         r"^seq_idx: expected an integer dtype \(torch\.int32\), got torch\.float32$"),
     Row("fwd/seq_idx device", _forward(u=U(2, 5, 16), seq_idx=torch.zeros(2, 5, dtype=torch.int32, device="meta")),
         ValueError, r"^seq_idx: expected device cpu, got meta$"),
-    Row("fwd/seq_idx decreasing", _forward(u=U(1, 3, 16), seq_idx=torch.tensor([[0, 1, 0]], dtype=torch.int32)),
-        ValueError, r"^seq_idx: expected non-decreasing ids along L \(packed sequences\), got a decrease$"),
+    Row("fwd/seq_idx decreasing (validate_seq_idx on)",
+        _forward(dict(validate_seq_idx=True), u=U(1, 3, 16), seq_idx=torch.tensor([[0, 1, 0]], dtype=torch.int32)),
+        ValueError, r"^seq_idx: expected non-decreasing ids along L \(packed sequences\), got a decrease in row 0 "
+                    r"from 1 to 0 at position 2$"),
     Row("fwd/cuda path d_conv=5", _forward(dict(d_conv=5), cuda_path=True, u=U(2, 5, 16)), ValueError,
         r"^d_conv: expected 2, 3 or 4 on the CUDA path \(causal-conv1d's kernel widths\), got 5$"),
     Row("fwd/cuda path B*L*H*P >= 2**31", _forward(dict(d_model=1024, headdim=64, d_state=16, chunk_size=64),
@@ -455,3 +462,21 @@ def test_checkpoints_are_written_atomically_and_read_weights_only(checkpoints, t
         pickle.dump(OrderedDict(x=Evil()), fh, protocol=2)
     with pytest.raises(CheckError, match=r"weights_only=True, got one that does not"):
         read_checkpoint(str(evil))
+
+
+def test_functional_api_checks_seq_idx_without_reading_its_values():
+    """The functional API's checks read no value of seq_idx (no host synchronisation, docs/compile.md): on the meta
+    device, whose values cannot be read, a decreasing-or-not seq_idx passes every check and the call stops only at
+    require_cuda; ordered_ssd.validate_seq_idx is the opt-in check of the values."""
+    from ordered_ssd import validate_seq_idx
+
+    seq_idx = torch.empty(2, 8, dtype=torch.int32, device="meta")
+    calls = [_ssd("meta", seq_idx=seq_idx), _split("meta", seq_idx=seq_idx),
+             lambda ctx: ordered_causal_conv1d(torch.empty(2, 16, 8, device="meta"),
+                                               torch.empty(16, 4, device="meta"), seq_idx=seq_idx)]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor|^zxbcdt: expected a CUDA tensor"):
+            call(None)
+    with pytest.raises(ValueError, match=r"^seq_idx: expected non-decreasing ids along L .* row 0 from 1 to 0 "
+                                         r"at position 2$"):
+        validate_seq_idx(torch.tensor([[0, 1, 0]], dtype=torch.int32))

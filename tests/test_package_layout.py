@@ -79,7 +79,8 @@ def test_the_graph_sees_real_imports():
     mods = _modules()
     graph = {m: _edges(m, p, mods) for m, p in mods.items()}
     assert "ordered_ssd.fold" in graph["ordered_ssd.ops.ssd_combined"]
-    assert "ordered_ssd.ops.causal_conv1d" in graph["ordered_ssd.ops.ssd_combined"]
+    assert "ordered_ssd.ops.causal_conv1d" in graph["ordered_ssd.ops.ssd_split_conv1d"]
+    assert "ordered_ssd.ops.ssd_combined" in graph["ordered_ssd.ops.ssd_split_conv1d"]
     assert "csrc_bindings" in graph["ordered_ssd.ops.linear"] or "csrc_bindings" in graph["ordered_ssd.ops.ssd_combined"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 

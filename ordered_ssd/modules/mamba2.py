@@ -46,6 +46,21 @@ def cuda_path_available():
     return _cuda_path_status()[:2]
 
 
+def _cuda_path_ok() -> bool:
+    """``_cuda_path_status()[0]``; a constant for ``torch.compile`` once :func:`_mark_native_check_constant` ran
+    (dynamo then calls it instead of tracing the first-use import and version check of the native extras)."""
+    return _cuda_path_status()[0]
+
+
+def _mark_native_check_constant() -> None:
+    """Mark :func:`_cuda_path_ok` with ``torch.compiler.assume_constant_result`` (idempotent). Called by
+    ``OrderedMamba2.__init__`` where CUDA is available, not at import: the mark imports ``torch._dynamo`` (seconds),
+    and off CUDA ``backend_for`` never reaches the check."""
+    if not getattr(_cuda_path_ok, "_ordered_ssd_marked", False):
+        torch.compiler.assume_constant_result(_cuda_path_ok)
+        _cuda_path_ok._ordered_ssd_marked = True
+
+
 class GatedRMSNorm(nn.Module):
     """Parameter holder with the layout of mamba-ssm's ``layernorm_gated.RMSNorm``.
 
@@ -101,8 +116,13 @@ class OrderedMamba2(nn.Module):
     ``"reference"`` for CPU and fp64 inputs: the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64
     only). Never a silent fallback: on CUDA without the native extras (or with other versions) the forward raises
     ``ImportError`` / ``RuntimeError`` with the reason and the install command, unless ``layer.backend =
-    "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above). Set ``layer.literal = True`` to run
-    the CUDA backward with one kernel launch per example (slower, same bits: for tests and benchmarks).
+    "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above).
+    Set ``layer.literal = True`` to run the CUDA backward with one kernel launch per example (slower, same bits:
+    for tests and benchmarks).
+    Set ``layer.validate_seq_idx = True`` to check that ``seq_idx`` rows are non-decreasing in every forward
+    (reads them on the host; off by default so that a step has no host synchronisation).
+    ``torch.compile(model, fullgraph=True)`` traces the layer without a graph break (every computation is a
+    ``torch.library`` custom op) and gives the eager bits; see ``docs/compile.md``.
 
     Decoding (as ``Mamba2``): :meth:`allocate_inference_cache`, :meth:`_get_states_from_cache`, :meth:`step` and
     ``forward(..., inference_params=...)`` (a prefill at ``seqlen_offset == 0`` writes the cache, later calls run
@@ -223,7 +243,10 @@ class OrderedMamba2(nn.Module):
 
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
+        self.validate_seq_idx = False
         self.backend = None
+        if torch.cuda.is_available():
+            _mark_native_check_constant()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -256,7 +279,9 @@ class OrderedMamba2(nn.Module):
                 the dtype of ``in_proj.weight``.
             seqlen: None, or L when ``u`` is flattened to [B * L, d_model].
             seq_idx: None or [B, L] integer ids of packed sequences, non-decreasing along L; the
-                conv and the SSM state do not cross a change of id.
+                conv and the SSM state do not cross a change of id. Its shape, dtype and device are checked;
+                its values only with ``self.validate_seq_idx = True`` (a host read: see
+                :func:`ordered_ssd.validate_seq_idx`).
             cu_seqlens: None or [S + 1] integer offsets of S sequences packed into one example (B == 1), strictly
                 increasing from 0 to L. As upstream, it matters only with ``inference_params``: the prefill then
                 writes one cache entry per sequence (``seq_idx`` must mark the same sequences).
@@ -307,7 +332,7 @@ class OrderedMamba2(nn.Module):
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
                                   allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
         Bsz, L, _ = u.shape
-        _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device)
+        _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device, values=self.validate_seq_idx)
         if cu_seqlens is not None:
             _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=u.device, seq_idx=seq_idx)
             if inference_params is not None and seq_idx is None:
@@ -346,8 +371,8 @@ class OrderedMamba2(nn.Module):
         if backend == "cuda":
             if u.device.type != "cuda":
                 raise ValueError(f"backend: 'cuda' needs u on a CUDA device, got u on {u.device}")
-            ok, why, exc = _cuda_path_status()
-            if not ok:
+            if not _cuda_path_ok():  # a constant for torch.compile (see _mark_native_check_constant)
+                _, why, exc = _cuda_path_status()
                 raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why}. Install the native "
                           "extras as the README's GPU section says, or set layer.backend = 'reference' to run the "
                           "pure-PyTorch reference (fp32/fp64, slow) on this device.")
@@ -385,7 +410,7 @@ class OrderedMamba2(nn.Module):
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous() if cu_seqlens is not None else None
         zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
-        A = -torch.exp(self.A_log.float())
+        A = ops.ordered_A_from_log(self.A_log)  # -exp(A_log.float()), opaque to inductor (eager bits when compiled)
         D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
         conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
         if self.use_mem_eff_path and cache is None:
@@ -420,7 +445,7 @@ class OrderedMamba2(nn.Module):
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
                                          norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)
         if d_mlp > 0:
-            y = torch.cat([torch.nn.functional.silu(z0) * x0, y], dim=-1)
+            y = torch.cat([ops.ordered_silu_mul(z0, x0), y], dim=-1)
         return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
 
     # ------------------------------------------------------------------ decoding

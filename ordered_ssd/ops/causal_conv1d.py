@@ -1,28 +1,30 @@
 """Causal depthwise conv1d (+ SiLU) with ordered weight and bias gradients, on causal-conv1d's CUDA kernels.
 
 Layers: composition (:func:`ordered_causal_conv1d_fwd`, :func:`ordered_causal_conv1d_bwd`; plain functions, no
-autograd) → :class:`OrderedCausalConv1dFunction` → :func:`ordered_causal_conv1d`.
+autograd) → the custom op ``ordered_ssd::causal_conv1d`` (fake, autograd through
+``ordered_ssd::causal_conv1d_backward``) → :func:`ordered_causal_conv1d`.
 
 Determinism: ``dx`` comes from causal-conv1d's backward, one launch for the whole batch
 (:func:`csrc_bindings.launch_causal_conv1d_bwd_dx`; its ``dx`` has no atomics; the weight/bias gradients it adds
 with ``atomicAdd`` are discarded). ``dweight``/``dbias`` come from ordered-ssd's own kernel: fp32 partials per
 (example, tile of :data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L` positions)
-(:func:`ordered_ssd.fold.conv1d_grad_partials`), folded over (example, tile), example slowest (:func:`ordered_ssd.fold.fold_dims`), cast once. The number of
-launches does not depend on ``B`` or on the number of packed sequences, and nothing is read back to the host.
-Source: ``causal_conv1d.causal_conv1d_fn``.
+(:func:`ordered_ssd.fold.conv1d_grad_partials`), folded over (example, tile), example slowest
+(:func:`ordered_ssd.fold.fold_dims`), cast once. The number of launches does not depend on ``B`` or on the number
+of packed sequences, and nothing is read back to the host. Source: ``causal_conv1d.causal_conv1d_fn``.
 """
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
-from torch.autograd.function import once_differentiable
 
 import csrc_bindings
 
 from ..fold import conv1d_grad_partials, fold_dims
-from .common import check_causal_conv1d_args, custom_bwd, custom_fwd, require_cuda
+from .common import (NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, check_causal_conv1d_args,
+                     or_none, require_cuda)
 
-__all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "OrderedCausalConv1dFunction",
-           "ordered_causal_conv1d"]
+__all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "ordered_causal_conv1d"]
 
 
 # ------------------------------------------------------------------------------------------------ composition
@@ -50,6 +52,20 @@ def _native_ready(t, channel_last):
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _channel_last_bwd(x, seq_idx) -> bool:
+    """Whether the backward runs causal-conv1d's channel-last kernel (always with ``seq_idx``)."""
+    return seq_idx is not None or (x.stride(1) == 1 and x.stride(2) > 1)
+
+
+def _dx_buffer(x, channel_last):
+    """A fresh ``dx`` [B, D, L] in the layout of the backward's kernel (channel-last view of [B, L, D], or
+    contiguous)."""
+    batch, dim, seqlen = x.shape
+    if channel_last:
+        return torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
+
+
 def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False):
     """Backward: ``(dx, dweight, dbias, dweight_partial, dbias_partial)``.
 
@@ -75,15 +91,13 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
     """
     if seq_idx is not None and seq_idx.dtype != torch.int32:
         raise ValueError(f"seq_idx: expected dtype torch.int32, got {seq_idx.dtype}")
-    channel_last = seq_idx is not None or (x.stride(1) == 1 and x.stride(2) > 1)
+    channel_last = _channel_last_bwd(x, seq_idx)
     xr = _native_ready(x, channel_last)
     doutr = _native_ready(dout, channel_last)
     seq = seq_idx.contiguous() if seq_idx is not None else None
     out = dx
     if dx is None or not _takes(dx, channel_last):
-        batch, dim, seqlen = x.shape
-        dx = (torch.empty(batch, seqlen, dim, dtype=x.dtype, device=x.device).transpose(1, 2) if channel_last
-              else torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device))
+        dx = _dx_buffer(x, channel_last)
     ranges = [(b, b + 1) for b in range(x.shape[0])] if literal else [(0, x.shape[0])]
     for b0, b1 in ranges:
         csrc_bindings.launch_causal_conv1d_bwd_dx(xr[b0:b1], weight, bias, doutr[b0:b1], silu_activation=silu,
@@ -98,24 +112,49 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
     return dx, dweight, dbias, dweight_partial, dbias_partial
 
 
-# ----------------------------------------------------------------------------------------------- autograd
-class OrderedCausalConv1dFunction(torch.autograd.Function):
-    """causal-conv1d with ``dweight``/``dbias`` folded over per-(example, tile) partials."""
+# --------------------------------------------------------------------------------------------- custom op
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d", mutates_args=(), tags=OP_TAGS)
+def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
+    with autocast_context(autocast):
+        return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)  # torch.empty_like(x)
 
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, x, weight, bias, seq_idx, silu):
-        ctx.save_for_backward(x, weight, bias, seq_idx)
-        ctx.silu = silu
-        return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout):
-        x, weight, bias, seq_idx = ctx.saved_tensors
-        dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=ctx.silu)
-        return dx, dweight, dbias, None, None
+@_causal_conv1d.register_fake
+def _(x, weight, bias, seq_idx, silu, autocast):
+    return torch.empty_like(x)  # the launcher's allocation: the layout of x (channel-first or channel-last)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_backward", mutates_args=(), tags=OP_TAGS)
+def _causal_conv1d_backward(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                            seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with autocast_context(autocast):
+        dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=silu)
+    return (dx, *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: _dx_buffer, dtype of x
+
+
+@_causal_conv1d_backward.register_fake
+def _(dout, x, weight, bias, seq_idx, silu, autocast):
+    dbias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias is not None else x.new_empty(
+        (0,), dtype=torch.float32)
+    dx = _dx_buffer(x, _channel_last_bwd(x, seq_idx))  # the composition's allocation
+    return dx, torch.empty_like(weight, memory_format=torch.contiguous_format), dbias
+
+
+def _causal_conv1d_setup_context(ctx, inputs, output):
+    x, weight, bias, seq_idx, silu, autocast = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx)
+    ctx.silu, ctx.autocast = silu, autocast
+
+
+def _causal_conv1d_bwd(ctx, dout):
+    x, weight, bias, seq_idx = ctx.saved_tensors
+    dx, dweight, dbias = _causal_conv1d_backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
+    return dx, dweight, or_none(dbias, bias), None, None, None
+
+
+_causal_conv1d.register_autograd(_causal_conv1d_bwd, setup_context=_causal_conv1d_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -125,7 +164,8 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     Args:
         x: [B, D, L] CUDA tensor (channel-first, or a channel-last view of [B, L, D] memory), fp32/fp16/bf16.
         weight: [D, W] with W in 2..4. bias: [D] or None. seq_idx: [B, L] int32 packed-sequence ids
-            (a tap across a change of id is zero) or None; with it ``x`` is used channel-last (``D % 8 == 0``). activation: None, "silu" or "swish".
+            (a tap across a change of id is zero) or None; with it ``x`` is used channel-last (``D % 8 == 0``).
+        activation: None, "silu" or "swish".
 
     Returns:
         [B, D, L], the dtype of ``x``.
@@ -148,4 +188,4 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     elif x.stride(1) != 1 and x.stride(2) != 1:
         x = x.contiguous()
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return OrderedCausalConv1dFunction.apply(x, weight, bias, seq_idx, activation is not None)
+    return _causal_conv1d(x, weight, bias, seq_idx, activation is not None, autocast_dtype(x))

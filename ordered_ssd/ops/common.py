@@ -1,19 +1,21 @@
-"""What every ordered op shares: argument checks, the autocast dtype, the default ``dt_limit``.
+"""What every ordered op shares: argument checks, the autocast dtype and context, the default ``dt_limit``, the
+helpers of the ``torch.library`` custom ops (absent gradients, the custom-op namespace).
 
 Nothing here decides the order of a sum (that is :mod:`ordered_ssd.fold`) or launches a kernel (that is
 :mod:`csrc_bindings`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from .. import _checks
 from .._checks import check_tensor
 
-__all__ = ["NO_LIMIT", "custom_fwd", "custom_bwd", "require_cuda", "autocast_dtype",
-           "CUDA_DTYPES", "check_chunk_scan_args", "check_split_conv1d_scan_args", "check_causal_conv1d_args"]
+__all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "autocast_dtype", "autocast_context", "absent",
+           "or_none", "as_dtype_of", "auxiliary_outputs", "CUDA_DTYPES", "check_chunk_scan_args",
+           "check_split_conv1d_scan_args", "check_causal_conv1d_args", "check_states_args"]
 
 #: The floating dtypes of the CUDA path's activations and parameters.
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -21,9 +23,12 @@ CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
 
-#: ``torch.amp`` decorators for the Functions' forward/backward on CUDA (cast inputs as autocast would).
-custom_fwd = torch.amp.custom_fwd(device_type="cuda")
-custom_bwd = torch.amp.custom_bwd(device_type="cuda")
+#: The ``torch.library`` namespace of ordered-ssd's custom ops (``torch.ops.ordered_ssd.*``).
+NAMESPACE = "ordered_ssd"
+
+#: Tags of every custom op: inductor passes each tensor argument with the exact strides it has in eager mode (the
+#: launchers choose a kernel by layout, e.g. causal-conv1d's channel-last or channel-first one).
+OP_TAGS = (torch.Tag.needs_exact_strides,)
 
 
 def require_cuda(name: str, t) -> None:
@@ -44,9 +49,54 @@ def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
     return None
 
 
+def autocast_context(dtype: Optional[torch.dtype]):
+    """The CUDA autocast state a custom op's body runs under: on at ``dtype``, or off when ``dtype`` is None.
+
+    The public functions read the caller's state with :func:`autocast_dtype` and pass it to their custom op as an
+    argument; the op's forward and backward bodies run under this context. That is what ``torch.amp.custom_fwd``
+    / ``custom_bwd`` gave the former ``autograd.Function`` classes (forward under the caller's autocast, backward
+    under the forward's), made explicit, because a custom op's body otherwise runs with autocast excluded under
+    ``torch.compile`` but not in eager mode.
+    """
+    if dtype is None:
+        return torch.autocast("cuda", enabled=False)
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def absent(like: torch.Tensor) -> torch.Tensor:
+    """The stand-in a custom op returns for an output that does not exist (a gradient of an input that is None):
+    an empty fp32 tensor on the device of ``like`` (custom-op schemas cannot return None)."""
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+def or_none(t: torch.Tensor, present) -> Optional[torch.Tensor]:
+    """``t`` when ``present`` (the input it belongs to, or a flag) is not None/False, else None (undoes
+    :func:`absent`)."""
+    return t if present is not None and present is not False else None
+
+
+def as_dtype_of(grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[Optional[torch.Tensor]],
+                like: torch.Tensor) -> list:
+    """Each gradient contiguous and in the dtype of its input; :func:`absent` (on the device of ``like``) where the
+    gradient or its input is None. This is what autograd's engine did to the former Functions' gradients (a cast
+    of an fp32 fold to the parameter dtype rounds once, as before), done inside the custom op so that its fake
+    gives the exact dtypes and strides."""
+    return [absent(like) if g is None or inp is None else g.to(inp.dtype).contiguous()
+            for g, inp in zip(grads, inputs)]
+
+
+def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:
+    """In a custom op's ``setup_context``: ``outputs`` are returned only to be saved for the backward (``out_x``,
+    ``rstd``), not differentiable, and their gradients are not materialised as zeros (no allocation per step)."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)
+
+
 # ------------------------------------------------------------------------- checks of the public functions
 # They look at types, dtypes, shapes, devices and sizes only (never at values, never at the device type), so they run
-# on CPU and ``meta`` tensors too; the public functions call them before ``require_cuda`` and before any kernel.
+# on CPU and ``meta`` tensors too and never synchronise; the public functions call them before ``require_cuda`` and
+# before any kernel. The values of ``seq_idx`` are checked only on request (:func:`ordered_ssd.validate_seq_idx`);
+# the one exception is ``cu_seqlens`` (:func:`check_states_args`, inference/prefill only), whose offsets are read.
 def _batch_seq(name: str, t, rank: int, dims: str):
     _checks.check_float(name, t, CUDA_DTYPES)
     if t.dim() != rank:
@@ -182,3 +232,21 @@ def check_causal_conv1d_args(x, weight, bias=None, seq_idx=None) -> None:
     if x.numel() >= _checks.INT32_NUMEL:
         raise ValueError(f"x: expected fewer than 2**31 elements (causal-conv1d's 32-bit offsets), got {x.numel()} "
                          f"in shape {tuple(x.shape)}")
+
+
+def check_states_args(x_shape, dstate: int, device, initial_states=None, cu_seqlens=None, seq_idx=None,
+                      return_varlen_states: bool = False) -> None:
+    """The state arguments of the public SSD functions, before any kernel: ``initial_states`` [B, H, P, N] floating
+    on ``device`` (``x_shape`` is (B, L, H, P), ``dstate`` N); ``cu_seqlens`` required with
+    ``return_varlen_states`` and checked by :func:`ordered_ssd._checks.check_cu_seqlens` (which reads its values and
+    those of ``seq_idx`` on the host: a device synchronisation, only for the varlen states of inference/prefill).
+
+    Raises:
+        TypeError / ValueError naming the argument, expected and actual value.
+    """
+    Bsz, L, H, P = x_shape
+    _checks.check_initial_states(initial_states, shape=(Bsz, H, P, dstate), device=device)
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError("cu_seqlens: required with return_varlen_states=True, got None")
+    if cu_seqlens is not None:
+        _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=device, seq_idx=seq_idx)

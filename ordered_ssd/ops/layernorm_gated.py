@@ -1,7 +1,8 @@
 """Gated RMSNorm (``mamba_ssm.ops.triton.layernorm_gated``) with an ordered weight gradient.
 
 Layers: composition (:func:`ordered_rmsnorm_gated_fwd`, :func:`ordered_rmsnorm_gated_bwd`; plain functions on
-rows [M, N], no autograd) → :class:`OrderedGatedRMSNormFunction` → :func:`ordered_gated_rmsnorm`.
+rows [M, N], no autograd) → the custom op ``ordered_ssd::gated_rmsnorm`` (fake, autograd through
+``ordered_ssd::gated_rmsnorm_backward``) → :func:`ordered_gated_rmsnorm`.
 
 Determinism: the backward kernel writes one fp32 weight-gradient partial per block of
 :func:`~ordered_ssd.fold.rmsnorm_rows_per_program` rows (rows summed in order inside the block, no block straddling
@@ -10,18 +11,17 @@ two examples), and the partials are folded in block order (:func:`ordered_ssd.fo
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 import csrc_bindings
 
 from ..fold import fold_dims, rmsnorm_rows_per_program
-from .common import require_cuda
+from .common import (NAMESPACE, OP_TAGS, absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs,
+                     or_none, require_cuda)
 
-__all__ = ["ordered_rmsnorm_gated_fwd", "ordered_rmsnorm_gated_bwd", "OrderedGatedRMSNormFunction",
-           "ordered_gated_rmsnorm"]
+__all__ = ["ordered_rmsnorm_gated_fwd", "ordered_rmsnorm_gated_bwd", "ordered_gated_rmsnorm"]
 
 
 # ------------------------------------------------------------------------------------------------ composition
@@ -73,35 +73,67 @@ def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=N
     return dx, dweight, dz, out, dweight_partial
 
 
-# ----------------------------------------------------------------------------------------------- autograd
+# --------------------------------------------------------------------------------------------- custom op
 def _rows(t):
     rows = t.reshape(-1, t.shape[-1])
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-class OrderedGatedRMSNormFunction(torch.autograd.Function):
-    """Gated RMSNorm with the weight gradient folded over per-row-block partials."""
-
-    @staticmethod
-    def forward(ctx, x, weight, z, eps, group_size, norm_before_gate, rows_per_program):
-        shape = x.shape
-        x_rows = _rows(x)
-        z_rows = _rows(z) if z is not None else None
-        out, rstd = ordered_rmsnorm_gated_fwd(x_rows, weight.contiguous(), eps, z=z_rows, group_size=group_size,
+@torch.library.custom_op(f"{NAMESPACE}::gated_rmsnorm", mutates_args=(), tags=OP_TAGS)
+def _gated_rmsnorm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], eps: float, group_size: int,
+                   norm_before_gate: bool, chunk_size: int,
+                   autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out [B, L, D] in x.dtype, rstd [(D / group_size) * B * L] fp32)``; ``chunk_size`` is for the backward."""
+    with autocast_context(autocast):
+        out, rstd = ordered_rmsnorm_gated_fwd(_rows(x), weight.contiguous(), eps,
+                                              z=_rows(z) if z is not None else None, group_size=group_size,
                                               norm_before_gate=norm_before_gate)
-        ctx.save_for_backward(x_rows, weight, z_rows, rstd)
-        ctx.args = (eps, group_size, norm_before_gate, rows_per_program, shape)
-        return out.reshape(shape)
+    return out.reshape(x.shape).contiguous(), rstd
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x_rows, weight, z_rows, rstd = ctx.saved_tensors
-        eps, group_size, norm_before_gate, rows_per_program, shape = ctx.args
+
+@_gated_rmsnorm.register_fake
+def _(x, weight, z, eps, group_size, norm_before_gate, chunk_size, autocast):
+    rows = x.numel() // x.shape[-1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(((x.shape[-1] // group_size) * rows,), dtype=torch.float32))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_rmsnorm_backward", mutates_args=(), tags=OP_TAGS)
+def _gated_rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
+                            rstd: torch.Tensor, eps: float, group_size: int, norm_before_gate: bool,
+                            chunk_size: int, autocast: Optional[torch.dtype]
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with autocast_context(autocast):
         dx, dweight, dz, _, _ = ordered_rmsnorm_gated_bwd(
-            _rows(dy), x_rows, weight.contiguous(), eps, rstd, rows_per_program=rows_per_program, z=z_rows,
-            group_size=group_size, norm_before_gate=norm_before_gate)
-        return dx.reshape(shape), dweight, (dz.reshape(shape) if z_rows is not None else None), None, None, None, None
+            _rows(dy), _rows(x), weight.contiguous(), eps, rstd,
+            rows_per_program=rmsnorm_rows_per_program(x.shape[1], chunk_size),
+            z=_rows(z) if z is not None else None, group_size=group_size, norm_before_gate=norm_before_gate)
+    dx = dx.reshape(x.shape)
+    dz = dz.reshape(x.shape) if z is not None else None
+    return tuple(as_dtype_of((dx, dweight, dz), (x, weight, z), x))
+
+
+@_gated_rmsnorm_backward.register_fake
+def _(dy, x, weight, z, rstd, eps, group_size, norm_before_gate, chunk_size, autocast):
+    def like(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None else absent(x)
+    return like(x), like(weight), like(z)
+
+
+def _gated_rmsnorm_setup_context(ctx, inputs, output):
+    x, weight, z, eps, group_size, norm_before_gate, chunk_size, autocast = inputs
+    ctx.save_for_backward(x, weight, z, output[1])
+    auxiliary_outputs(ctx, output[1])
+    ctx.args = (eps, group_size, norm_before_gate, chunk_size, autocast)
+
+
+def _gated_rmsnorm_bwd(ctx, dy, _drstd):
+    x, weight, z, rstd = ctx.saved_tensors
+    dx, dweight, dz = _gated_rmsnorm_backward(dy, x, weight, z, rstd, *ctx.args)
+    return dx, dweight, or_none(dz, z), None, None, None, None, None
+
+
+_gated_rmsnorm.register_autograd(_gated_rmsnorm_bwd, setup_context=_gated_rmsnorm_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -122,6 +154,5 @@ def ordered_gated_rmsnorm(x, weight, z=None, eps=1e-6, group_size=None, norm_bef
     require_cuda("x", x)
     if x.dim() != 3:
         raise ValueError(f"x: expected a 3-d tensor [B, L, D], got shape {tuple(x.shape)}")
-    rows_per_program = rmsnorm_rows_per_program(x.shape[1], chunk_size)
-    return OrderedGatedRMSNormFunction.apply(x, weight, z, eps, group_size or x.shape[-1], norm_before_gate,
-                                             rows_per_program)
+    return _gated_rmsnorm(x, weight, z, eps, group_size or x.shape[-1], norm_before_gate, chunk_size,
+                          autocast_dtype(x))[0]

@@ -1,7 +1,8 @@
 """The linear layers of Mamba2 (``in_proj``, ``out_proj``) with ordered weight and bias gradients.
 
 Layers: composition (:func:`ordered_linear_fwd`, :func:`ordered_linear_bwd`, :func:`ordered_linear_weight_grad`;
-plain functions, no autograd) → :class:`OrderedLinearFunction` → :func:`ordered_linear`.
+plain functions, no autograd) → the custom op ``ordered_ssd::linear`` (fake, autograd through the custom op
+``ordered_ssd::linear_backward``) → :func:`ordered_linear`.
 
 Determinism: ``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))``, fp32 lexical folds over examples
 (example 0 first, :mod:`ordered_ssd.fold`), cast once; bitwise identical across repeats, processes and restarts
@@ -14,14 +15,12 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped,
                     linear_weight_grad_is_fused)
-from .common import autocast_dtype, custom_bwd, custom_fwd
+from .common import NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, or_none
 
-__all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "OrderedLinearFunction",
-           "ordered_linear"]
+__all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "ordered_linear"]
 
 
 # ------------------------------------------------------------------------------------------------ composition
@@ -91,26 +90,52 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
         return dW, db
 
 
-# ----------------------------------------------------------------------------------------------- autograd
-class OrderedLinearFunction(torch.autograd.Function):
-    """``y = x W^T + b`` with ``dW``, ``db`` lexical fp32 folds over examples (:func:`ordered_linear_bwd`)."""
+# --------------------------------------------------------------------------------------------- custom op
+@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=(), tags=OP_TAGS)
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+            autocast: Optional[torch.dtype]) -> torch.Tensor:
+    with autocast_context(autocast):
+        return ordered_linear_fwd(x, weight, bias)[0].contiguous()
 
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, x, weight, bias):
-        y, x, weight = ordered_linear_fwd(x, weight, bias)
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return y
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        return ordered_linear_bwd(dy, x, weight, need_dx=ctx.needs_input_grad[0],
-                                  need_dweight=ctx.needs_input_grad[1] or ctx.needs_input_grad[2],
-                                  has_bias=ctx.has_bias)
+@_linear.register_fake
+def _(x, weight, bias, autocast):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=autocast if autocast is not None else x.dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_backward", mutates_args=(), tags=OP_TAGS)
+def _linear_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     autocast: Optional[torch.dtype], need_dx: bool,
+                     need_dweight: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with autocast_context(autocast):
+        xc, wc = (x.to(autocast), weight.to(autocast)) if autocast is not None else (x, weight)  # as the forward
+        dx, dW, db = ordered_linear_bwd(dy, xc, wc, need_dx=need_dx, need_dweight=need_dweight,
+                                        has_bias=bias is not None)
+    return tuple(as_dtype_of((dx, dW, db), (x, weight, bias), dy))
+
+
+@_linear_backward.register_fake
+def _(dy, x, weight, bias, autocast, need_dx, need_dweight):
+    def grad(t, need):
+        return torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else dy.new_empty(
+            (0,), dtype=torch.float32)
+    return grad(x, need_dx), grad(weight, need_dweight), grad(bias, need_dweight)
+
+
+def _linear_setup_context(ctx, inputs, output):
+    x, weight, bias, autocast = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.autocast = autocast
+
+
+def _linear_bwd(ctx, dy):
+    x, weight, bias = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dW, db = _linear_backward(dy, x, weight, bias, ctx.autocast, need[0], need[1] or need[2])
+    return or_none(dx, need[0]), or_none(dW, need[1]), or_none(db, bias is not None and need[2]), None
+
+
+_linear.register_autograd(_linear_bwd, setup_context=_linear_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -122,8 +147,8 @@ def ordered_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         weight: [out, in]. bias: [out] or None.
 
     Returns:
-        [B, L, out]. Under CUDA autocast, computed in the autocast dtype like ``F.linear``; the gradients come back
-        in fp32 and autograd casts them to the parameters' dtype.
+        [B, L, out]. Under CUDA autocast, computed in the autocast dtype like ``F.linear``; the fp32 gradient folds
+        are cast once to the parameters' dtype.
 
     Raises:
         TypeError: ``x`` is not a tensor. ValueError: ``x`` is not 3-d.
@@ -134,4 +159,4 @@ def ordered_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise TypeError(f"x: expected a torch.Tensor [B, L, in], got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"x: expected a 3-d tensor [B, L, in], got shape {tuple(x.shape)}")
-    return OrderedLinearFunction.apply(x, weight, bias)
+    return _linear(x, weight, bias, autocast_dtype(x))

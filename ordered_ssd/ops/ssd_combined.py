@@ -1,53 +1,42 @@
-"""SSD (chunked state-space duality, Mamba-2 paper section 6) and the split-conv1d-scan layer, ordered.
+"""SSD (chunked state-space duality, Mamba-2 paper section 6), ordered.
 
-Mirrors ``mamba_ssm/ops/triton/ssd_combined.py`` (mamba-ssm 2.3.2.post1). Layers, as everywhere in ordered-ssd:
+Mirrors ``mamba_ssm/ops/triton/ssd_combined.py`` (mamba-ssm 2.3.2.post1), its ``mamba_chunk_scan_combined``; the
+split-conv1d-scan layer of the same upstream file is :mod:`ordered_ssd.ops.ssd_split_conv1d`. Layers, as everywhere
+in ordered-ssd:
 
 * composition, plain functions without autograd: :func:`ordered_mamba_chunk_scan_combined_fwd` /
-  :func:`ordered_mamba_chunk_scan_combined_bwd` (upstream ``_mamba_chunk_scan_combined_fwd/_bwd``) and
-  :func:`ordered_mamba_split_conv1d_scan_combined_fwd` / :func:`ordered_mamba_split_conv1d_scan_combined_bwd`
-  (upstream ``MambaSplitConv1dScanCombinedFn``'s forward/backward bodies); every kernel is launched through
-  :mod:`csrc_bindings` at its pinned configuration, and every partial a kernel leaves per (example, chunk, tile)
-  is reduced with :mod:`ordered_ssd.fold` in lexical order; the conv, the gated RMSNorm and the out_proj of the
-  layer go through their own ops (:mod:`~ordered_ssd.ops.causal_conv1d`, :mod:`~ordered_ssd.ops.layernorm_gated`,
-  :mod:`~ordered_ssd.ops.linear`);
-* autograd: :class:`OrderedMambaChunkScanCombinedFn`, :class:`OrderedMambaSplitConv1dScanCombinedFn`;
-* public functions: :func:`ordered_mamba_chunk_scan_combined`, :func:`ordered_mamba_split_conv1d_scan_combined`
-  (and :func:`split_conv1d_scan_partials` for tests and debugging).
+  :func:`ordered_mamba_chunk_scan_combined_bwd` (upstream ``_mamba_chunk_scan_combined_fwd/_bwd``); every kernel is
+  launched through :mod:`csrc_bindings` at its pinned configuration, and every partial a kernel leaves per
+  (example, chunk, tile) is reduced with :mod:`ordered_ssd.fold` in lexical order;
+* custom op (``torch.library``, with a fake and with autograd through its ``*_backward`` custom op):
+  ``ordered_ssd::mamba_chunk_scan_combined``;
+* public function: :func:`ordered_mamba_chunk_scan_combined`.
 
 Determinism (CUDA): the outputs and the gradients are bitwise identical across repeats, processes and restarts for
 the same inputs, GPU model and versions of torch / triton / mamba-ssm / causal-conv1d; every gradient of a shared
 parameter is a lexical fp32 fold over per-(example, chunk, tile) partials, cast once. ``literal=True`` computes the
 same backward by launching the kernels once per example (a batch of one) and concatenating the partials before the
-same folds; it gives the same bits (tested on the GPU). The Functions are once-differentiable (their backward calls
-native kernels): a double backward raises ``RuntimeError``. Scope: CUDA tensors with the native extras installed
-(``pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0``), else ``ImportError`` at the first launch.
+same folds; it gives the same bits (tested on the GPU). The custom op is once-differentiable (its backward is an
+opaque custom op calling native kernels): a double backward raises ``RuntimeError``. It traces under
+``torch.compile`` without a graph break and gives the eager bits there (``docs/compile.md``). Scope: CUDA tensors
+with the native extras installed (``pip install --no-build-isolation mamba-ssm==2.3.2.post1
+causal-conv1d==1.7.0``), else ``ImportError`` at the first launch.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
-from torch.autograd.function import once_differentiable
 
 import csrc_bindings
 
-from ..fold import fold_dims, lexical_cumsum, rmsnorm_rows_per_program
-from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .. import _checks
-from .common import (NO_LIMIT, check_chunk_scan_args, check_split_conv1d_scan_args, custom_bwd, custom_fwd,
-                     require_cuda)
-from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
-from .linear import ordered_linear_fwd, ordered_linear_weight_grad
+from ..fold import fold_dims, lexical_cumsum
+from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
+                     autocast_dtype, check_chunk_scan_args, check_states_args, or_none, require_cuda)
 
-__all__ = [
-    "ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_combined_bwd",
-    "ordered_mamba_split_conv1d_scan_combined_fwd", "ordered_mamba_split_conv1d_scan_combined_bwd",
-    "OrderedMambaChunkScanCombinedFn", "OrderedMambaSplitConv1dScanCombinedFn", "ordered_mamba_chunk_scan_combined",
-    "ordered_mamba_split_conv1d_scan_combined", "split_conv1d_scan_partials",
-]
-
+__all__ = ["ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_combined_bwd",
+           "ordered_mamba_chunk_scan_combined"]
 
 # ------------------------------------------------------------------------------------------ composition: SSD
 def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None,
@@ -235,259 +224,99 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
     return (result, partials) if return_partials else result
 
 
-# ----------------------------------------------------------------------------- composition: split conv1d scan
-def _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups):
-    """``(nheads, headdim, dstate, d_nonssm)`` of the layer, from the shapes as upstream derives them."""
-    if D.dim() == 1:
-        nheads = D.shape[0]
-    else:
-        nheads, headdim = D.shape
-    dim = nheads * headdim
-    dstate = (conv1d_weight.shape[0] - dim) // ngroups // 2
-    d_nonssm = (zxbcdt.shape[-1] - 2 * dim - 2 * ngroups * dstate - nheads) // 2
-    return nheads, headdim, dstate, d_nonssm
+# ---------------------------------------------------------------------------------------------- custom op
+def dense(t):
+    """A fresh contiguous tensor like ``t`` (the fakes' outputs), None for None."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None else None
 
 
-def _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups, dstate):
-    """causal-conv1d forward (+ SiLU) of ``xBC`` [B, L, d_ssm + 2 G N], split into x [B, L, H, P] and
-    B, C [B, L, G, N] (views of one buffer)."""
-    if xBC.stride(-2) % 8 != 0:  # causal-conv1d's channel-last kernel needs strides that are multiples of 8
-        xBC = xBC.contiguous()
-    xBC_conv = rearrange(ordered_causal_conv1d_fwd(rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias,
-                                                   seq_idx=seq_idx, silu=silu), "b d s -> b s d")
-    dim = xBC.shape[-1] - 2 * ngroups * dstate
-    x, B, C = torch.split(xBC_conv, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    return (rearrange(x, "b l (h p) -> b l h p", h=nheads), rearrange(B, "b l (g n) -> b l g n", g=ngroups),
-            rearrange(C, "b l (g n) -> b l g n", g=ngroups))
-
-
-def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, *,
-                                                 seq_idx=None, dt_limit=NO_LIMIT, activation="silu",
-                                                 rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
-                                                 outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True,
-                                                 initial_states=None):
-    """Forward of ``mamba_split_conv1d_scan_combined`` with pinned launches.
-
-    Returns ``(out, saved)``: ``out`` [B, L, d_out]; ``saved`` a dict of what the backward needs, and
-    ``saved["final_states"]`` [B, H, P, N] fp32 (the SSM state after the last position; ``initial_states``
-    [B, H, P, N] is the state before the first).
-    """
-    nheads, headdim, dstate, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
-    batch, seqlen, _ = zxbcdt.shape
-    dim = nheads * headdim
-    zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
-    seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    x, B, C = _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, activation in ("silu", "swish"), nheads,
-                          ngroups, dstate)
-    z_heads = rearrange(z, "b l (h p) -> b l h p", h=nheads)
-    rstd = None
-    ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx,
-                  initial_states=initial_states)
-    if rmsnorm_weight is None:
-        out, out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=z_heads,
-                                                                             **ssd_kw)
-        out = rearrange(out, "b s h p -> b s (h p)")
-        if d_nonssm > 0:
-            out = torch.cat([csrc_bindings.launch_swiglu_fwd(zx0), out], dim=-1)
-    else:
-        out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=None, **ssd_kw)
-        x_rms = rearrange(out_x, "b s h p -> (b s) (h p)")
-        z_rms = rearrange(z_heads, "b s h p -> (b s) (h p)")
-        if d_nonssm == 0:
-            out_buf = None
-        else:
-            out01 = torch.empty((batch, seqlen, d_nonssm + dim), dtype=x_rms.dtype, device=x_rms.device)
-            out_buf = rearrange(out01[..., d_nonssm:], "b s d -> (b s) d")
-            csrc_bindings.launch_swiglu_fwd(zx0, out=out01[..., :d_nonssm])
-        out, rstd = ordered_rmsnorm_gated_fwd(x_rms, rmsnorm_weight.contiguous(), rmsnorm_eps, z=z_rms,
-                                              group_size=dim // ngroups, norm_before_gate=norm_before_gate,
-                                              out=out_buf)
-        out = rearrange(out, "(b s) d -> b s d", b=batch) if d_nonssm == 0 else out01
-    if outproj_weight is not None:
-        out = ordered_linear_fwd(out, outproj_weight, outproj_bias)[0]
-    saved = dict(out_x=out_x, rstd=rstd, headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate,
-                 d_nonssm=d_nonssm, final_states=final_states)
-    return out, saved
-
-
-def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias,
-                                                 chunk_size, *, saved, seq_idx=None, dt_limit=NO_LIMIT,
-                                                 activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, rstd=None,
-                                                 outproj_weight=None, outproj_bias=None, norm_before_gate=True,
-                                                 initial_states=None, dfinal_states=None, literal=False,
-                                                 return_partials=False):
-    """Ordered backward of ``mamba_split_conv1d_scan_combined``.
-
-    Returns:
-        ``(dzxbcdt, dconv1d_weight [D, W], dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
-        doutproj_bias, dinitial_states)``; every parameter gradient is a lexical fp32 fold over examples (and
-        chunks/tiles), cast once to the parameter's dtype; ``dinitial_states`` [B, H, P, N] is per example (None
-        without ``initial_states``). With ``return_partials`` also a dict of the per-example partials.
-    """
-    headdim, nheads, ngroups, dstate, d_nonssm = (saved[k] for k in ("headdim", "nheads", "ngroups", "dstate",
-                                                                     "d_nonssm"))
-    dim = nheads * headdim
-    batch, seqlen, _ = zxbcdt.shape
-    silu = activation in ("silu", "swish")
-    recompute_output = outproj_weight is not None
-    if recompute_output:
-        out_recompute = torch.empty(batch, seqlen, d_nonssm + dim, device=out_x.device, dtype=out_x.dtype)
-        out0_recompute, out1_recompute = out_recompute.split([d_nonssm, dim], dim=-1)
-    zx0, z, xBC, dt = torch.split(zxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads], dim=-1)
-    x, B, C = _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups, dstate)  # recompute
-    dzxbcdt = torch.empty_like(zxbcdt)
-    dzx0, dz, dxBC_given, ddt_given = torch.split(dzxbcdt, [2 * d_nonssm, dim, dim + 2 * ngroups * dstate, nheads],
-                                                  dim=-1)
-    dxBC = torch.empty_like(xBC)
-    dx, dB, dC = torch.split(dxBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    z_heads = rearrange(z, "b l (h p) -> b l h p", h=nheads)
-    dx = rearrange(dx, "b l (h p) -> b l h p", h=nheads)
-    dB = rearrange(dB, "b l (g n) -> b l g n", g=ngroups)
-    dC = rearrange(dC, "b l (g n) -> b l g n", g=ngroups)
-    dout_og = dout
-    if outproj_weight is not None:
-        dout = F.linear(dout, outproj_weight.to(dout.dtype).t())
-    if d_nonssm > 0:
-        dout0, dout = dout.split([d_nonssm, dim], dim=-1)
-        csrc_bindings.launch_swiglu_bwd(zx0, dout0, dxy=dzx0, recompute_output=recompute_output,
-                                        out=out0_recompute if recompute_output else None)
-    dout = rearrange(dout, "b s (h p) -> b s h p", p=headdim)
-    drmsnorm_weight = None
-    partials: Dict[str, torch.Tensor] = {}
-    ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx, dx=dx, ddt=ddt_given,
-                  dB=dB, dC=dC, literal=literal, return_partials=True, initial_states=initial_states,
-                  dfinal_states=dfinal_states)
-    if rmsnorm_weight is None:
-        dz_heads = rearrange(dz, "b l (h p) -> b l h p", h=nheads)
-        (_, _, dA, _, _, dD, _, ddt_bias, dinit, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
-            dout, x, dt, A, B, C, out_x, chunk_size, z=z_heads, dz=dz_heads, recompute_output=recompute_output,
-            **ssd_kw)
-        out_for_linear = rearrange(outz, "b s h p -> b s (h p)") if recompute_output else None
-        if recompute_output and d_nonssm > 0:
-            out1_recompute.copy_(out_for_linear)
-            out_for_linear = out_recompute
-    else:
-        dout_ssd, drmsnorm_weight, _, _, dw_partial = ordered_rmsnorm_gated_bwd(
-            rearrange(dout, "b s h p -> (b s) (h p)"), rearrange(out_x, "b s h p -> (b s) (h p)"), rmsnorm_weight,
-            rmsnorm_eps, rstd, rows_per_program=rmsnorm_rows_per_program(seqlen, chunk_size),
-            z=rearrange(z_heads, "b s h p -> (b s) (h p)"), group_size=dim // ngroups,
-            norm_before_gate=norm_before_gate, recompute_output=recompute_output,
-            dz=rearrange(dz, "b l d -> (b l) d"),
-            out=rearrange(out1_recompute, "b s d -> (b s) d") if recompute_output else None,
-            examples=batch if literal else None)
-        partials["drmsnorm_weight"] = dw_partial.view(batch, -1, dw_partial.shape[-1])
-        out_for_linear = out_recompute if recompute_output else None
-        dout_ssd = rearrange(dout_ssd, "(b s) (h p) -> b s h p", b=batch, p=headdim)
-        (_, _, dA, _, _, dD, _, ddt_bias, dinit, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
-            dout_ssd, x, dt, A, B, C, out_x, chunk_size, z=None, **ssd_kw)
-    partials.update(ssd_parts)
-    dA = dA.to(A.dtype)
-    dD = dD.to(D.dtype)
-    ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
-    doutproj_weight = doutproj_bias = None
-    if outproj_weight is not None:
-        doutproj_weight, doutproj_bias = ordered_linear_weight_grad(
-            dout_og, out_for_linear.to(dout_og.dtype), outproj_weight.dtype,
-            outproj_bias.dtype if outproj_bias is not None else None)
-    _, dweight, dbias, dw_part, db_part = ordered_causal_conv1d_bwd(
-        rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias, rearrange(dxBC, "b s d -> b d s"),
-        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal)
-    partials["dconv1d_weight"] = dw_part
-    partials["dconv1d_bias"] = db_part
-    if dinit is not None:
-        dinit = dinit.to(initial_states.dtype)
-    result = (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias, dinit)
-    return (result, partials) if return_partials else result
-
-
-# ----------------------------------------------------------------------------------------------- autograd
-class OrderedMambaChunkScanCombinedFn(torch.autograd.Function):
-    """Ordered ``MambaChunkScanCombinedFn``: returns as upstream (``out``, then ``final_states`` and/or
-    ``varlen_states`` when asked); the gradient of ``initial_states`` is per example."""
-
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                dt_limit, return_final_states, return_varlen_states, literal):
+@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined", mutates_args=(), tags=OP_TAGS)
+def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+                D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float],
+                return_final_states: bool, return_varlen_states: bool, literal: bool,
+                autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, out_x, final_states, varlen_states)``: out [B, L, H, P] (gated with z); out_x the ungated output
+    (:func:`absent` without z); final_states [B, H, P, N] fp32 (always computed by the forward); varlen_states
+    [S, H, P, N] (dtype of C) with ``return_varlen_states``, else :func:`absent`."""
+    with autocast_context(autocast):
         out, out_x, _, _, _, final_states, *rest = ordered_mamba_chunk_scan_combined_fwd(
-            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-            seq_idx=seq_idx, initial_states=initial_states, cu_seqlens=cu_seqlens if return_varlen_states else None)
-        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
-        ctx.args = (chunk_size, dt_softplus, dt_limit, literal, return_final_states, return_varlen_states)
-        extra = ((final_states,) if return_final_states else ()) + (tuple(rest) if return_varlen_states else ())
-        if return_varlen_states:
-            ctx.mark_non_differentiable(rest[0])
-        return (out, *extra) if extra else out
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
+            dt_limit=tuple(dt_limit), seq_idx=seq_idx, initial_states=initial_states,
+            cu_seqlens=cu_seqlens if return_varlen_states else None)
+    return (out.contiguous(), (out_x.contiguous() if z is not None else absent(x)), final_states.contiguous(),
+            (rest[0].contiguous() if return_varlen_states else absent(x)))
 
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout, *dextra):
-        out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
-        chunk_size, dt_softplus, dt_limit, literal, return_final_states, return_varlen_states = ctx.args
-        if return_varlen_states:
-            raise NotImplementedError("ordered_mamba_chunk_scan_combined: no backward with return_varlen_states=True "
-                                      "(as upstream); run the forward without it to train")
-        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit, _ = ordered_mamba_chunk_scan_combined_bwd(
+
+@_chunk_scan.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
+      return_final_states, return_varlen_states, literal, autocast):
+    Bsz, _, H, P = x.shape
+    final_states = x.new_empty((Bsz, H, P, B.shape[-1]), dtype=torch.float32)
+    varlen_states = (C.new_empty((cu_seqlens.shape[0] - 1, H, P, B.shape[-1])) if return_varlen_states
+                     else absent(x))
+    return dense(x), (dense(x) if z is not None else absent(x)), final_states, varlen_states
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
+def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
+                         z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                         initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
+                         seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
+                         autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+    """``[dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states]``, each in its input's dtype (:func:`absent` for
+    a None input)."""
+    with autocast_context(autocast):
+        grads = ordered_mamba_chunk_scan_combined_bwd(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus,
-            dt_limit=dt_limit, seq_idx=seq_idx, initial_states=initial_states,
-            dfinal_states=dextra[0] if return_final_states else None, literal=literal)
-        dA = dA.to(A.dtype)
-        dD = dD.to(D.dtype) if dD is not None else None
-        ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
-        dinit = dinit.to(initial_states.dtype) if dinit is not None else None
-        return dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinit, *([None] * 7)
+            dt_limit=tuple(dt_limit), seq_idx=seq_idx, initial_states=initial_states, dfinal_states=dfinal_states,
+            literal=literal)[:9]
+    return as_dtype_of(grads, (x, dt, A, B, C, D, z, dt_bias, initial_states), x)
 
 
-class OrderedMambaSplitConv1dScanCombinedFn(torch.autograd.Function):
-    """Ordered ``MambaSplitConv1dScanCombinedFn``: conv1d + SSD + gated RMSNorm + out_proj."""
-
-    @staticmethod
-    @custom_fwd
-    def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
-                return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
-                ngroups, norm_before_gate, literal):
-        out, saved = ordered_mamba_split_conv1d_scan_combined_fwd(
-            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx, dt_limit=dt_limit,
-            activation=activation, rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps,
-            outproj_weight=outproj_weight, outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
-            norm_before_gate=norm_before_gate, initial_states=initial_states)
-        ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, saved["out_x"], A, D, dt_bias, seq_idx,
-                              rmsnorm_weight, saved["rstd"], outproj_weight, outproj_bias, initial_states)
-        ctx.saved_meta = {k: v for k, v in saved.items() if k not in ("out_x", "rstd", "final_states")}
-        ctx.args = (chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal, return_final_states)
-        return (out, saved["final_states"]) if return_final_states else out
-
-    @staticmethod
-    @custom_bwd
-    @once_differentiable
-    def backward(ctx, dout, *dextra):
-        (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
-         outproj_bias, initial_states) = ctx.saved_tensors
-        chunk_size, dt_limit, activation, rmsnorm_eps, norm_before_gate, literal, return_final_states = ctx.args
-        (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias,
-         dinit) = ordered_mamba_split_conv1d_scan_combined_bwd(
-            dout.contiguous() if dout.stride(-1) != 1 else dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D,
-            dt_bias, chunk_size, saved=ctx.saved_meta, seq_idx=seq_idx, dt_limit=dt_limit, activation=activation,
-            rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps, rstd=rstd, outproj_weight=outproj_weight,
-            outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal,
-            initial_states=initial_states, dfinal_states=dextra[0] if return_final_states else None)
-        return (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, None, dinit, None, None, None, None,
-                drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None, None)
+@_chunk_scan_backward.register_fake
+def _(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states, seq_idx, dt_softplus,
+      dt_limit, literal, autocast):
+    return [dense(t) if t is not None else absent(x) for t in (x, dt, A, B, C, D, z, dt_bias, initial_states)]
 
 
-# --------------------------------------------------------------------------------------------- public functions
-def _check_states_args(x_shape, dstate, device, initial_states, cu_seqlens, seq_idx, return_varlen_states):
-    """The checks of ``initial_states`` [B, H, P, N] and ``cu_seqlens`` shared by the public functions (before any
-    kernel); ``x_shape`` is (B, L, H, P)."""
-    Bsz, L, H, P = x_shape
-    _checks.check_initial_states(initial_states, shape=(Bsz, H, P, dstate), device=device)
-    if return_varlen_states and cu_seqlens is None:
-        raise ValueError("cu_seqlens: required with return_varlen_states=True, got None")
-    if cu_seqlens is not None:
-        _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=device, seq_idx=seq_idx)
+def _chunk_scan_setup_context(ctx, inputs, output):
+    (x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
+     return_final_states, return_varlen_states, literal, autocast) = inputs
+    out, out_x, final_states, varlen_states = output
+    ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx,
+                          final_states)
+    auxiliary_outputs(ctx, out_x, varlen_states)
+    ctx.args = (chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast)
 
 
+def _chunk_scan_bwd(ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
+    out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, final_states = ctx.saved_tensors
+    chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast = ctx.args
+    if return_varlen_states:
+        raise NotImplementedError("ordered_mamba_chunk_scan_combined: no backward with return_varlen_states=True "
+                                  "(as upstream); run the forward without it to train")
+    # Gradients of returned outputs that did not reach the loss are zeros, as autograd materialised them for the
+    # former autograd.Function (final_states is returned to the caller only with return_final_states).
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if not return_final_states:
+        dfinal_states = None
+    elif dfinal_states is None:
+        dfinal_states = torch.zeros_like(final_states)
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = _chunk_scan_backward(
+        dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states, seq_idx, dt_softplus,
+        dt_limit, literal, autocast)
+    return (dx, ddt, dA, dB, dC, None, or_none(dD, D), or_none(dz, z), or_none(ddt_bias, dt_bias),
+            or_none(dinit, initial_states), None, None, None, None, None, None, None, None)
+
+
+_chunk_scan.register_autograd(_chunk_scan_bwd, setup_context=_chunk_scan_setup_context)
+
+
+# --------------------------------------------------------------------------------------------- public function
 def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
                                       initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=False,
                                       dt_limit=NO_LIMIT, return_final_states=False, return_varlen_states=False,
@@ -522,65 +351,12 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
             ``cu_seqlens``; then ValueError for non-CUDA tensors. NaN/inf values are not checked: they propagate.
     """
     check_chunk_scan_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
-    _check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
+    check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
     require_cuda("x", x)
-    return OrderedMambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                                 cu_seqlens, dt_softplus, tuple(dt_limit), bool(return_final_states),
-                                                 bool(return_varlen_states), literal)
-
-
-def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
-                                             initial_states=None, seq_idx=None, dt_limit=NO_LIMIT,
-                                             return_final_states=False, activation="silu", rmsnorm_weight=None,
-                                             rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
-                                             ngroups=1, norm_before_gate=True, *, literal=False):
-    """Ordered ``mamba_split_conv1d_scan_combined``: the whole Mamba-2 layer after in_proj.
-
-    Args (as upstream):
-        zxbcdt: [B, L, 2 d_mlp + 2 d_ssm + 2 G N + H]; conv1d_weight: [d_ssm + 2 G N, W]; conv1d_bias: same first
-        dim or None; dt_bias: [H]; A: [H] fp32; D: [H] (then ``headdim`` is required) or [H, P]; chunk_size: int;
-        initial_states: [B, H, P, N] SSM state before position 0 (the conv starts from zeros, as upstream), with a
-        per-example gradient; seq_idx: [B, L] int32; dt_limit: (min, max); return_final_states: also return the SSM
-        state after position L - 1 ([B, H, P, N] fp32); activation: "silu"/"swish"/None; rmsnorm_weight: [d_ssm] or
-        None (plain ``silu(z)`` gate); outproj_weight: [d_out, d_mlp + d_ssm] or None; outproj_bias: [d_out] or
-        None; ngroups: G; norm_before_gate: bool. ``literal``: per-example kernel launches in the backward.
-
-    Returns:
-        [B, L, d_out] (or [B, L, d_mlp + d_ssm] without out_proj); ``(out, final_states)`` with
-        ``return_final_states``.
-
-    Raises:
-        TypeError / ValueError (naming the argument, before any kernel;
-            :func:`~ordered_ssd.ops.common.check_split_conv1d_scan_args`): a dtype outside fp32/fp16/bf16, ``D``
-            1-d without ``headdim``, shapes that do not fit together, a conv width outside 2..4, ``chunk_size`` not
-            an int >= 1, mixed devices, a tensor of the CUDA path reaching 2**31 elements; ``initial_states`` not
-            floating, of another shape or device; then ValueError for non-CUDA tensors. NaN/inf values are not
-            checked: they propagate.
-    """
-    check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx,
-                                 rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
-                                 outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups)
-    if initial_states is not None:
-        nheads, hdim, dstate, _ = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
-        _check_states_args((zxbcdt.shape[0], zxbcdt.shape[1], nheads, hdim), dstate, zxbcdt.device, initial_states,
-                           None, None, False)
-    require_cuda("zxbcdt", zxbcdt)
-    seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return OrderedMambaSplitConv1dScanCombinedFn.apply(
-        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, tuple(dt_limit),
-        bool(return_final_states), activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim,
-        ngroups, norm_before_gate, literal)
-
-
-def split_conv1d_scan_partials(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, dout, *, literal=False,
-                               **kwargs):
-    """Forward + ordered backward without autograd, returning the per-example partials of every SSD parameter
-    (``dA_partial``, ``ddt_bias_partial``, ``dD_partial``, ``drmsnorm_weight``, ``dconv1d_weight``,
-    ``dconv1d_bias``; leading axis = example) and the folded gradients. For tests and debugging."""
-    _, saved = ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
-                                                            chunk_size, **kwargs)
-    kw = {k: v for k, v in kwargs.items() if k not in ("headdim", "ngroups")}
-    grads, partials = ordered_mamba_split_conv1d_scan_combined_bwd(
-        dout, zxbcdt, conv1d_weight, conv1d_bias, saved["out_x"], A, D, dt_bias, chunk_size, saved=saved,
-        rstd=saved["rstd"], literal=literal, return_partials=True, **kw)
-    return grads, partials
+    return_final_states, return_varlen_states = bool(return_final_states), bool(return_varlen_states)
+    out, _, final_states, varlen_states = _chunk_scan(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+        cu_seqlens if return_varlen_states else None, bool(dt_softplus), [float(v) for v in dt_limit],
+        return_final_states, return_varlen_states, bool(literal), autocast_dtype(x))
+    extra = ((final_states,) if return_final_states else ()) + ((varlen_states,) if return_varlen_states else ())
+    return (out, *extra) if extra else out

@@ -11,11 +11,10 @@ Imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`
 from .decode import reference_causal_conv1d_update, reference_mamba2_step, reference_selective_state_update
 from .naive import (Mamba2Dims, Mamba2Params, discretize_dt, reference_causal_conv1d, reference_chunk_scan,
                     reference_conv_state, reference_gated_rmsnorm, reference_mamba2_layer, reference_sequential_scan)
-from .ordered import (OrderedReferenceMamba2Function, ordered_reference_mamba2, ordered_reference_mamba2_bwd,
-                      ordered_reference_mamba2_fwd)
+from .ordered import ordered_reference_mamba2, ordered_reference_mamba2_bwd, ordered_reference_mamba2_fwd
 
 __all__ = ["Mamba2Dims", "Mamba2Params", "discretize_dt", "reference_causal_conv1d", "reference_chunk_scan",
            "reference_sequential_scan", "reference_gated_rmsnorm", "reference_mamba2_layer",
-           "ordered_reference_mamba2_fwd", "ordered_reference_mamba2_bwd", "OrderedReferenceMamba2Function",
-           "ordered_reference_mamba2", "reference_conv_state", "reference_causal_conv1d_update",
-           "reference_selective_state_update", "reference_mamba2_step"]
+           "ordered_reference_mamba2_fwd", "ordered_reference_mamba2_bwd", "ordered_reference_mamba2",
+           "reference_conv_state", "reference_causal_conv1d_update", "reference_selective_state_update",
+           "reference_mamba2_step"]

@@ -4,8 +4,9 @@ Layers, as everywhere in ordered-ssd:
 
 * composition: :func:`ordered_reference_mamba2_fwd` / :func:`ordered_reference_mamba2_bwd`,
   plain functions, testable without the autograd Function;
-* autograd: :class:`OrderedReferenceMamba2Function` and the wrapper
-  :func:`ordered_reference_mamba2`.
+* the custom op ``ordered_ssd::reference_mamba2`` (``torch.library``; a fake, and autograd through the custom op
+  ``ordered_ssd::reference_mamba2_backward``), opaque to ``torch.compile`` so that a compiled model runs exactly
+  the eager computation, and the wrapper :func:`ordered_reference_mamba2`.
 
 The backward computes, for each example ``b`` alone (a batch of one, the same shapes for every
 ``b``), the input gradient and the gradient of every parameter, and folds the parameter gradients
@@ -17,6 +18,7 @@ over ``b = 0, 1, ..., B-1`` with :class:`ordered_ssd.fold.LexicalFold`. Hence:
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Tuple
 
 import torch
@@ -27,7 +29,6 @@ from .naive import Mamba2Dims, Mamba2Params, reference_mamba2_layer
 __all__ = [
     "ordered_reference_mamba2_fwd",
     "ordered_reference_mamba2_bwd",
-    "OrderedReferenceMamba2Function",
     "ordered_reference_mamba2",
 ]
 
@@ -94,34 +95,109 @@ def ordered_reference_mamba2_bwd(
     return du, Mamba2Params(*folded), partials
 
 
-class OrderedReferenceMamba2Function(torch.autograd.Function):
-    """Autograd Function over the reference layer with the ordered (per-example, lexical) backward.
+# --------------------------------------------------------------------------------------------- custom op
+_NAMESPACE = "ordered_ssd"  # as ordered_ssd.ops.common.NAMESPACE (this package imports nothing from the CUDA path)
+OP_TAGS = (torch.Tag.needs_exact_strides,)  # as ordered_ssd.ops.common.OP_TAGS
+_AUTOGRAD_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradOther)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradNestedTensor)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView))
 
-    ``forward(ctx, u, seq_idx, dims, *params)`` with ``params`` the ten fields of
-    :class:`Mamba2Params` in order. Returns [B, L, d_model].
+
+@contextlib.contextmanager
+def _autograd_inside_custom_op():
+    """Let autograd record again inside a custom op's body, where torch excludes the autograd dispatch keys.
+
+    The ordered backward differentiates the reference layer per example with ``torch.autograd.grad``; inside the
+    backward custom op that needs the autograd keys back (``torch.func.vjp`` would work too, but gives other bits
+    than ``torch.autograd.grad`` for some inputs, and the bits of this path are recorded in
+    ``tests/data/layer_digests.json``). Uses torch's dispatch-key TLS guard; restores the state on exit.
     """
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude - _AUTOGRAD_KEYS):
+        yield
 
-    @staticmethod
-    def forward(ctx, u, seq_idx, dims, *params):
-        ctx.dims = dims
-        ctx.has_seq_idx = seq_idx is not None
-        ctx.save_for_backward(u, seq_idx, *params)
-        return ordered_reference_mamba2_fwd(u, Mamba2Params(*params), dims, seq_idx)
 
-    @staticmethod
-    def backward(ctx, dout):
-        u, seq_idx, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        du, grads, _ = ordered_reference_mamba2_bwd(
-            dout.contiguous(), u, Mamba2Params(*params), ctx.dims, seq_idx if ctx.has_seq_idx else None,
-            needs_input_grad=needs[0], needs_param_grad=tuple(needs[3:]))
-        return (du, None, None, *grads)
+def _dims_args(dims: Mamba2Dims) -> tuple:
+    return (dims.d_model, dims.d_inner, dims.d_ssm, dims.headdim, dims.ngroups, dims.d_state, dims.d_conv,
+            dims.chunk_size, [float(v) for v in dims.dt_limit], dims.rmsnorm, dims.norm_before_gate,
+            float(dims.norm_eps), dims.D_has_hdim)
+
+
+def _dims_of(d_model, d_inner, d_ssm, headdim, ngroups, d_state, d_conv, chunk_size, dt_limit, rmsnorm,
+             norm_before_gate, norm_eps, D_has_hdim) -> Mamba2Dims:
+    return Mamba2Dims(d_model=d_model, d_inner=d_inner, d_ssm=d_ssm, headdim=headdim, ngroups=ngroups,
+                      d_state=d_state, d_conv=d_conv, chunk_size=chunk_size, dt_limit=tuple(dt_limit),
+                      rmsnorm=rmsnorm, norm_before_gate=norm_before_gate, norm_eps=norm_eps, D_has_hdim=D_has_hdim)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::reference_mamba2", mutates_args=(), tags=OP_TAGS)
+def _reference_mamba2(u: torch.Tensor, seq_idx: Optional[torch.Tensor], in_proj_weight: torch.Tensor,
+                      in_proj_bias: Optional[torch.Tensor], conv1d_weight: torch.Tensor,
+                      conv1d_bias: Optional[torch.Tensor], dt_bias: torch.Tensor, A_log: torch.Tensor, D: torch.Tensor,
+                      norm_weight: Optional[torch.Tensor], out_proj_weight: torch.Tensor,
+                      out_proj_bias: Optional[torch.Tensor], d_model: int, d_inner: int, d_ssm: int, headdim: int,
+                      ngroups: int, d_state: int, d_conv: int, chunk_size: int, dt_limit: List[float], rmsnorm: bool,
+                      norm_before_gate: bool, norm_eps: float, D_has_hdim: bool) -> torch.Tensor:
+    params = Mamba2Params(in_proj_weight, in_proj_bias, conv1d_weight, conv1d_bias, dt_bias, A_log, D, norm_weight,
+                          out_proj_weight, out_proj_bias)
+    dims = _dims_of(d_model, d_inner, d_ssm, headdim, ngroups, d_state, d_conv, chunk_size, dt_limit, rmsnorm,
+                    norm_before_gate, norm_eps, D_has_hdim)
+    with torch.autocast(u.device.type, enabled=False):  # as under torch.compile, where the body runs without it
+        return ordered_reference_mamba2_fwd(u, params, dims, seq_idx).contiguous()
+
+
+@_reference_mamba2.register_fake
+def _(u, seq_idx, in_proj_weight, *rest):
+    out_proj_weight = rest[7]
+    return u.new_empty((*u.shape[:-1], out_proj_weight.shape[0]))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::reference_mamba2_backward", mutates_args=(), tags=OP_TAGS)
+def _reference_mamba2_backward(dout: torch.Tensor, u: torch.Tensor, seq_idx: Optional[torch.Tensor],
+                               params: List[Optional[torch.Tensor]], needs_grad: List[bool], d_model: int,
+                               d_inner: int, d_ssm: int, headdim: int, ngroups: int, d_state: int, d_conv: int,
+                               chunk_size: int, dt_limit: List[float], rmsnorm: bool, norm_before_gate: bool,
+                               norm_eps: float, D_has_hdim: bool) -> List[torch.Tensor]:
+    """``[du, *grads]`` (the ten fields of :class:`Mamba2Params`); an empty tensor where not computed."""
+    dims = _dims_of(d_model, d_inner, d_ssm, headdim, ngroups, d_state, d_conv, chunk_size, dt_limit, rmsnorm,
+                    norm_before_gate, norm_eps, D_has_hdim)
+    with _autograd_inside_custom_op(), torch.autocast(u.device.type, enabled=False):
+        du, grads, _ = ordered_reference_mamba2_bwd(dout.contiguous(), u, Mamba2Params(*params), dims, seq_idx,
+                                                    needs_input_grad=needs_grad[0],
+                                                    needs_param_grad=tuple(needs_grad[1:]))
+    return [g.contiguous() if g is not None else u.new_empty((0,)) for g in (du, *grads)]
+
+
+@_reference_mamba2_backward.register_fake
+def _(dout, u, seq_idx, params, needs_grad, *dims):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and need else u.new_empty((0,))
+            for t, need in zip((u, *params), needs_grad)]
+
+
+def _reference_setup_context(ctx, inputs, output):
+    u, seq_idx, *rest = inputs
+    ctx.save_for_backward(u, seq_idx, *rest[:10])
+    ctx.dims = rest[10:]
+
+
+def _reference_bwd(ctx, dout):
+    u, seq_idx, *params = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    needs_grad = [needs[0]] + [bool(n) and p is not None for n, p in zip(needs[2:12], params)]
+    grads = _reference_mamba2_backward(dout, u, seq_idx, params, needs_grad, *ctx.dims)
+    return (grads[0] if needs_grad[0] else None, None,
+            *(g if need else None for g, need in zip(grads[1:], needs_grad[1:])), *([None] * len(ctx.dims)))
+
+
+_reference_mamba2.register_autograd(_reference_bwd, setup_context=_reference_setup_context)
 
 
 def ordered_reference_mamba2(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
                              seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Differentiable reference layer whose backward is ordered (see the module docstring).
+    """Differentiable reference layer whose backward is ordered (see the module docstring): the custom op
+    ``ordered_ssd::reference_mamba2`` (traced by ``torch.compile`` without a graph break, run as in eager mode).
 
     No argument checking happens here; :class:`ordered_ssd.OrderedMamba2` validates its inputs.
     """
-    return OrderedReferenceMamba2Function.apply(u, seq_idx, dims, *params)
+    return _reference_mamba2(u, seq_idx, *params, *_dims_args(dims))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers import make_layer
-from ordered_ssd import OrderedMamba2
+from ordered_ssd import OrderedMamba2, validate_seq_idx
 
 BASE = dict(d_model=16, d_state=8, headdim=8, chunk_size=8)
 
@@ -67,8 +67,6 @@ def _bad_forward_cases():
          r"seq_idx: expected an integer dtype"),
         ("seq_idx shape", lambda: (torch.randn(2, 5, 16, **f32),),
          dict(seq_idx=torch.zeros(2, 4, dtype=torch.int32)), ValueError, r"seq_idx: expected shape \(B, L\) = \(2, 5\)"),
-        ("seq_idx order", lambda: (torch.randn(1, 3, 16, **f32),),
-         dict(seq_idx=torch.tensor([[0, 1, 0]], dtype=torch.int32)), ValueError, r"seq_idx: expected non-decreasing"),
         ("seq_idx type", lambda: (torch.randn(1, 3, 16, **f32),), dict(seq_idx=[0, 0, 0]), TypeError,
          r"seq_idx: expected a torch.Tensor"),
         ("inference_params type", lambda: (torch.randn(1, 3, 16, **f32),), dict(inference_params=object()),
@@ -109,6 +107,28 @@ def test_forward_rejects_before_computing(name, make_args, kwargs, exc, pattern)
     for k, v in layer.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(p.grad is None for p in layer.parameters())
+
+
+def test_seq_idx_values_are_checked_only_on_request():
+    """The values of seq_idx are read on the host only when asked (validate_seq_idx, or the layer attribute), so a
+    forward has no device synchronisation by default; asked, a decreasing row is refused before anything runs."""
+    layer = make_layer(seed=0, dtype=torch.float32, **BASE)
+    u = torch.randn(2, 4, 16)
+    falling = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 0]], dtype=torch.int32)
+    assert not layer.validate_seq_idx
+    assert layer(u, seq_idx=falling).shape == u.shape  # not checked by default (no host read)
+    layer.validate_seq_idx = True
+    with pytest.raises(ValueError, match=r"^seq_idx: expected non-decreasing ids .* row 1 from 1 to 0 at position 3$"):
+        layer(u, seq_idx=falling)
+    assert layer(u, seq_idx=torch.tensor([[0, 0, 1, 1], [0, 1, 1, 2]], dtype=torch.int32)).shape == u.shape
+    with pytest.raises(ValueError, match=r"^seq_idx: expected non-decreasing ids .* row 1 from 1 to 0 at position 3$"):
+        validate_seq_idx(falling)
+    validate_seq_idx(torch.zeros(3, 1, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"^seq_idx: expected an integer dtype"):
+        validate_seq_idx(falling.float())
+    with pytest.raises(ValueError, match=r"^seq_idx: expected a 2-d tensor \[B, L\], got shape \(4,\)"):
+        validate_seq_idx(falling[0])
+
 
 
 def test_backend_attribute_is_validated_and_forces_the_path(monkeypatch):

@@ -1,4 +1,4 @@
-"""ordered_ssd.ops.linear on the CPU: the composition, the Function and the public function give the per-example
+"""ordered_ssd.ops.linear on the CPU: the composition, the custom op and the public function give the per-example
 lexical fold of the weight and bias gradients (the CPU path of the same algorithm the CUDA path runs for long
 sequences), and bad input is refused before anything runs."""
 import pytest

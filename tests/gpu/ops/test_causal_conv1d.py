@@ -1,6 +1,6 @@
 """ordered_ssd.ops.causal_conv1d on the GPU.
 
-* the Function's gradients are its composition's, and ``dweight``/``dbias`` are the folds of the per-(example, tile)
+* the custom op's gradients are its composition's, and ``dweight``/``dbias`` are the folds of the per-(example, tile)
   partials, example then tile; fresh buffers full of NaN change nothing;
 * ``dx`` has the bits of causal-conv1d's own batched backward (``causal_conv1d_bwd_function``), with and without
   ``seq_idx``;

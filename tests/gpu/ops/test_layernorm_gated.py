@@ -1,4 +1,4 @@
-"""ordered_ssd.ops.layernorm_gated on the GPU: the Function's gradients are its composition's; one launch and the
+"""ordered_ssd.ops.layernorm_gated on the GPU: the custom op's gradients are its composition's; one launch and the
 literal per-example launches give the same bits; fresh buffers full of NaN change nothing."""
 import pytest
 import torch
