@@ -86,8 +86,9 @@ def launch_causal_conv1d_bwd_dx(x, weight, bias, dout, *, silu_activation=True, 
     """``dx`` of the causal conv1d (+ SiLU), one launch for the whole batch. Source:
     ``causal_conv1d_cuda.causal_conv1d_bwd`` (channel-first or channel-last kernel, chosen by causal-conv1d from the
     strides of ``x``); ``dx`` has no atomics in either kernel, so it is deterministic. The op's weight/bias
-    gradients (``atomicAdd``) go to two scratch fp32 buffers (``[D, W]``, ``[D]``), allocated here (uninitialised:
-    they are never read) and discarded.
+    gradients (``atomicAdd``) go to two scratch fp32 buffers (``[D, W]``, ``[D]``), allocated here and discarded. They
+    are zeroed first although their values never matter: ``atomicAdd`` reads what it adds to, and compute-sanitizer's
+    initcheck reports a read of never-written memory (``benchmarks/sanitize.sh``).
 
     Args:
         x: ``[B, D, L]`` with stride 1 in ``L`` (channel-first) or in ``D`` (channel-last, e.g. a rearranged
@@ -120,8 +121,8 @@ def launch_causal_conv1d_bwd_dx(x, weight, bias, dout, *, silu_activation=True, 
     if batch == 0 or seqlen == 0 or dim == 0:
         return dx
     # the op adds its (atomic) weight/bias gradients into these; never read, so never zeroed
-    scratch_w = torch.empty(dim, width, dtype=torch.float32, device=x.device)
-    scratch_b = torch.empty(dim, dtype=torch.float32, device=x.device) if bias is not None else None
+    scratch_w = torch.zeros(dim, width, dtype=torch.float32, device=x.device)
+    scratch_b = torch.zeros(dim, dtype=torch.float32, device=x.device) if bias is not None else None
     with device_guard(x):
         op(x, weight, bias, dout, seq_idx, None, None, dx, scratch_w, scratch_b, None, bool(silu_activation))
     return dx
