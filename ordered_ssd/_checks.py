@@ -54,24 +54,24 @@ def check_tensor(name: str, value) -> torch.Tensor:
 
 
 def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: torch.device,
-                      allowed_dtypes: Sequence[torch.dtype]) -> None:
+                      allowed_dtypes: Sequence[torch.dtype], name: str = "u") -> None:
     """``u`` must be a [B, L, d_model] floating tensor with B, L >= 1 on the layer's device and of the layer's
     dtype (``dtype=None``, under autocast: any of ``allowed_dtypes``)."""
-    check_tensor("u", u)
+    check_tensor(name, u)
     if u.dim() != 3:
-        raise ValueError(f"u: expected a 3-d tensor [B, L, d_model={d_model}], got shape {tuple(u.shape)}")
+        raise ValueError(f"{name}: expected a 3-d tensor [B, L, d_model={d_model}], got shape {tuple(u.shape)}")
     Bsz, L, d = u.shape
     if d != d_model:
-        raise ValueError(f"u: expected last dimension d_model={d_model}, got shape {tuple(u.shape)}")
+        raise ValueError(f"{name}: expected last dimension d_model={d_model}, got shape {tuple(u.shape)}")
     if Bsz < 1 or L < 1:
-        raise ValueError(f"u: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
+        raise ValueError(f"{name}: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
     if u.device != device:  # first: the dtypes allowed depend on the device
-        raise ValueError(f"u: expected device {device} (the device of the layer's parameters), got {u.device}")
+        raise ValueError(f"{name}: expected device {device} (the device of the layer's parameters), got {u.device}")
     if u.dtype not in allowed_dtypes:
         names = ", ".join(str(t) for t in allowed_dtypes)
-        raise TypeError(f"u: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
+        raise TypeError(f"{name}: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:
-        raise TypeError(f"u: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
+        raise TypeError(f"{name}: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
 
 
 def check_seq_idx(seq_idx: Optional[torch.Tensor], *, batch: int, seqlen: int, device: torch.device,

@@ -70,14 +70,20 @@ def _swap(model: nn.Module, matches: Callable[[nn.Module], bool], build: Callabl
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if matches(model):
         return build(model)
-    targets = [(name, module) for name, module in model.named_modules() if name and matches(module)]
+    # every registration, duplicates included: a layer registered under two names is replaced under both, by one
+    # new layer (built once per layer object)
+    targets = [(name, module) for name, module in model.named_modules(remove_duplicate=False)
+               if name and matches(module)]
     if not targets:
         raise ValueError(f"model: expected at least one {what} module, found none")
-    built = [(name, build(module)) for name, module in targets]  # every layer checked before any is replaced
-    for name, module in built:
+    new_of = {}
+    for _, module in targets:  # every layer checked and built before any is replaced
+        if id(module) not in new_of:
+            new_of[id(module)] = build(module)
+    for name, module in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, leaf, module)
+        setattr(parent, leaf, new_of[id(module)])
     return model
 
 

@@ -129,3 +129,11 @@ def test_convert_to_mamba2_without_mamba_ssm_names_the_install():
     with pytest.raises(ImportError, match=r"mamba-ssm.*pip install"):
         convert_to_mamba2(model)
     assert type(model[0]) is OrderedMamba2
+
+
+def test_a_layer_registered_twice_is_replaced_under_both_names_by_one_layer():
+    model = nn.Module()
+    model.a = Mamba2(**ARGS, layer_idx=0)
+    model.b = model.a
+    convert_to_ordered(model)
+    assert type(model.a) is OrderedMamba2 and model.b is model.a

@@ -143,7 +143,7 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
             source = (f"directory {path} ({len(files)} files, sorted by path; skipped {len(skipped)} special "
                       f"file(s), not regular files: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})")
     elif _is_special(path):
-        raise DataError(f"--data: {path} is not a regular file or a directory (a FIFO, device or socket)")
+        raise DataError(f"--data: expected a regular file or a directory, got {path} (a FIFO, device or socket)")
     else:
         raise DataError(f"--data: expected an existing file or directory, got {path} (no such file or directory)")
     chunks, total, binary = [], 0, []

@@ -82,7 +82,7 @@ def step(layer, u, conv_state, ssm_state):
     backend = layer.backend_for(u)
     _checks.check_layer_input(u, d_model=layer.d_model, dtype=w.dtype, device=w.device,
                               allowed_dtypes=(torch.float32, torch.float16, torch.bfloat16) if backend == "cuda"
-                              else (torch.float32, torch.float64))
+                              else (torch.float32, torch.float64), name="hidden_states")
     check_cache(layer, conv_state, ssm_state, u.shape[0], u.device)
     with torch.no_grad():
         if backend == "cuda":

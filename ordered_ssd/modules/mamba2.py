@@ -370,7 +370,7 @@ class OrderedMamba2(nn.Module):
             backend = "cuda" if u.device.type == "cuda" and u.dtype != torch.float64 else "reference"
         if backend == "cuda":
             if u.device.type != "cuda":
-                raise ValueError(f"backend: 'cuda' needs u on a CUDA device, got u on {u.device}")
+                raise ValueError(f"u: expected a CUDA tensor (layer.backend is 'cuda'), got device {u.device}")
             if not _cuda_path_ok():  # a constant for torch.compile (see _mark_native_check_constant)
                 _, why, exc = _cuda_path_status()
                 raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why}. Install the native "

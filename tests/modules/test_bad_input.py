@@ -138,7 +138,7 @@ def test_backend_attribute_is_validated_and_forces_the_path(monkeypatch):
     with pytest.raises(ValueError, match=r"backend: expected None, 'cuda' or 'reference', got 'fast'"):
         layer(u)
     layer.backend = "cuda"
-    with pytest.raises(ValueError, match=r"backend: 'cuda' needs u on a CUDA device, got u on cpu"):
+    with pytest.raises(ValueError, match=r"u: expected a CUDA tensor \(layer.backend is 'cuda'\), got device cpu"):
         layer(u)
     layer.backend = "reference"
     assert layer.backend_for(u) == "reference"
@@ -172,7 +172,7 @@ def test_decoding_rejects_bad_input_before_computing():
     cases = [
         (lambda: layer.step(torch.randn(2, 2, 16), conv_state, ssm_state), ValueError,
          r"^hidden_states: expected \[B, 1, d_model\] \(one token per example\), got \(2, 2, 16\)"),
-        (lambda: layer.step(u.double(), conv_state, ssm_state), TypeError, r"^u: expected dtype torch.float32"),
+        (lambda: layer.step(u.double(), conv_state, ssm_state), TypeError, r"^hidden_states: expected dtype torch.float32"),
         (lambda: layer.step(u, conv_state[:1], ssm_state), ValueError,
          r"^conv_state: expected shape \(2, 48, 4\), got \(1, 48, 4\)"),
         (lambda: layer.step(u, conv_state, ssm_state[..., :3]), ValueError, r"^ssm_state: expected shape"),

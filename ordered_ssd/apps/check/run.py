@@ -51,6 +51,9 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     """
     if nproc is not None:
         _check_nproc(spec, nproc)
+    if spec["steps"] < 2:  # the restart replay stops at a step 0 < k < steps (default: steps // 2)
+        raise CheckError(f"--steps: expected at least 2 (the replay restarts from a step in between), "
+                         f"got {spec['steps']}")
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
     corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made

@@ -26,7 +26,7 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise DataError(f"--device: expected cpu, cuda, cuda:N or auto, got {name!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DataError(f"--device: {name} requested but no CUDA device is available")
+        raise DataError(f"--device: expected a device that is available here, got {name} (no CUDA device)")
     if device.type not in ("cpu", "cuda"):
         raise DataError(f"--device: expected cpu or cuda, got {name!r}")
     if device.type == "cuda":

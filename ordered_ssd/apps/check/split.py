@@ -123,6 +123,9 @@ def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int
     if accumulate not in ACCUMULATE:
         raise CheckError(f"--accumulate: expected one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
     block = check_splits(spec, splits)
+    if spec["steps"] < 2:  # the restart replay stops at a step 0 < k < steps (default: steps // 2)
+        raise CheckError(f"--steps: expected at least 2 (the replay restarts from a step in between), "
+                         f"got {spec['steps']}")
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
     corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made

@@ -106,7 +106,7 @@ def test_special_files_in_data_are_skipped_and_named(tmp_path):
     data, source = load_corpus(str(corpus), 10_000)  # would block forever reading the FIFO
     assert data == b"hello world\n" * 100
     assert "(1 files, sorted by path; skipped 1 special file(s), not regular files: pipe)" in source
-    with pytest.raises(DataError, match="not a regular file or a directory"):
+    with pytest.raises(DataError, match="expected a regular file or a directory, got "):
         load_corpus(str(corpus / "pipe"), 10_000)
 
 
@@ -114,7 +114,7 @@ def test_special_data_path_is_a_usage_error(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     res = run_cli("check", *TINY, "--data", str(tmp_path / "pipe"), "--out", str(tmp_path / "out"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "not a regular file or a directory" in res.stderr.strip().splitlines()[-1]
+    assert "expected a regular file or a directory, got " in res.stderr.strip().splitlines()[-1]
 
 
 def test_a_stale_report_is_removed_before_the_run_writes(tmp_path, monkeypatch):
