@@ -10,8 +10,10 @@ SHA-256 of their first step with this process's; the children run while this pro
     python benchmarks/stress.py --steps 1000 --load --fresh 3 --out stress-out     # the full run
     python benchmarks/stress.py --short --out stress-out                            # the GPU gate's short mode
 
-Prints one line per shape and a summary line ``stress: N/N steps identical, K/K fresh processes identical``;
-writes ``stress.json`` under ``--out``. Exit status 0 only with zero mismatches.
+Prints one line per shape and a summary line ``stress: N/N steps identical, K/K fresh processes identical`` (with
+``--load``: whether the load process was still running when the steps ended, and its iteration count); writes
+``stress.json`` under ``--out``. Exit status 0 only with zero mismatches and, with ``--load``, a load that lasted.
+A step is a forward and a backward on fixed parameters and inputs (no optimizer step), compared with the first.
 """
 from __future__ import annotations
 
@@ -86,19 +88,24 @@ def run_shape(name, steps):
 
 
 def _load_main(seconds):
-    """The load: large bf16 GEMMs and device-to-device copies in a loop, for ``seconds``."""
+    """The load: large bf16 GEMMs and device-to-device copies in a loop, for ``seconds`` or until SIGTERM; prints
+    ``{"load_iterations": n}`` at the end (the parent records it in ``stress.json``)."""
+    import signal
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     end = time.time() + seconds
     n = 0
-    while time.time() < end:
+    while time.time() < end and not stop:
         for _ in range(8):
             a = (a @ a).clamp_(-1, 1)
             dst.copy_(src)
         torch.cuda.synchronize()
         n += 8
-    print(json.dumps({"load_iterations": n}))
+    print(json.dumps({"load_iterations": n}), flush=True)
 
 
 def _start_children(envs):
@@ -144,7 +151,7 @@ def main(argv=None):
         print(json.dumps({name: run_shape(name, 1)[0] for name in SHAPES}))
         return 0
     if not torch.cuda.is_available():
-        print("stress: needs a CUDA GPU with the native extras (pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0)", file=sys.stderr)
+        print("stress: needs a CUDA GPU with the native extras (README, GPU section)", file=sys.stderr)
         return 2
     steps, fresh = (100, 1) if args.short else (args.steps, args.fresh)
     os.makedirs(args.out, exist_ok=True)
@@ -171,8 +178,16 @@ def main(argv=None):
             _write(report, args.out)
     finally:
         if loader is not None:
+            early = loader.poll()  # the load must still be running when the steps end
             loader.terminate()
-            loader.wait()
+            out, _ = loader.communicate()
+            report["load_alive_to_the_end"] = early is None
+            report["load_exit_status_before_stop"] = early
+            report["load_output"] = out.strip().splitlines()[-1:] if out else []
+    if loader is not None and not report["load_alive_to_the_end"]:
+        print(f"stress: the load process ended early (exit status {report['load_exit_status_before_stop']}): "
+              "the steps did not all run under load", file=sys.stderr)
+    load_ok = loader is None or report["load_alive_to_the_end"]
     here = {name: report["shapes"][name]["digests"] for name in SHAPES}
     same = 0
     for env_extra, digests in zip(runs, _collect_children(children)):
@@ -180,10 +195,12 @@ def main(argv=None):
         same += ok
         report["fresh"].append({"env": sorted(env_extra), "identical": ok})
     report["summary"] = (f"stress: {total - bad_total}/{total} steps identical, {same}/{len(runs)} fresh processes "
-                         f"identical ({fresh} with empty Triton caches, 1 with CUDA_LAUNCH_BLOCKING=1)")
+                         f"identical ({fresh} with empty Triton caches, 1 with CUDA_LAUNCH_BLOCKING=1)"
+                         + ("" if loader is None else f"; load ran to the end: {'yes' if load_ok else 'NO'} "
+                            f"({report['load_output']})"))
     _write(report, args.out)
     print(report["summary"])
-    return 0 if bad_total == 0 and same == len(runs) else 1
+    return 0 if bad_total == 0 and same == len(runs) and load_ok else 1
 
 
 if __name__ == "__main__":
