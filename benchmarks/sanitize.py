@@ -3,7 +3,9 @@
 Every case builds an ``OrderedMamba2`` (fixed seed), runs one training step (forward, backward with a fixed output
 gradient) and synchronises, so that every kernel of the ordered CUDA path and every code path runs at least once:
 partial last chunk, ``L < d_conv``, ``L = 1``, ``ngroups > 1``, ``D_has_hdim``, ``rmsnorm=False``, ``seq_idx``,
-fp16 / bf16 / fp32, the literal mode, ``use_mem_eff_path=False``, the gated MLP and the projection biases. Three
+fp16 / bf16 / fp32, the literal mode, ``use_mem_eff_path=False``, the gated MLP and the projection biases,
+``d_conv`` 2 and 3, a chunk size that is not a power of two; :data:`EXTRA` adds decoding (a prefill, then steps),
+a varlen prefill and the functional API with initial and final states, forward and backward. Three
 more cases (:data:`PROBES`) run no layer: causal-conv1d's channel-last forward alone (on a ``randn`` input and on
 the output of a cuBLAS GEMM) and a cuBLAS GEMM followed by a torch elementwise kernel: the smallest reproducers of
 ``initcheck``'s findings (see ``docs/guarantees.md``).
@@ -50,6 +52,9 @@ CASES = {
                                             {"use_mem_eff_path": False, "rmsnorm": False}, True, False),
     "bf16-mlp-bias": (torch.bfloat16, 2, 40, {"d_ssm": 32, "bias": True, "conv_bias": True}, False, False),
     "fp32-not-mem-eff-mlp": (torch.float32, 2, 33, {"use_mem_eff_path": False, "d_ssm": 32}, False, False),
+    "bf16-d_conv2": (torch.bfloat16, 2, 40, {"d_conv": 2}, False, False),
+    "fp16-d_conv3-seq_idx": (torch.float16, 2, 50, {"d_conv": 3}, True, False),
+    "bf16-chunk48": (torch.bfloat16, 2, 100, {"chunk_size": 48}, False, False),
 }
 
 
@@ -103,6 +108,76 @@ def run_conv_after_matmul() -> None:
     torch.cuda.synchronize()
 
 
+class _InferenceParams:
+    """The fields of mamba-ssm's ``InferenceParams`` that a layer reads (so this script needs no mamba-ssm import)."""
+
+    def __init__(self, max_seqlen, max_batch_size):
+        self.max_seqlen, self.max_batch_size = max_seqlen, max_batch_size
+        self.seqlen_offset, self.batch_size_offset = 0, 0
+        self.key_value_memory_dict, self.lengths_per_sample = {}, None
+
+
+def run_decode(dtype) -> None:
+    """A prefill of 21 tokens through ``inference_params`` (conv and SSM state written), then 5 single-token steps
+    (causal-conv1d's ``causal_conv1d_update``, mamba-ssm's ``selective_state_update``)."""
+    torch.manual_seed(0)
+    layer = OrderedMamba2(**_BASE, layer_idx=0, device="cuda").to(dtype)
+    u = torch.randn(2, 26, layer.d_model, device="cuda", dtype=dtype)
+    params = _InferenceParams(26, 2)
+    with torch.no_grad():
+        layer(u[:, :21], inference_params=params)
+        for t in range(21, 26):
+            params.seqlen_offset = t
+            layer(u[:, t:t + 1], inference_params=params)
+    torch.cuda.synchronize()
+
+
+def run_varlen_prefill() -> None:
+    """A prefill of three packed sequences (``cu_seqlens`` + ``seq_idx``, B = 1): ``_chunk_state_varlen_kernel``."""
+    torch.manual_seed(0)
+    layer = OrderedMamba2(**_BASE, layer_idx=0, device="cuda").to(torch.bfloat16)
+    cu_seqlens = torch.tensor([0, 7, 30, 45], dtype=torch.int32, device="cuda")
+    seq_idx = torch.zeros(1, 45, dtype=torch.int32, device="cuda")
+    seq_idx[0, 7:] += 1
+    seq_idx[0, 30:] += 1
+    u = torch.randn(1, 45, layer.d_model, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(u, seq_idx=seq_idx, cu_seqlens=cu_seqlens, inference_params=_InferenceParams(45, 3))
+    torch.cuda.synchronize()
+
+
+def run_states() -> None:
+    """The functional API with ``initial_states`` and ``return_final_states``, forward and backward (the
+    state-passing kernels with initial states and a final-state gradient), for the chunk scan and the whole layer."""
+    from ordered_ssd.ops import ordered_mamba_chunk_scan_combined, ordered_mamba_split_conv1d_scan_combined
+
+    torch.manual_seed(0)
+    dev, dt16 = "cuda", torch.bfloat16
+    Bsz, L, H, P, G, N = 2, 40, 4, 16, 1, 16
+    x = torch.randn(Bsz, L, H, P, device=dev, dtype=dt16, requires_grad=True)
+    dt = torch.randn(Bsz, L, H, device=dev, dtype=dt16, requires_grad=True)
+    A = (-torch.rand(H, device=dev) - 0.5).requires_grad_(True)
+    Bm = torch.randn(Bsz, L, G, N, device=dev, dtype=dt16, requires_grad=True)
+    Cm = torch.randn(Bsz, L, G, N, device=dev, dtype=dt16, requires_grad=True)
+    init = torch.randn(Bsz, H, P, N, device=dev, requires_grad=True)
+    y, final = ordered_mamba_chunk_scan_combined(x, dt, A, Bm, Cm, 16, initial_states=init, dt_softplus=True,
+                                                 return_final_states=True)
+    (y.float().sum() + final.sum()).backward()
+    d_ssm, conv_dim = H * P, H * P + 2 * G * N
+    zxbcdt = torch.randn(Bsz, L, 2 * d_ssm + 2 * G * N + H, device=dev, dtype=dt16, requires_grad=True)
+    conv_w = torch.randn(conv_dim, 4, device=dev, dtype=dt16, requires_grad=True)
+    out, final = ordered_mamba_split_conv1d_scan_combined(
+        zxbcdt, conv_w, None, torch.zeros(H, device=dev, requires_grad=True), A, torch.ones(H, device=dev), 16,
+        initial_states=init, return_final_states=True, headdim=P, ngroups=G)
+    (out.float().sum() + final.sum()).backward()
+    torch.cuda.synchronize()
+
+
+#: cases beyond a training step (decoding, varlen prefill, state passing); added after the H200 runs of 2026-11-30
+EXTRA = {"bf16-decode": lambda: run_decode(torch.bfloat16), "fp32-decode": lambda: run_decode(torch.float32),
+         "bf16-varlen-prefill": run_varlen_prefill, "bf16-states": run_states}
+
+
 #: the cases without a layer: the smallest reproducers of ``initcheck``'s findings
 PROBES = {"conv-channel-last-fwd": run_conv_channel_last_fwd, "matmul-then-add": run_matmul_then_add,
           "conv-after-matmul": run_conv_after_matmul}
@@ -113,7 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", help="run only this case (repeatable; default: every case)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     args = ap.parse_args(argv)
-    names = [*CASES, *PROBES]
+    names = [*CASES, *EXTRA, *PROBES]
     if args.list:
         print("\n".join(names))
         return 0
@@ -126,6 +201,8 @@ def main(argv=None) -> int:
             return 2
         if name in PROBES:
             PROBES[name]()
+        elif name in EXTRA:
+            EXTRA[name]()
         else:
             run_layer_case(name)
         print(f"sanitize: {name} ran", flush=True)
