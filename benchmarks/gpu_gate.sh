@@ -30,11 +30,11 @@ job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.lo
 case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
-    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/modules/test_mamba2_cuda.py -k bitwise_repeatable &
+    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/modules/test_mamba2_cuda.py -k test_cuda_path_bitwise_repeatable &
     job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
       tests/gpu/modules/test_parity_with_mamba2.py &
     job gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules --ignore=tests/gpu/modules/test_parity_with_mamba2.py \
-      -k "not bitwise_repeatable" &
+      -k "not test_cuda_path_bitwise_repeatable" &
     job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules \
       --ignore=tests/gpu/csrc_bindings/test_bindings.py &
     wait
