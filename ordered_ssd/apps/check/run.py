@@ -1,9 +1,10 @@
 """``ordered-ssd check``: train the same spec three times (and the native control) and report the verdict."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Optional
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -51,17 +52,31 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     """
     if nproc is not None:
         _check_nproc(spec, nproc)
+    with prepared_run(spec, out_dir, stop_at) as (out_dir, data, source):
+        return _run_check(spec, out_dir, data, source, stop_at=stop_at, native=native, progress=progress,
+                          print_fn=print_fn, nproc=nproc)
+
+
+@contextlib.contextmanager
+def prepared_run(spec: dict, out_dir: str, stop_at: int) -> Iterator[Tuple[str, ByteData, str]]:
+    """Before anything is written: ``--steps`` and ``--stop-at`` checked, the corpus read (an unusable ``--data``
+    fails before ``--out`` is made); then ``--out`` prepared and locked for the run (a second run into the same
+    ``--out`` would compare the first one's records). Yields ``(out_dir, data, source)``. Shared by
+    :func:`run_check` and :func:`~ordered_ssd.apps.check.split.run_split_check`.
+
+    Raises:
+        CheckError / DataError: as said (one line).
+    """
     if spec["steps"] < 2:  # the restart replay stops at a step 0 < k < steps (default: steps // 2)
         raise CheckError(f"--steps: expected at least 2 (the replay restarts from a step in between), "
                          f"got {spec['steps']}")
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
-    corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made
+    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
     data = ByteData(corpus, spec["seq_len"])
     out_dir = prepare_out_dir(out_dir)
-    with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
-        return _run_check(spec, out_dir, data, source, stop_at=stop_at, native=native, progress=progress,
-                          print_fn=print_fn, nproc=nproc)
+    with locked_out_dir(out_dir):
+        yield out_dir, data, source
 
 
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,

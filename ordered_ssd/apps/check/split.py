@@ -18,11 +18,12 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..files import atomic_write_json, locked_out_dir, prepare_out_dir, remove_stale
-from ..lm import ByteData, load_corpus
+from ..files import atomic_write_json, remove_stale
+from ..lm import ByteData
 from .errors import CheckError
 from .launch import Launcher, child_threads
 from .report import STALE, _print_table, compare_runs, diverged_verdict, first_nonfinite, load_record, merge_restart, write_report
+from .run import prepared_run
 from .train import build_model
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
@@ -123,15 +124,7 @@ def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int
     if accumulate not in ACCUMULATE:
         raise CheckError(f"--accumulate: expected one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
     block = check_splits(spec, splits)
-    if spec["steps"] < 2:  # the restart replay stops at a step 0 < k < steps (default: steps // 2)
-        raise CheckError(f"--steps: expected at least 2 (the replay restarts from a step in between), "
-                         f"got {spec['steps']}")
-    if not 0 < stop_at < spec["steps"]:
-        raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
-    corpus, source = load_corpus(spec["data"], spec["data_bytes"])  # unusable data: an error before --out is made
-    data = ByteData(corpus, spec["seq_len"])
-    out_dir = prepare_out_dir(out_dir)
-    with locked_out_dir(out_dir):  # a second run into the same --out would compare the first one's records
+    with prepared_run(spec, out_dir, stop_at) as (out_dir, data, source):
         return _run_split_check(spec, out_dir, data, source, splits=splits, block=block, stop_at=stop_at,
                                 accumulate=accumulate, progress=progress, print_fn=print_fn)
 
