@@ -13,6 +13,9 @@ import torch
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
+#: The floating dtypes of the CUDA path's activations and parameters (the native kernels have no fp64).
+CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def check_int(name: str, value, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from ..reference import Mamba2Params, reference_mamba2_step
+from ..reference import reference_mamba2_step
 
 
 def new_cache(layer, batch_size, device, conv_dtype, ssm_dtype):
@@ -81,8 +81,7 @@ def step(layer, u, conv_state, ssm_state):
         raise ValueError(f"hidden_states: expected [B, 1, d_model] (one token per example), got {tuple(u.shape)}")
     backend = layer.backend_for(u)
     _checks.check_layer_input(u, d_model=layer.d_model, dtype=w.dtype, device=w.device,
-                              allowed_dtypes=(torch.float32, torch.float16, torch.bfloat16) if backend == "cuda"
-                              else (torch.float32, torch.float64), name="hidden_states")
+                              allowed_dtypes=layer._input_dtypes(backend), name="hidden_states")
     check_cache(layer, conv_state, ssm_state, u.shape[0], u.device)
     with torch.no_grad():
         if backend == "cuda":
@@ -90,9 +89,7 @@ def step(layer, u, conv_state, ssm_state):
                 raise TypeError(f"conv_state: expected dtype {u.dtype} (causal-conv1d's update kernel), "
                                 f"got {conv_state.dtype}")
             return _step_cuda(layer, u, conv_state, ssm_state)
-        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype)
-                                for p in layer.layer_params()))
-        return reference_mamba2_step(u, params, layer.dims, conv_state, ssm_state)
+        return reference_mamba2_step(u, layer._reference_params(u.dtype), layer.dims, conv_state, ssm_state)
 
 
 def _step_cuda(layer, u, conv_state, ssm_state):

@@ -19,7 +19,7 @@ from . import _decode
 __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CUDA_DTYPES = _checks.CUDA_DTYPES
 _BACKENDS = (None, "cuda", "reference")
 _cuda_status = None
 
@@ -330,7 +330,7 @@ class OrderedMamba2(nn.Module):
         backend = self.backend_for(u)
         autocast = u.device.type == "cuda" and torch.is_autocast_enabled("cuda")
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
-                                  allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES)
+                                  allowed_dtypes=self._input_dtypes(backend))
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device, values=self.validate_seq_idx)
         if cu_seqlens is not None:
@@ -386,8 +386,17 @@ class OrderedMamba2(nn.Module):
                                       dstate=self.d_state, chunk_size=self.chunk_size,
                                       zxbcdt_width=self.in_proj.weight.shape[0])
 
+    @staticmethod
+    def _input_dtypes(backend: str):
+        """The input dtypes of a path: fp32/bf16/fp16 on ``"cuda"``, fp32/fp64 on ``"reference"``."""
+        return _CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES
+
+    def _reference_params(self, dtype: torch.dtype) -> Mamba2Params:
+        """The parameters for the reference path, each cast to ``dtype`` where it differs (e.g. the fp32 ``D``)."""
+        return Mamba2Params(*(p if p is None or p.dtype == dtype else p.to(dtype) for p in self.layer_params()))
+
     def _forward_reference(self, u, seq_idx, cache, cu_seqlens):
-        params = Mamba2Params(*(p if p is None or p.dtype == u.dtype else p.to(u.dtype) for p in self.layer_params()))
+        params = self._reference_params(u.dtype)
         needs_grad = torch.is_grad_enabled() and (u.requires_grad or any(p is not None and p.requires_grad
                                                                          for p in params))
         if cache is None or needs_grad:  # the ordered backward

@@ -17,8 +17,7 @@ __all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "autocast_dtype",
            "or_none", "as_dtype_of", "auxiliary_outputs", "CUDA_DTYPES", "check_chunk_scan_args",
            "check_split_conv1d_scan_args", "check_causal_conv1d_args", "check_states_args"]
 
-#: The floating dtypes of the CUDA path's activations and parameters.
-CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CUDA_DTYPES = _checks.CUDA_DTYPES
 
 #: Upstream's default ``dt_limit``: no clamp of the discretised step.
 NO_LIMIT = (0.0, float("inf"))
