@@ -79,14 +79,18 @@ def run_layer_case(name: str) -> None:
         raise RuntimeError(f"{name}: non-finite or missing gradients: {bad or ['u']}")
 
 
-def run_conv_channel_last_fwd() -> None:
-    """causal-conv1d's channel-last forward alone, on a fully written [B, L, D] input (B 2, L 40, D 96, W 4)."""
+def _conv_channel_last_fwd(x_bld: torch.Tensor) -> None:
+    """causal-conv1d's channel-last forward (W 4, SiLU) on ``x_bld`` [B, L, D] viewed as [B, D, L]."""
     import csrc_bindings
 
-    x = torch.randn(2, 40, 96, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # [B, D, L], channel-last
-    weight = torch.randn(96, 4, device="cuda", dtype=torch.bfloat16)
-    csrc_bindings.launch_causal_conv1d_fwd(x, weight, None, silu_activation=True)
+    weight = torch.randn(x_bld.shape[2], 4, device="cuda", dtype=x_bld.dtype)
+    csrc_bindings.launch_causal_conv1d_fwd(x_bld.transpose(1, 2), weight, None, silu_activation=True)
     torch.cuda.synchronize()
+
+
+def run_conv_channel_last_fwd() -> None:
+    """causal-conv1d's channel-last forward alone, on a fully written [B, L, D] input (B 2, L 40, D 96, W 4)."""
+    _conv_channel_last_fwd(torch.randn(2, 40, 96, device="cuda", dtype=torch.bfloat16))
 
 
 def run_matmul_then_add() -> None:
@@ -98,14 +102,9 @@ def run_matmul_then_add() -> None:
 
 def run_conv_after_matmul() -> None:
     """causal-conv1d's channel-last forward on an input written by a cuBLAS GEMM (as ``in_proj`` writes xBC)."""
-    import csrc_bindings
-
     a = torch.randn(80, 64, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
-    x = (a @ b).reshape(2, 40, 96).transpose(1, 2)  # [B, D, L], channel-last
-    weight = torch.randn(96, 4, device="cuda", dtype=torch.bfloat16)
-    csrc_bindings.launch_causal_conv1d_fwd(x, weight, None, silu_activation=True)
-    torch.cuda.synchronize()
+    _conv_channel_last_fwd((a @ b).reshape(2, 40, 96))
 
 
 class _InferenceParams:
