@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ordered_ssd import OrderedMamba2  # noqa: E402
+from ordered_ssd.apps.files import atomic_write_json  # noqa: E402
 from ordered_ssd.digest import tensor_sha256  # noqa: E402
 
 # name: (dtype, batch, seqlen, layer options, packed sequences)
@@ -127,13 +128,6 @@ def _collect_children(procs):
     return results
 
 
-def _write(report, out):
-    tmp = os.path.join(out, "stress.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, os.path.join(out, "stress.json"))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000, help="steps per shape (default: 1000)")
@@ -175,7 +169,7 @@ def main(argv=None):
             bad_total += len(mismatches)
             print(f"{name:>16}: {steps - len(mismatches)}/{steps} steps identical "
                   f"({report['shapes'][name]['seconds']} s{', under load' if loader else ''})", flush=True)
-            _write(report, args.out)
+            atomic_write_json(os.path.join(args.out, "stress.json"), report)
     finally:
         if loader is not None:
             early = loader.poll()  # the load must still be running when the steps end
@@ -198,7 +192,7 @@ def main(argv=None):
                          f"identical ({fresh} with empty Triton caches, 1 with CUDA_LAUNCH_BLOCKING=1)"
                          + ("" if loader is None else f"; load ran to the end: {'yes' if load_ok else 'NO'} "
                             f"({report['load_output']})"))
-    _write(report, args.out)
+    atomic_write_json(os.path.join(args.out, "stress.json"), report)
     print(report["summary"])
     return 0 if bad_total == 0 and same == len(runs) and load_ok else 1
 
