@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 from ordered_ssd import OrderedMamba2  # noqa: E402
 from ordered_ssd.apps.files import atomic_write_json  # noqa: E402
-from ordered_ssd.digest import tensor_sha256  # noqa: E402
+from ordered_ssd.digest import bit_view, tensor_sha256  # noqa: E402
 
 # name: (dtype, batch, seqlen, layer options, packed sequences)
 SHAPES = {
@@ -70,18 +70,14 @@ def _step(layer, u, dout, seq_idx):
     return result
 
 
-def _as_int(t):
-    return t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
-
-
 def run_shape(name, steps):
     """``(first-step digests, mismatching steps)`` of ``steps`` steps on the same inputs."""
     layer, u, dout, seq_idx = _problem(name)
-    first = {k: _as_int(v).clone() for k, v in _step(layer, u, dout, seq_idx).items()}
+    first = {k: bit_view(v).clone() for k, v in _step(layer, u, dout, seq_idx).items()}
     mismatches = []
     for i in range(1, steps):
         got = _step(layer, u, dout, seq_idx)
-        bad = [k for k, v in got.items() if not torch.equal(_as_int(v), first[k])]
+        bad = [k for k, v in got.items() if not torch.equal(bit_view(v), first[k])]
         if bad:
             mismatches.append({"step": i, "tensors": bad})
     torch.cuda.synchronize()

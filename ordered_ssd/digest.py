@@ -6,7 +6,16 @@ import hashlib
 
 import torch
 
-__all__ = ["tensor_sha256"]
+__all__ = ["tensor_sha256", "bit_view"]
+
+_INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """An integer view of the bytes of ``t`` (detached, contiguous; int64/int32/int16/uint8 by element size), on
+    ``t``'s device: ``torch.equal(bit_view(a), bit_view(b))`` compares bits, NaN payloads and signed zeros included.
+    """
+    return t.detach().contiguous().view(_INT_OF_SIZE[t.element_size()])
 
 
 def tensor_sha256(t: torch.Tensor) -> str:

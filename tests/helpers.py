@@ -4,15 +4,13 @@ from __future__ import annotations
 import torch
 
 from ordered_ssd import OrderedMamba2
-from ordered_ssd.digest import tensor_sha256
+from ordered_ssd.digest import bit_view, tensor_sha256
 from ordered_ssd.reference import Mamba2Params
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer view of a tensor's bytes, for bitwise comparison with torch.equal."""
-    t = t.detach().contiguous()
-    view = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()]
-    return t.view(view)
+    """Integer view of a tensor's bytes, for bitwise comparison with torch.equal (:func:`ordered_ssd.digest.bit_view`)."""
+    return bit_view(t)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
