@@ -5,11 +5,11 @@ import importlib.util
 from typing import Callable, Optional, Sequence
 
 import torch
+from csrc_bindings import INSTALL_HINT as INSTALL  # importing csrc_bindings imports nothing native
 
 from ..errors import AppError
 
 DET_ENV = ("MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC")
-INSTALL = "pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0"  # as csrc_bindings.INSTALL_HINT
 
 
 class BenchError(AppError):

@@ -56,8 +56,9 @@ def _mixer_class(kind: str):
         try:
             from mamba_ssm.modules.mamba2 import Mamba2
         except ImportError as e:
-            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: pip install --no-build-isolation mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0"
-                             ) from None
+            from csrc_bindings import INSTALL_HINT
+
+            raise CheckError(f"--native needs mamba-ssm ({e}); install it with: {INSTALL_HINT}") from None
         return Mamba2
     raise ValueError(f"mixer: expected 'ordered' or 'native', got {kind!r}")
 
