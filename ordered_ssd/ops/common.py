@@ -117,16 +117,18 @@ def _check_D(D, nheads: int, headdim: int) -> None:
         raise ValueError(f"D: expected shape [H] = {(nheads,)} or [H, P] = {(nheads, headdim)}, got {tuple(D.shape)}")
 
 
-def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, seq_idx=None) -> None:
+def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None, seq_idx=None,
+                          dt_limit=NO_LIMIT) -> None:
     """The arguments of :func:`~ordered_ssd.ops.ordered_mamba_chunk_scan_combined`: x [B, L, H, P], dt [B, L, H],
     A [H], B/C [B, L, G, N] with ``H % G == 0``, D [H] or [H, P], z like x, dt_bias [H], seq_idx [B, L] integer;
-    float dtypes of :data:`CUDA_DTYPES`; ``chunk_size`` an int >= 1; all on x's device; every tensor of the CUDA path
-    under 2**31 elements.
+    float dtypes of :data:`CUDA_DTYPES`; ``chunk_size`` an int >= 1; ``dt_limit`` a pair min <= max; all on x's
+    device; every tensor of the CUDA path under 2**31 elements.
 
     Raises:
         TypeError: a non-tensor, a wrong dtype, a non-int ``chunk_size``. ValueError: a wrong rank, shape, device,
             ``chunk_size < 1``, or a size past the 32-bit limit (the message names the argument, expected, actual).
     """
+    _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
     Bsz, L, H, P = _batch_seq("x", x, 4, "[B, L, H, P]")
     _checks.check_int("chunk_size", chunk_size)
     _checks.check_float("dt", dt, CUDA_DTYPES)
@@ -152,7 +154,7 @@ def check_chunk_scan_args(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias
 
 def check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, *, seq_idx=None,
                                  rmsnorm_weight=None, outproj_weight=None, outproj_bias=None, headdim=None,
-                                 ngroups=1) -> None:
+                                 ngroups=1, dt_limit=NO_LIMIT) -> None:
     """The arguments of :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` (shapes in its
     docstring): float dtypes of :data:`CUDA_DTYPES`, ``conv1d_weight`` [d_ssm + 2 G N, W] with W in 2..4, a
     ``zxbcdt`` width of ``2 d_mlp + 2 d_ssm + 2 G N + H`` with ``d_mlp >= 0``, one device, sizes under 2**31.
@@ -160,6 +162,7 @@ def check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A,
     Raises:
         TypeError / ValueError as :func:`check_chunk_scan_args`, naming the argument, expected and actual value.
     """
+    _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
     Bsz, L, width = _batch_seq("zxbcdt", zxbcdt, 3, "[B, L, 2 d_mlp + 2 d_ssm + 2 G N + H]")
     _checks.check_int("chunk_size", chunk_size)
     _checks.check_int("ngroups", ngroups)

@@ -31,7 +31,6 @@ from einops import rearrange
 
 import csrc_bindings
 
-from .. import _checks
 from ..fold import fold_dims, lexical_cumsum
 from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
                      autocast_dtype, check_chunk_scan_args, check_states_args, or_none, require_cuda)
@@ -351,8 +350,8 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
             ending at L, with B != 1 or ids of ``seq_idx`` changing elsewhere; ``return_varlen_states`` without
             ``cu_seqlens``; then ValueError for non-CUDA tensors. NaN/inf values are not checked: they propagate.
     """
-    check_chunk_scan_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx)
-    _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
+    check_chunk_scan_args(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, seq_idx=seq_idx,
+                          dt_limit=dt_limit)
     check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
     require_cuda("x", x)
     return_final_states, return_varlen_states = bool(return_final_states), bool(return_varlen_states)

@@ -29,7 +29,6 @@ from einops import rearrange
 
 import csrc_bindings
 
-from .. import _checks
 from ..fold import rmsnorm_rows_per_program
 from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
 from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
@@ -350,10 +349,9 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
             floating, of another shape or device; then ValueError for non-CUDA tensors. NaN/inf values are not
             checked: they propagate.
     """
-    _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
     check_split_conv1d_scan_args(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx,
                                  rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
-                                 outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups)
+                                 outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups, dt_limit=dt_limit)
     if initial_states is not None:
         nheads, hdim, dstate, _ = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
         check_states_args((zxbcdt.shape[0], zxbcdt.shape[1], nheads, hdim), dstate, zxbcdt.device, initial_states)
