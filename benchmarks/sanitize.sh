@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/sanitize.sh            # logs and summary.txt under $OUT (default ./sanitize-out)
 #   INITCHECK_CASES="conv-channel-last-fwd bf16-seq_idx" bash benchmarks/sanitize.sh   # initcheck on these only
+#   CASES="bf16-d_conv2 bf16-states" bash benchmarks/sanitize.sh   # every tool on these cases only
 #
 # PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so the checker sees tensor bounds.
 # summary.txt: one line per tool ("memcheck: 0 errors"), then per initcheck case the number of findings and the
@@ -16,14 +17,16 @@ mkdir -p "$OUT"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ordered-ssd-sanitize-triton}
 status=0
-if ! python benchmarks/sanitize.py > "$OUT/plain.log" 2>&1; then  # also compiles every kernel once
+cases=${CASES:-$(python benchmarks/sanitize.py --list)}
+case_args=()
+for c in $cases; do case_args+=(--case "$c"); done
+if ! python benchmarks/sanitize.py "${case_args[@]}" > "$OUT/plain.log" 2>&1; then  # also compiles every kernel once
   echo "sanitize.sh: the cases fail without the sanitizer"; tail -n 20 "$OUT/plain.log"; exit 1
 fi
 for tool in memcheck racecheck synccheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 100 python benchmarks/sanitize.py \
-    > "$OUT/$tool.log" 2>&1 &
+    "${case_args[@]}" > "$OUT/$tool.log" 2>&1 &
 done
-cases=$(python benchmarks/sanitize.py --list)
 initcheck_cases=${INITCHECK_CASES:-$cases}
 for c in $initcheck_cases; do
   compute-sanitizer --tool initcheck --print-limit 1000 python benchmarks/sanitize.py --case "$c" \
