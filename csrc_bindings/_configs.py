@@ -10,6 +10,18 @@ A configuration is chosen as a pure function of ``(GPU arch, dtype, kernel, the 
    mamba-ssm's own deterministic mode minimises, so it is the cheapest in shared memory. It reads no timing, no SM
    count, no environment variable, and not the (possibly filtered) ``.configs`` attribute of the live autotuner.
 
+A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the split per kernel on the GPU):
+
+* the **order** parameters, which decide bits (block sizes along reduced dimensions, and whatever else the proof
+  finds to change an output bit): always from 1. or 2. above, so the bits of a shape never depend on speed tuning;
+* the **bit-neutral** parameters (:data:`csrc_bindings.pinned.neutral_params.NEUTRAL`), chosen for speed: from the
+  speed table (:mod:`csrc_bindings.pinned.speed_table`, tuned offline per key by ``python -m
+  csrc_bindings.pinned.tune --speed``) at the key itself, else by the rule ``nearest-speed-v1``: the speed entry of
+  the same arch, dtype and kernel whose key is nearest (sum over the key's sizes of ``|log2(a / b)|``; boolean key
+  values must match; ties to the first key in sorted order); with no entry at all, those of the order
+  configuration. A shape-only choice as well, so every run launches the same configuration, but one that tuning
+  may change without changing a bit.
+
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure
 function of ``group_size`` and the element size, :func:`csrc_bindings.layernorm_gated.rmsnorm_heuristic`), reported
 with source ``"heuristic"``.
@@ -23,6 +35,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 from typing import Mapping
 
 import torch
@@ -32,6 +45,7 @@ from ._resources import FIT_RULE
 from ._spec import KernelSpec, key_of
 
 RULE_NAME = "mincost-v1"
+SPEED_RULE = "nearest-speed-v1"
 #: Bump when a launcher changes what it launches for the same config (part of the fingerprint).
 BINDINGS_ABI = 1
 
@@ -40,14 +54,16 @@ BINDINGS_ABI = 1
 class KernelConfig:
     """One launch configuration: the block-size constexprs plus ``num_warps`` and ``num_stages``.
 
-    ``source`` says where it came from: ``"table"``, ``"rule"``, ``"explicit"`` (passed by the caller) or
-    ``"heuristic"`` (gated RMSNorm, upstream's formula).
+    ``source`` says where its order parameters came from: ``"table"``, ``"rule"``, ``"explicit"`` (passed by the
+    caller) or ``"heuristic"`` (gated RMSNorm, upstream's formula). ``speed`` says where its bit-neutral parameters
+    came from: ``""`` (the same place), ``"speed-table"`` or ``"nearest:<table key>"`` (rule ``nearest-speed-v1``).
     """
     kernel: str
     meta: tuple  # ((name, value), ...) in a fixed order
     num_warps: int
     num_stages: int
     source: str = "explicit"
+    speed: str = ""
 
     def __getitem__(self, name):
         return dict(self.meta)[name]
@@ -132,22 +148,95 @@ def config_from_dict(spec: KernelSpec, d: Mapping, source: str) -> KernelConfig:
     return KernelConfig(spec.name, meta, warps, stages, source)
 
 
-def pinned_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration for ``spec`` at ``key`` (table entry, else the ``mincost-v1`` rule).
+def _key_items(key: Mapping) -> tuple:
+    # (name, is_bool, value): True and 1 hash alike but format differently in the table key
+    return tuple(sorted((k, isinstance(v, bool), v) for k, v in key.items()))
 
-    A pure function of its arguments (the table is a constant of the installed package), memoised: a launcher asks
+
+def pinned_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
+    """The configuration launched for ``spec`` at ``key``: the order parameters of :func:`order_of`, the bit-neutral
+    ones chosen for speed (speed table, else ``nearest-speed-v1``; see the module docstring).
+
+    A pure function of its arguments (the tables are constants of the installed package), memoised: a launcher asks
     for it at every launch.
     """
-    # (name, is_bool, value): True and 1 hash alike but format differently in the table key
-    return _pinned(spec, tuple(sorted((k, isinstance(v, bool), v) for k, v in key.items())), dtype, arch)
+    return _pinned(spec, _key_items(key), dtype, arch)
+
+
+def order_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
+    """The pinned configuration before any speed choice (table entry, else the ``mincost-v1`` rule): the one whose
+    order parameters every launch keeps."""
+    return _order(spec, _key_items(key), dtype, arch)
 
 
 @functools.lru_cache(maxsize=4096)
-def _pinned(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfig:
+def _order(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfig:
     entry = _table().get(table_key_of(spec, arch, dtype, {k: v for k, _, v in key_items}))
     if entry is not None:
         return config_from_dict(spec, entry, "table")
     return rule_of(spec)
+
+
+def _neutral() -> dict:
+    from .pinned.neutral_params import NEUTRAL
+    return NEUTRAL
+
+
+def _speed() -> dict:
+    from .pinned.speed_table import SPEED
+    return SPEED
+
+
+def _parse_key(text: str) -> dict:
+    out = {}
+    for part in text.split(","):
+        n, v = part.split("=")
+        out[n] = (v == "True") if v in ("True", "False") else int(v)
+    return out
+
+
+def _distance(a: Mapping, b: Mapping) -> float:
+    d = 0.0
+    for n, v in a.items():
+        w = b.get(n)
+        if isinstance(v, bool) or isinstance(w, bool) or w is None:
+            if v != w or isinstance(v, bool) != isinstance(w, bool):
+                return float("inf")
+        elif v != w:
+            d += abs(math.log2(max(int(v), 1) / max(int(w), 1)))
+    return d
+
+
+def speed_entry(spec: KernelSpec, key: Mapping, dtype, arch: str):
+    """``(bit-neutral parameter values, where from)`` for ``spec`` at ``key``: the speed table's entry at the key
+    (``"speed-table"``), else the nearest entry of the same arch, dtype and kernel (``"nearest:<table key>"``, rule
+    ``nearest-speed-v1``), else ``(None, "")``. Only parameters listed in ``NEUTRAL`` for the kernel are returned."""
+    neutral = _neutral().get(spec.name, ())
+    if not neutral:
+        return None, ""
+    speed = _speed()
+    tkey = table_key_of(spec, arch, dtype, key)
+    entry, source = speed.get(tkey), "speed-table"
+    if entry is None:
+        prefix = tkey.rsplit("/", 1)[0] + "/"
+        near = [(_distance(key, _parse_key(k[len(prefix):])), k) for k in speed if k.startswith(prefix)]
+        near = [t for t in near if t[0] != float("inf")]
+        if not near:
+            return None, ""
+        _, best = min(near)
+        entry, source = speed[best], f"nearest:{best}"
+    return {n: int(entry[n]) for n in neutral if n in entry}, source
+
+
+@functools.lru_cache(maxsize=4096)
+def _pinned(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfig:
+    base = _order(spec, key_items, dtype, arch)
+    values, source = speed_entry(spec, {k: v for k, _, v in key_items}, dtype, arch)
+    if not values:
+        return base
+    meta = tuple((n, values.get(n, v)) for n, v in base.meta)
+    return dataclasses.replace(base, meta=meta, num_warps=values.get("num_warps", base.num_warps),
+                               num_stages=values.get("num_stages", base.num_stages), speed=source)
 
 
 def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -> KernelConfig:
@@ -175,12 +264,13 @@ def table_hash() -> str:
 
 def fingerprint() -> str:
     """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash> rule=mincost-v1
-    fit=fit-stages-v1"``.
+    fit=fit-stages-v1 speed=<hash>"``.
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
     Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
     (``fit``: the rule that lowers ``num_stages`` of a configuration the device's shared memory cannot hold,
-    :mod:`csrc_bindings._resources`; it depends on the GPU model's limit, which the GPU model fixes).
+    :mod:`csrc_bindings._resources`; it depends on the GPU model's limit, which the GPU model fixes). ``speed``
+    (:func:`speed_hash`) covers only bit-neutral parameters: two runs that differ in it alone give the same bits.
     """
     parts = [f"csrc_bindings/abi{BINDINGS_ABI}"]
     for dist in ("mamba_ssm", "causal_conv1d", "triton"):
@@ -189,4 +279,13 @@ def fingerprint() -> str:
     parts.append(f"table={table_hash()}")
     parts.append(f"rule={RULE_NAME}")
     parts.append(f"fit={FIT_RULE}")
+    parts.append(f"speed={speed_hash()}")
     return " ".join(parts)
+
+
+def speed_hash() -> str:
+    """SHA-256 (first 12 hex digits) of the canonical JSON of the bit-neutral parameters (``NEUTRAL``) and the speed
+    table, with the rule name: what decides the speed choices (never a bit)."""
+    blob = json.dumps({"neutral": _neutral(), "speed": _speed(), "rule": SPEED_RULE}, sort_keys=True,
+                      separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

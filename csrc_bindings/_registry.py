@@ -15,7 +15,7 @@ import torch
 
 from . import (causal_conv1d, k_activations, layernorm_gated, selective_state_update, ssd_bmm, ssd_chunk_scan,
                ssd_chunk_state, ssd_combined, ssd_state_passing)
-from ._configs import KernelConfig, device_arch, dtype_name, fingerprint, pinned_of, rule_of, table_key_of
+from ._configs import KernelConfig, device_arch, dtype_name, fingerprint, order_of, pinned_of, rule_of, table_key_of
 from ._spec import KernelSpec, key_of
 from .layernorm_gated import rmsnorm_heuristic
 
@@ -77,6 +77,16 @@ def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
     return pinned_of(_tuned(kernel), key, dtype, arch)
 
 
+def order_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
+    """The pinned configuration for ``kernel`` at ``key`` before any speed choice (table entry, else the
+    ``mincost-v1`` rule): its order parameters are the ones every launch keeps.
+
+    Raises:
+        KeyError: as :func:`table_key`.
+    """
+    return order_of(_tuned(kernel), key, dtype, arch)
+
+
 def rule_config(kernel: str) -> KernelConfig:
     """The documented fallback (``mincost-v1``): cheapest native candidate, earliest on ties.
 
@@ -126,7 +136,8 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
 
     Returns:
         ``{"fingerprint": str, "arch": str, "dtype": str, "kernels": {name: {"key": {...}, "dtype": str,
-        "config": {...}, "source": "table" | "rule" | "heuristic"}}}``; a group too wide for the gated RMSNorm
+        "config": {...}, "source": "table" | "rule" | "heuristic"[, "speed": where the bit-neutral parameters came
+        from]}}}``; a group too wide for the gated RMSNorm
         gives ``"rmsnorm_gated": {"error": message}`` instead of raising.
 
     Raises:
@@ -141,7 +152,7 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
         kdt = dtype if role == "model" else torch.float32
         cfg = pinned_config(kernel, key, kdt, arch)
         out["kernels"][kernel] = {"key": dict(key), "dtype": dtype_name(kdt), "config": cfg.as_dict(),
-                                  "source": cfg.source}
+                                  "source": cfg.source, **({"speed": cfg.speed} if cfg.speed else {})}
     group = (nheads * headdim) // ngroups
     elt = torch.empty((), dtype=dtype).element_size()
     try:

@@ -1,0 +1,126 @@
+"""The bit-neutral split on the CPU (no native import): the proof's verdict from digests, its variants, the speed
+choice of neutral parameters (speed table, ``nearest-speed-v1``) and that it never touches an order parameter."""
+import pytest
+import torch
+
+import csrc_bindings._configs as configs
+from csrc_bindings._registry import KERNELS, order_config, pinned_config, table_key
+from csrc_bindings.pinned import neutral, tune
+
+SPEC = KERNELS["chunk_state_fwd"]  # blocks M, N, K
+
+
+def _row(digest, **cfg):
+    base = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "num_warps": 4, "num_stages": 3}
+    return {"config": {**base, **cfg}, "digest": digest}
+
+
+def test_verdict_neutral_and_order_parameters():
+    rows = [_row("a"), _row("a", BLOCK_SIZE_M=128), _row("a", num_warps=8), _row("a", num_stages=2),
+            _row("b", BLOCK_SIZE_K=64), _row("a", BLOCK_SIZE_N=32),
+            _row("a", BLOCK_SIZE_M=128, num_warps=8, num_stages=4)]
+    v = neutral.neutral_params(SPEC, [rows])
+    assert v["neutral"] == ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "num_warps", "num_stages"]
+    assert v["order"] == ["BLOCK_SIZE_K"]
+    assert v["pairs"]["BLOCK_SIZE_K"] == 1 and "BLOCK_SIZE_K" in v["violations"]
+
+
+def test_verdict_without_a_pair_is_not_neutral_and_interactions_are_caught():
+    rows = [_row("a"), _row("a", num_warps=8)]  # nothing varies M, N, K or the stages alone
+    assert neutral.neutral_params(SPEC, [rows])["neutral"] == ["num_warps"]
+    # each alone leaves the bits, a candidate that changes both changes them: not both can be neutral
+    rows = [_row("a"), _row("a", BLOCK_SIZE_M=32), _row("a", num_warps=8),
+            _row("c", BLOCK_SIZE_M=128, num_warps=2)]
+    v = neutral.neutral_params(SPEC, [rows])
+    assert len([n for n in ("BLOCK_SIZE_M", "num_warps") if n in v["neutral"]]) == 1
+    # a second case that disagrees makes the parameter an order parameter for the kernel
+    other = [_row("x"), _row("y", num_warps=8)]
+    assert "num_warps" not in neutral.neutral_params(SPEC, [[_row("a"), _row("a", num_warps=8)], other])["neutral"]
+
+
+def test_variants_start_from_the_base_and_stay_in_the_candidates_span():
+    base = order_config("chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 256}, torch.bfloat16,
+                        "sm_90").as_dict()
+    vs = neutral.variants(SPEC, base)
+    assert vs[0] == base and len({tuple(sorted(v.items())) for v in vs}) == len(vs)
+    for b in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+        lo, hi = min(c[0][b] for c in SPEC.candidates), max(c[0][b] for c in SPEC.candidates)
+        assert all(lo <= v[b] <= hi for v in vs)
+    assert {v["num_warps"] for v in vs} >= {2, 4, 8} and {v["num_stages"] for v in vs} >= {1, 2, 3, 4, 5}
+    for c in SPEC.candidates:
+        assert {**c[0], "num_warps": c[1], "num_stages": c[2]} in vs
+
+
+def test_cases_cover_the_proof_shapes_and_dtypes():
+    cs = neutral.cases()
+    kernels = {k for k, _, _ in cs}
+    assert {"chunk_scan_fwd", "chunk_state_fwd", "bmm_chunk_bwd", "state_passing_bwd"} <= kernels
+    assert {dt for k, _, dt in cs if k == "chunk_scan_fwd"} == {"bfloat16", "float16", "float32"}
+    assert {dt for k, _, dt in cs if k == "state_passing_fwd"} == {"float32"}
+    assert {key["chunk_size"] for k, key, _ in cs if k == "chunk_scan_fwd"} == {64, 128, 256}
+
+
+@pytest.fixture
+def speed_tables(monkeypatch):
+    """NEUTRAL / SPEED replaced for one test (the lookups are memoised: cleared before and after)."""
+    def install(neutral_map, speed_map):
+        monkeypatch.setattr(configs, "_neutral", lambda: neutral_map)
+        monkeypatch.setattr(configs, "_speed", lambda: speed_map)
+        configs._pinned.cache_clear()
+    yield install
+    configs._pinned.cache_clear()
+
+
+def test_speed_choice_keeps_the_order_parameters(speed_tables):
+    key = {"hdim": 64, "dstate": 128, "chunk_size": 256}
+    tk = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", key)
+    base = order_config("chunk_state_fwd", key, torch.bfloat16, "sm_90")
+    speed_tables({"chunk_state_fwd": ("BLOCK_SIZE_M", "num_warps")},
+                 {tk: {"BLOCK_SIZE_M": 32, "num_warps": 8, "BLOCK_SIZE_K": 128}})  # K is not neutral: ignored
+    got = pinned_config("chunk_state_fwd", key, torch.bfloat16, "sm_90")
+    assert got.speed == "speed-table" and got.source == base.source
+    assert got["BLOCK_SIZE_M"] == 32 and got.num_warps == 8
+    assert got["BLOCK_SIZE_K"] == base["BLOCK_SIZE_K"] and got["BLOCK_SIZE_N"] == base["BLOCK_SIZE_N"]
+    assert got.num_stages == base.num_stages
+    # another kernel without neutral parameters is untouched
+    k2 = {"chunk_size": 256, "hdim": 64, "dstate": 128, "IS_CAUSAL": True}
+    assert pinned_config("chunk_scan_fwd", k2, torch.bfloat16, "sm_90") == order_config(
+        "chunk_scan_fwd", k2, torch.bfloat16, "sm_90")
+
+
+def test_nearest_speed_rule(speed_tables):
+    near = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 64, "dstate": 64, "chunk_size": 256})
+    far = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 32, "dstate": 16, "chunk_size": 64})
+    fp32 = table_key("sm_90", torch.float32, "chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 256})
+    speed_tables({"chunk_state_fwd": ("num_warps",)},
+                 {near: {"num_warps": 8}, far: {"num_warps": 2}, fp32: {"num_warps": 4}})
+    key = {"hdim": 64, "dstate": 256, "chunk_size": 256}  # dstate 64 is 2 octaves away, the other 8
+    got = pinned_config("chunk_state_fwd", key, torch.bfloat16, "sm_90")
+    assert got.num_warps == 8 and got.speed == f"nearest:{near}"
+    assert configs._distance({"a": 64, "b": True}, {"a": 16, "b": True}) == 2.0
+    assert configs._distance({"a": 64, "b": True}, {"a": 64, "b": False}) == float("inf")
+    # no entry of this dtype at all (fp16): the order configuration as it is
+    got16 = pinned_config("chunk_state_fwd", key, torch.float16, "sm_90")
+    assert got16.speed == "" and got16 == order_config("chunk_state_fwd", key, torch.float16, "sm_90")
+
+
+def test_fingerprint_names_the_speed_choice(speed_tables):
+    before = configs.fingerprint()
+    assert " speed=" in before
+    speed_tables({"chunk_state_fwd": ("num_warps",)}, {})
+    assert configs.fingerprint() != before  # a new neutral set is a new speed choice (bits: unchanged)
+
+
+def test_speed_candidates_vary_only_neutral_parameters(speed_tables):
+    speed_tables({"chunk_state_fwd": ("BLOCK_SIZE_M", "num_warps")}, {})
+    key = {"hdim": 64, "dstate": 128, "chunk_size": 256}
+    live = {"chunk_state_fwd": SPEC.candidates}
+    cands = tune.speed_candidates("chunk_state_fwd", key, "bfloat16", live, "sm_90")
+    base = order_config("chunk_state_fwd", key, torch.bfloat16, "sm_90")
+    assert cands[0] == (dict(base.meta), base.num_warps, base.num_stages)
+    assert len(cands) == len(set((tuple(sorted(b.items())), w, s) for b, w, s in cands)) > 3
+    for block, warps, stages in cands:
+        assert block["BLOCK_SIZE_N"] == base["BLOCK_SIZE_N"] and block["BLOCK_SIZE_K"] == base["BLOCK_SIZE_K"]
+        assert stages == base.num_stages
+    assert {w for _, w, _ in cands} == {2, 4, 8}
+    assert {b["BLOCK_SIZE_M"] for b, _, _ in cands} == {c[0]["BLOCK_SIZE_M"] for c in SPEC.candidates}
