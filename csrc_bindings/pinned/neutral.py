@@ -113,7 +113,7 @@ def _digest(outs) -> str:
     for t in outs:
         t = t.detach().contiguous()
         h.update(f"{tuple(t.shape)}|{t.dtype}|".encode())
-        h.update(t.view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
 
 
