@@ -16,11 +16,12 @@ A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the sp
   finds to change an output bit): always from 1. or 2. above, so the bits of a shape never depend on speed tuning;
 * the **bit-neutral** parameters (:data:`csrc_bindings.pinned.neutral_params.NEUTRAL`), chosen for speed: from the
   speed table (:mod:`csrc_bindings.pinned.speed_table`, tuned offline per key by ``python -m
-  csrc_bindings.pinned.tune --speed``) at the key itself, else by the rule ``nearest-speed-v1``: the speed entry of
-  the same arch, dtype and kernel whose key is nearest (sum over the key's sizes of ``|log2(a / b)|``; boolean key
-  values must match; ties to the first key in sorted order); with no entry at all, those of the order
-  configuration. A shape-only choice as well, so every run launches the same configuration, but one that tuning
-  may change without changing a bit.
+  csrc_bindings.pinned.tune --speed``) at the key itself; at a key of the pinned table, that entry's own (every
+  value of it was timed there); else by the rule ``nearest-speed-v1``: the entry of the speed table or the pinned
+  table (both timed) of the same arch, dtype and kernel whose key is nearest (sum over the key's sizes of
+  ``|log2(a / b)|``; boolean key values must match; ties to the first key in sorted order); with no entry at all,
+  those of the order configuration. A shape-only choice as well, so every run launches the same configuration,
+  but one that tuning may change without changing a bit.
 
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure
 function of ``group_size`` and the element size, :func:`csrc_bindings.layernorm_gated.rmsnorm_heuristic`), reported
@@ -209,22 +210,29 @@ def _distance(a: Mapping, b: Mapping) -> float:
 
 def speed_entry(spec: KernelSpec, key: Mapping, dtype, arch: str):
     """``(bit-neutral parameter values, where from)`` for ``spec`` at ``key``: the speed table's entry at the key
-    (``"speed-table"``), else the nearest entry of the same arch, dtype and kernel (``"nearest:<table key>"``, rule
-    ``nearest-speed-v1``), else ``(None, "")``. Only parameters listed in ``NEUTRAL`` for the kernel are returned."""
+    (``"speed-table"``); ``(None, "")`` at a key of the pinned table (its entry was timed there); else the nearest
+    entry of the same arch, dtype and kernel in the speed table or the pinned table (``"nearest:<table key>"``, rule
+    ``nearest-speed-v1``; a speed entry replaces a pinned one of the same key), else ``(None, "")``. Only parameters
+    listed in ``NEUTRAL`` for the kernel are returned."""
     neutral = _neutral().get(spec.name, ())
     if not neutral:
         return None, ""
-    speed = _speed()
+    speed, table = _speed(), _table()
     tkey = table_key_of(spec, arch, dtype, key)
-    entry, source = speed.get(tkey), "speed-table"
-    if entry is None:
+    if tkey in speed:
+        entry, source = speed[tkey], "speed-table"
+    elif tkey in table:
+        return None, ""  # the table entry's own values: tuned at this key
+    else:
         prefix = tkey.rsplit("/", 1)[0] + "/"
-        near = [(_distance(key, _parse_key(k[len(prefix):])), k) for k in speed if k.startswith(prefix)]
+        pool = {k: v for k, v in table.items() if k.startswith(prefix)}
+        pool.update((k, v) for k, v in speed.items() if k.startswith(prefix))
+        near = [(_distance(key, _parse_key(k[len(prefix):])), k) for k in pool]
         near = [t for t in near if t[0] != float("inf")]
         if not near:
             return None, ""
         _, best = min(near)
-        entry, source = speed[best], f"nearest:{best}"
+        entry, source = pool[best], f"nearest:{best}"
     return {n: int(entry[n]) for n in neutral if n in entry}, source
 
 

@@ -5,6 +5,44 @@
 :mod:`csrc_bindings.pinned.neutral`); only these may be chosen for speed per shape. A kernel missing here has none.
 """
 
-META = {'note': 'not proven yet: no parameter is chosen for speed'}
+META = {'cases': {'bmm_chunk_bwd': '7 cases, 124 configurations',
+           'bmm_chunk_fwd': '7 cases, 128 configurations',
+           'chunk_cumsum_bwd': '7 cases, 91 configurations',
+           'chunk_cumsum_fwd': '7 cases, 91 configurations',
+           'chunk_scan_bwd_dC': '7 cases, 99 configurations',
+           'chunk_scan_bwd_dcb': '7 cases, 85 configurations',
+           'chunk_scan_bwd_ddAcs_stable': '7 cases, 90 configurations',
+           'chunk_scan_bwd_dstates': '7 cases, 130 configurations',
+           'chunk_scan_bwd_dz': '7 cases, 70 configurations',
+           'chunk_scan_chunk_state_bwd_dx': '7 cases, 127 configurations',
+           'chunk_scan_fwd': '7 cases, 139 configurations',
+           'chunk_state_bwd_db': '7 cases, 100 configurations',
+           'chunk_state_fwd': '7 cases, 130 configurations',
+           'chunk_state_varlen': '7 cases, 131 configurations',
+           'state_passing_bwd': '2 cases, 24 configurations',
+           'state_passing_fwd': '2 cases, 24 configurations'},
+ 'date': '2026-11-30',
+ 'generated_by': 'python -m csrc_bindings.pinned.neutral',
+ 'gpu': 'NVIDIA H200',
+ 'problem': {'batch': 2, 'chunks': 2.5, 'ngroups': 2, 'nheads': 6},
+ 'shapes': ['chunk 64 headdim 32 dstate 16 nheads 6 bfloat16,float16,float32',
+            'chunk 256 headdim 64 dstate 128 nheads 24 bfloat16,float16,float32',
+            'chunk 128 headdim 128 dstate 64 nheads 12 bfloat16'],
+ 'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}}
 
-NEUTRAL = {}
+NEUTRAL = {'bmm_chunk_bwd': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_CS', 'num_warps', 'num_stages'),
+ 'bmm_chunk_fwd': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
+ 'chunk_cumsum_bwd': ('num_stages',),
+ 'chunk_cumsum_fwd': ('num_stages',),
+ 'chunk_scan_bwd_dC': ('num_stages',),
+ 'chunk_scan_bwd_dcb': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'num_warps', 'num_stages'),
+ 'chunk_scan_bwd_ddAcs_stable': ('num_stages',),
+ 'chunk_scan_bwd_dstates': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
+ 'chunk_scan_bwd_dz': ('num_stages',),
+ 'chunk_scan_chunk_state_bwd_dx': ('BLOCK_SIZE_K', 'num_stages'),
+ 'chunk_scan_fwd': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
+ 'chunk_state_bwd_db': ('num_stages',),
+ 'chunk_state_fwd': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
+ 'chunk_state_varlen': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
+ 'state_passing_bwd': ('num_stages',),
+ 'state_passing_fwd': ('BLOCK_SIZE', 'num_warps', 'num_stages')}

@@ -6,6 +6,15 @@ of the kernel's bit-neutral parameters (:mod:`csrc_bindings.pinned.neutral_param
 the pinned ones. Keys missing here use the nearest entry (rule ``nearest-speed-v1``, :mod:`csrc_bindings._configs`).
 """
 
-META = {'note': 'empty: nothing tuned yet'}
+META = {'date': '2026-11-30',
+ 'dtypes': 'bfloat16,float16,float32',
+ 'generated_by': 'python -m csrc_bindings.pinned.tune',
+ 'gpu': 'NVIDIA H200',
+ 'nheads': '24,64',
+ 'shapes': '256x64x128,256x64x64,64x32x16,128x128x256,128x64x32',
+ 'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 8 * chunk_size, nheads 16 (unless keyed), '
+           'ngroups 1',
+ 'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}}
 
-SPEED = {}
+SPEED = {'sm_90/bfloat16/chunk_cumsum_bwd/chunk_size=256,nheads=24': {'num_stages': 5},
+ 'sm_90/float32/chunk_cumsum_fwd/chunk_size=256,nheads=24': {'num_stages': 5}}

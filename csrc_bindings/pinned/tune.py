@@ -166,9 +166,9 @@ def _cfg_dict(cand):
 
 
 def speed_candidates(kernel, key, dt, live, arch):
-    """The candidates of a speed search: the order configuration of the key (table entry or rule) with its
-    bit-neutral parameters (``NEUTRAL``) set as in each upstream candidate, and with ``num_warps`` 2/4/8 and
-    ``num_stages`` 1..5 where those are neutral; the order parameters never change. Deduplicated, order config first.
+    """The candidates of a speed search: the order configuration of the key (table entry or rule); it with its
+    bit-neutral parameters (``NEUTRAL``) set as in each upstream candidate; it with ``num_warps`` 2/4/8 and with
+    ``num_stages`` 1..5 where those are neutral. The order parameters never change. Deduplicated, order config first.
     """
     neutral = _configs._neutral().get(kernel, ())
     base = _registry.order_config(kernel, key, DTYPES[dt], arch).as_dict()
@@ -177,8 +177,8 @@ def speed_candidates(kernel, key, dt, live, arch):
         full = {**block, "num_warps": warps, "num_stages": stages}
         out.append({n: (full[n] if n in neutral else base[n]) for n in base})
     for n, values in (("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3, 4, 5))):
-        if n in neutral:
-            out += [{**c, n: v} for c in list(out) for v in values]
+        if n in neutral:  # around the order configuration only (a full product would be hundreds of compiles)
+            out += [{**base, n: v} for v in values]
     seen, uniq = set(), []
     for c in out:
         t = tuple(sorted(c.items()))

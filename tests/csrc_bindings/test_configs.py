@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from csrc_bindings._configs import _cost, _table, config_from_dict, device_arch, resolve_config, table_key_of
-from csrc_bindings._registry import KERNELS, pinned_config, rule_config, table_key
+from csrc_bindings._configs import (_cost, _neutral, _speed, _table, config_from_dict, device_arch, resolve_config,
+                                    table_key_of)
+from csrc_bindings._registry import KERNELS, order_config, pinned_config, rule_config, table_key
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -25,8 +26,11 @@ def test_every_table_entry_is_returned_and_memoised():
         arch, dtype, kernel, key = _parse(k)
         assert table_key(arch, dtype, kernel, key) == k
         want = config_from_dict(KERNELS[kernel], entry, "table")
+        assert order_config(kernel, key, dtype, arch) == want
         first = pinned_config(kernel, key, dtype, arch)
-        assert first == want and first.source == "table"
+        assert first.source == "table"
+        # the entry itself, unless the speed table has this key (then only its bit-neutral parameters differ)
+        assert first == want or (first.speed == "speed-table" and table_key(arch, dtype, kernel, key) in _speed())
         assert pinned_config(kernel, dict(reversed(list(key.items()))), dtype, arch) is first  # cached, any order
 
 
@@ -39,8 +43,16 @@ def test_keys_outside_the_table_get_the_mincost_rule():
         cands = spec.candidates
         costs = [_cost(c[0], c[2]) for c in cands]
         best = costs.index(min(costs))  # the earliest of the cheapest
-        assert got.source == "rule" and got == rule_config(kernel)
-        assert dict(got.meta) == dict(cands[best][0]) and (got.num_warps, got.num_stages) == cands[best][1:]
+        rule = order_config(kernel, key, torch.bfloat16, "sm_90")
+        assert rule.source == "rule" and rule == rule_config(kernel)
+        assert dict(rule.meta) == dict(cands[best][0]) and (rule.num_warps, rule.num_stages) == cands[best][1:]
+        # launched: the rule's order parameters; the bit-neutral ones from the nearest timed entry, if any
+        got = pinned_config(kernel, key, torch.bfloat16, "sm_90")
+        neutral = _neutral().get(kernel, ())
+        assert got.source == "rule"
+        assert {n: v for n, v in got.as_dict().items() if n not in neutral} == {
+            n: v for n, v in rule.as_dict().items() if n not in neutral}
+        assert got == rule or got.speed.startswith("nearest:sm_90/bfloat16/" + kernel + "/")
 
 
 def test_bool_and_int_key_values_are_not_confused():
@@ -50,7 +62,7 @@ def test_bool_and_int_key_values_are_not_confused():
     assert pinned_config(kernel, key, dtype, arch).source == "table"
     as_int = {n: (int(v) if isinstance(v, bool) else v) for n, v in key.items()}
     assert table_key(arch, dtype, kernel, as_int) != k
-    assert pinned_config(kernel, as_int, dtype, arch).source == "rule"  # not the cached table entry
+    assert order_config(kernel, as_int, dtype, arch).source == "rule"  # not the cached table entry
 
 
 def test_device_arch_off_cuda():

@@ -62,12 +62,17 @@ def test_cases_cover_the_proof_shapes_and_dtypes():
 
 @pytest.fixture
 def speed_tables(monkeypatch):
-    """NEUTRAL / SPEED replaced for one test (the lookups are memoised: cleared before and after)."""
-    def install(neutral_map, speed_map):
+    """NEUTRAL / SPEED (and, if given, the pinned table) replaced for one test (the lookups are memoised: cleared
+    before and after)."""
+    def install(neutral_map, speed_map, table=None):
         monkeypatch.setattr(configs, "_neutral", lambda: neutral_map)
         monkeypatch.setattr(configs, "_speed", lambda: speed_map)
+        if table is not None:
+            monkeypatch.setattr(configs, "_table", lambda: table)
+            configs._order.cache_clear()
         configs._pinned.cache_clear()
     yield install
+    configs._order.cache_clear()
     configs._pinned.cache_clear()
 
 
@@ -92,14 +97,22 @@ def test_nearest_speed_rule(speed_tables):
     near = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 64, "dstate": 64, "chunk_size": 256})
     far = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 32, "dstate": 16, "chunk_size": 64})
     fp32 = table_key("sm_90", torch.float32, "chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 256})
+    pinned = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 64})
+    entry = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "num_warps": 2, "num_stages": 3}
     speed_tables({"chunk_state_fwd": ("num_warps",)},
-                 {near: {"num_warps": 8}, far: {"num_warps": 2}, fp32: {"num_warps": 4}})
+                 {near: {"num_warps": 8}, far: {"num_warps": 2}, fp32: {"num_warps": 4}}, table={pinned: entry})
     key = {"hdim": 64, "dstate": 256, "chunk_size": 256}  # dstate 64 is 2 octaves away, the other 8
     got = pinned_config("chunk_state_fwd", key, torch.bfloat16, "sm_90")
     assert got.num_warps == 8 and got.speed == f"nearest:{near}"
+    # a pinned-table entry is a timed entry too: nearest to chunk 64 (2 octaves) but not to the key above (3)
+    got = pinned_config("chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 32}, torch.bfloat16, "sm_90")
+    assert got.num_warps == 2 and got.speed == f"nearest:{pinned}"
+    # at the pinned entry's own key: that entry, no speed choice
+    at = pinned_config("chunk_state_fwd", {"hdim": 64, "dstate": 128, "chunk_size": 64}, torch.bfloat16, "sm_90")
+    assert at.speed == "" and at.as_dict() == entry and at.source == "table"
     assert configs._distance({"a": 64, "b": True}, {"a": 16, "b": True}) == 2.0
     assert configs._distance({"a": 64, "b": True}, {"a": 64, "b": False}) == float("inf")
-    # no entry of this dtype at all (fp16): the order configuration as it is
+    # no entry of this dtype at all (fp16; the table above has none): the order configuration as it is
     got16 = pinned_config("chunk_state_fwd", key, torch.float16, "sm_90")
     assert got16.speed == "" and got16 == order_config("chunk_state_fwd", key, torch.float16, "sm_90")
 
@@ -122,5 +135,5 @@ def test_speed_candidates_vary_only_neutral_parameters(speed_tables):
     for block, warps, stages in cands:
         assert block["BLOCK_SIZE_N"] == base["BLOCK_SIZE_N"] and block["BLOCK_SIZE_K"] == base["BLOCK_SIZE_K"]
         assert stages == base.num_stages
-    assert {w for _, w, _ in cands} == {2, 4, 8}
+    assert {w for _, w, _ in cands} == {2, 4, 8} and len(cands) <= len(SPEC.candidates) + 1 + 3
     assert {b["BLOCK_SIZE_M"] for b, _, _ in cands} == {c[0]["BLOCK_SIZE_M"] for c in SPEC.candidates}
