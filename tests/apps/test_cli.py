@@ -68,13 +68,13 @@ def test_bad_shape_on_the_command_line_exits_2(capsys):
         main(["bench", "--shape", "1,2,3"])
     assert ei.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --shape: expected B,L,d_model,N,G[,headdim,chunk]" in err and "'1,2,3'" in err
+    assert "argument --shape: expected B,L,d_model,N,G[,headdim,chunk[,dtype]]" in err and "'1,2,3'" in err
 
 
 def test_bench_subcommand_passes_its_options_through(tmp_path, capsys):
     rc = main(["bench", *SMOKE, "--modes", "ordered", "--out", str(tmp_path)])
     assert rc == 0
-    assert "| X1 | B2 L64 d32 N16 G1 P16 cs32 | ordered |" in capsys.readouterr().out
+    assert "| X1 | B2 L64 d32 N16 G1 P16 cs32 fp32 | ordered |" in capsys.readouterr().out
 
 
 def test_bench_without_cuda_exits_2_with_one_line(monkeypatch, capsys):

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import List
+from dataclasses import replace
+from typing import Dict, List
 
 from ..files import nonnegative_int, positive_int
 from .requirements import INSTALL
-from .shapes import MODES, SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list
+from .shapes import GRID, MODES, SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list
+
+# Per-row settings: rows of the grid (--grid) take GRID_DEFAULTS unless the option is given (then it applies to every
+# row). A grid row's steps take a few ms; the bit check's digests (every gradient copied to the host and hashed) and
+# native's autotuning cost more than its steps, so the grid runs fewer of each.
+DEFAULTS = {"repeats": 20, "warmup": 5, "bit_repeats": 10}
+GRID_DEFAULTS = {"repeats": 15, "warmup": 3, "bit_repeats": 5}
 
 
 def _argtype(fn):
@@ -32,23 +39,54 @@ def _seconds(s: str) -> float:
 def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     """The argument parser of the suite (``ordered-ssd bench`` and ``benchmarks/bench_layer.py``)."""
     shapes = "; ".join(f"{s.name} {s.dims()}" for s in SHAPES.values())
+    grid = "; ".join(f"{s.name} {s.dims()}" for s in GRID.values())
     parser = argparse.ArgumentParser(
         prog=prog, description="Time and measure one Mamba-2 layer's training step (forward + backward) with "
                                "mamba-ssm's Mamba2 (native, and upstream-det in a fresh process with its "
                                "deterministic switches) and OrderedMamba2 (ordered, literal). Needs a CUDA GPU and "
                                f"the native extras ({INSTALL}).",
-        epilog=f"Shapes: {shapes}.")
+        epilog=f"Shapes: {shapes}. Grid (--grid; 7 kernel keys (chunk, headdim, d_state, dtype) in all): {grid}.")
     parser.add_argument("--shapes", type=_argtype(parse_shape_list), default=None,
-                   help="comma-separated named shapes (default: all, unless --shape is given)")
+                   help="comma-separated named shapes, S1-S5, G1-G13, or grid for G1-G13 (default: S1-S5, unless "
+                        "--shape is given)")
     parser.add_argument("--shape", type=_argtype(parse_shape), action="append", default=[], metavar=SHAPE_FORMAT,
-                   help="an extra shape (repeatable; default: none); headdim 64 and chunk 256 unless given")
+                   help="an extra shape (repeatable; default: none); headdim 64, chunk 256 and dtype bf16 (or "
+                        "fp16) unless given")
+    parser.add_argument("--grid", action="store_true",
+                   help="add the grid G1-G13 to the shapes (B 1-64, L 512-16384, d_state 16-256, headdim 32-128, "
+                        "ngroups 1-8, chunk 64-256, bf16 and fp16; see the list below); its rows run with "
+                        f"--repeats {GRID_DEFAULTS['repeats']} --warmup {GRID_DEFAULTS['warmup']} --bit-repeats "
+                        f"{GRID_DEFAULTS['bit_repeats']} unless those are given")
     parser.add_argument("--modes", type=_argtype(parse_modes), default=None,
                    help=f"comma-separated from {','.join(MODES)} (default: all on CUDA, ordered on the CPU)")
-    parser.add_argument("--repeats", type=positive_int, default=20, help="timed steps per mode (median; default 20)")
-    parser.add_argument("--warmup", type=nonnegative_int, default=5,
-                   help="untimed steps per mode first (native autotuning happens here; default 5)")
-    parser.add_argument("--bit-repeats", type=positive_int, default=10,
-                   help="steps per mode whose gradient digests must agree (default 10)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                   help=f"timed steps per mode (median; default {DEFAULTS['repeats']}, {GRID_DEFAULTS['repeats']} on "
+                        "grid rows)")
+    parser.add_argument("--warmup", type=nonnegative_int, default=None,
+                   help=f"untimed steps per mode first (native autotuning happens here; default {DEFAULTS['warmup']}, "
+                        f"{GRID_DEFAULTS['warmup']} on grid rows)")
+    parser.add_argument("--bit-repeats", type=positive_int, default=None,
+                   help=f"steps per mode whose gradient digests must agree (default {DEFAULTS['bit_repeats']}, "
+                        f"{GRID_DEFAULTS['bit_repeats']} on grid rows)")
+    parser.add_argument("--host-steps", type=positive_int, default=5,
+                   help="steps per mode of the host-time phase: synchronize, time the Python call of one step, "
+                        "synchronize; median (default 5)")
+    parser.add_argument("--launch-steps", type=nonnegative_int, default=2,
+                   help="steps per mode profiled (torch.profiler) to count GPU launches per step, kernels, memset "
+                        "and memcpy; after all timing; 0 skips (default 2)")
+    parser.add_argument("--precompile-jobs", type=nonnegative_int, default=None, metavar="N",
+                   help="before any timing, N fresh worker processes run 2 untimed steps of every mode on their "
+                        "share of the shapes so that Triton's on-disk cache holds every kernel; 0 turns it off "
+                        "(default: 8 on CUDA, 0 on the CPU)")
+    parser.add_argument("--results-json", default=None, metavar="PATH",
+                   help="also merge this run (or, with --merge, the combined one) into PATH (e.g. "
+                        "docs/results/bench_h200.json; newest run first, earlier runs kept; rewritten after every "
+                        "shape) (default: none)")
+    parser.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                   help="measure nothing: print a run of a --results-json file as the markdown section for "
+                        "docs/performance.md (default: measure)")
+    parser.add_argument("--render-run", type=nonnegative_int, default=0, metavar="I",
+                   help="with --render: which run, 0 the newest (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the layer (default 0)")
     parser.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
     parser.add_argument("--breakdown", action="store_true",
@@ -61,7 +99,8 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "process's native)")
     parser.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="start no new shape or child process after this many seconds (skipped work is marked, exit "
-                        "status 1); a child still running 15 s after it is killed (default: no limit)")
+                        "status 1); a child still running 15 s after it is killed; with upstream-det its child keeps "
+                        "the last 25%% of the budget (default: no limit)")
     parser.add_argument("--device", default="cuda",
                    help="cuda or cuda:N (default); cpu runs the harness on the reference path in fp32 "
                         "(ordered/literal only): a smoke test, not a benchmark")
@@ -70,16 +109,40 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "earlier one of the same name) and write the table, JSON and chart to --out (default: measure)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--_child-spec", dest="child_spec", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_precompile-spec", dest="precompile_spec", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def resolve_shapes(args) -> List[Shape]:
-    """The shapes of parsed arguments: ``--shapes`` then every ``--shape`` (named X1, X2, ... unless given a name);
-    all named shapes if neither is given."""
+    """The shapes of parsed arguments: ``--shapes`` then every ``--shape`` (named X1, X2, ... unless given a name),
+    S1-S5 if neither is given; then, with ``--grid``, G1-G13 (those not already there)."""
     shapes = list(args.shapes or [])
     for i, s in enumerate(args.shape, 1):
-        shapes.append(Shape(f"X{i}" if s.name == s.spec() else s.name, s.B, s.L, s.d_model, s.N, s.G, s.headdim,
-                            s.chunk))
+        shapes.append(replace(s, name=f"X{i}" if s.name == s.spec() else s.name))
     if not shapes:
         shapes = list(SHAPES.values())
+    if getattr(args, "grid", False):
+        shapes += [s for s in GRID.values() if s not in shapes]
     return shapes
+
+
+def is_grid_row(shape: Shape) -> bool:
+    """Whether ``shape`` is one of the grid's (G1-G13, as named there)."""
+    return GRID.get(shape.name) == shape
+
+
+def resolve_settings(args) -> Dict[str, dict]:
+    """``{"default": settings, "grid": settings}`` of parsed arguments: ``repeats``, ``warmup``, ``bit_repeats``
+    (an option given applies to both; otherwise :data:`DEFAULTS` / :data:`GRID_DEFAULTS`), ``host_steps``,
+    ``launch_steps``, ``seed``."""
+    common = {"host_steps": args.host_steps, "launch_steps": args.launch_steps, "seed": args.seed}
+    out = {}
+    for kind, defaults in (("default", DEFAULTS), ("grid", GRID_DEFAULTS)):
+        out[kind] = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in defaults.items()}
+        out[kind].update(common)
+    return out
+
+
+def shape_settings(shape: Shape, settings: Dict[str, dict]) -> dict:
+    """The settings of one row: ``settings["grid"]`` for a grid row, ``settings["default"]`` otherwise."""
+    return settings["grid" if is_grid_row(shape) else "default"]

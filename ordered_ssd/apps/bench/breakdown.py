@@ -55,7 +55,9 @@ def aggregate_kernels(events: Iterable[tuple], steps: int) -> List[dict]:
     return rows
 
 
-def _profile_mode(runner: LayerRunner, mode: str, steps: int) -> List[tuple]:
+def profile_events(runner: LayerRunner, mode: str, steps: int) -> List[tuple]:
+    """``steps`` steps of ``mode`` under ``torch.profiler``. CUDA: ``(name, microseconds)`` of every kernel, memset
+    and memcpy the GPU ran; CPU: ``(operator, self CPU microseconds, calls)`` per operator."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = runner.cuda
@@ -79,7 +81,7 @@ def profile_breakdown(shape: Shape, modes: Sequence[str], settings: dict, device
     """Per-kernel GPU time of ``steps`` steps of each mode (after ``settings["warmup"]`` untimed steps, at least
     one), with ``torch.profiler``. On the CPU: self CPU time per operator instead. Returns
     ``{"shape", "dims", "steps", "unit", "modes": {mode: {"kernels": [...], "total_ms_per_step", "error"}}}``."""
-    out = {"shape": shape.name, "dims": shape.dims(), "steps": steps,
+    out = {"shape": shape.name, "dims": shape.dims(None if device.type == "cuda" else "fp32"), "steps": steps,
            "unit": "GPU kernel time (CUDA activity)" if device.type == "cuda" else "self CPU time per operator",
            "modes": {}}
     runner = LayerRunner(shape, modes, device, settings["seed"])
@@ -88,7 +90,7 @@ def profile_breakdown(shape: Shape, modes: Sequence[str], settings: dict, device
             try:
                 for _ in range(max(1, settings["warmup"])):
                     runner.step(m)
-                kernels = aggregate_kernels(_profile_mode(runner, m, steps), steps)
+                kernels = aggregate_kernels(profile_events(runner, m, steps), steps)
                 cats: Dict[str, float] = {}
                 for k in kernels:
                     cats[k["category"]] = cats.get(k["category"], 0.0) + k["ms_per_step"]

@@ -16,16 +16,20 @@ import torch
 import ordered_ssd
 
 from ..errors import EXIT_OK
+from .args import shape_settings
 from .requirements import DET_ENV
 from .runner import device_is_cuda, resolve_device
 from .shapes import Shape
-from .timing import bench_shape
+from .timing import bench_shape, count_launches, shape_result
 
 CHILD_MARK = "@@ordered-ssd-bench-child@@ "
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ordered_ssd.__file__)))  # put on the child's path
 
 
-def _child_env(kind: str) -> dict:
+def child_env(kind: str) -> dict:
+    """The environment of a fresh bench process: this one's, with ordered-ssd's root first on ``PYTHONPATH`` and
+    ``MAMBA_DETERMINISTIC`` / ``CAUSAL_CONV1D_DETERMINISTIC`` set to 1 for ``kind`` ``"upstream-det"`` and removed
+    for any other."""
     env = dict(os.environ)
     for k in DET_ENV:
         env.pop(k, None)
@@ -33,6 +37,22 @@ def _child_env(kind: str) -> dict:
         env.update({k: "1" for k in DET_ENV})
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def per_row_settings(settings: dict) -> dict:
+    """``{"default": ..., "grid": ...}`` from either that or one flat settings dict (then used for every row)."""
+    return settings if "default" in settings else {"default": settings, "grid": settings}
+
+
+def deterministic_mode_here() -> object:
+    """Whether mamba-ssm runs its deterministic mode in this process (imports mamba-ssm): True / False, or a
+    string saying why it is unknown."""
+    try:
+        from mamba_ssm.utils.determinism import use_deterministic_mode
+
+        return bool(use_deterministic_mode())
+    except ImportError as e:
+        return f"unknown ({e})"
 
 
 def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *, mode: str = "native",
@@ -44,17 +64,18 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
     :data:`CHILD_MARK`) and a final one with everything. ``deadline`` (``time.monotonic()`` value): the child
     starts no shape after it and is killed at it. Returns ``{"kind", "returncode", "meta", "shapes": {name:
     shape result}, "error"}``; a shape the child did not report has ``{"error": ...}`` rows. Raises
-    ``ValueError`` for another ``kind``; a failing child is reported in ``error``, never raised.
+    ``ValueError`` for another ``kind``; a failing child is reported in ``error``, never raised. ``settings``: one
+    dict for every row, or ``{"default": ..., "grid": ...}`` (grid rows take the second).
     """
     if kind not in ("upstream-det", "native"):
         raise ValueError(f"kind: expected 'upstream-det' or 'native', got {kind!r}")
-    spec = {"kind": kind, "mode": mode, "device": device, "settings": settings,
+    spec = {"kind": kind, "mode": mode, "device": device, "settings": per_row_settings(settings),
             "shapes": [asdict(s) for s in shapes],
             "time_budget": None if deadline is None else max(1.0, deadline - time.monotonic())}
     cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", "--_child-spec", json.dumps(spec)]
     out = {"kind": kind, "returncode": None, "meta": None, "shapes": {}, "error": None}
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=_child_env(kind), cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=None,
+    proc = subprocess.Popen(cmd, env=child_env(kind), cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=None,
                             stdin=subprocess.DEVNULL, text=True)
     timer = None
     killed = threading.Event()
@@ -96,8 +117,8 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
     for s in shapes:
         if s.name not in out["shapes"]:
             why = out["error"] or "not reported by the child"
-            out["shapes"][s.name] = {"name": s.name, "dims": s.dims(), "spec": s.spec(), "shape": asdict(s),
-                                     "rows": {mode: {"mode": mode, "error": f"{kind} child: {why}"}}}
+            out["shapes"][s.name] = dict(shape_result(s, torch.device(device)),
+                                         rows={mode: {"mode": mode, "error": f"{kind} child: {why}"}})
     return out
 
 
@@ -111,22 +132,25 @@ def child_main(spec_json: str) -> int:
     env = {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)}
     meta = {"kind": spec["kind"], "mode": mode, "pid": os.getpid(), "env": env, "deterministic_mode": None}
     if mode == "native" and device.type == "cuda":
-        try:
-            from mamba_ssm.utils.determinism import use_deterministic_mode
-
-            meta["deterministic_mode"] = bool(use_deterministic_mode())
-        except ImportError as e:
-            meta["deterministic_mode"] = f"unknown ({e})"
+        meta["deterministic_mode"] = deterministic_mode_here()
     log = lambda s: print(f"[bench {spec['kind']} child] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    settings = per_row_settings(spec["settings"])
+    shapes = [Shape(**shape_fields) for shape_fields in spec["shapes"]]
     results = []
-    for shape_fields in spec["shapes"]:
-        shape = Shape(**shape_fields)
+    for shape in shapes:
         if deadline is not None and time.monotonic() > deadline:
-            shape_result = {"name": shape.name, "dims": shape.dims(), "spec": shape.spec(), "shape": shape_fields,
-                 "rows": {mode: {"mode": mode, "error": "skipped: time budget"}}}
+            result = dict(shape_result(shape, device), rows={mode: {"mode": mode, "error": "skipped: time budget"}})
         else:
-            shape_result = bench_shape(shape, [mode], spec["settings"], device, log=log)
-        results.append(shape_result)
-        print(CHILD_MARK + json.dumps({"type": "shape", "result": shape_result}, default=str), flush=True)
+            result = bench_shape(shape, [mode], shape_settings(shape, settings), device, log=log)
+        results.append(result)
+        print(CHILD_MARK + json.dumps({"type": "shape", "result": result}, default=str), flush=True)
+    for shape, result in zip(shapes, results):  # after all timing: the profiler is never on while timing
+        row = result["rows"][mode]
+        if row.get("error") or not shape_settings(shape, settings).get("launch_steps", 2):
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            row["launches_error"] = "skipped: time budget"
+            continue
+        row.update(count_launches(shape, [mode], shape_settings(shape, settings), device, log=log)[mode])
     print(CHILD_MARK + json.dumps({"type": "done", "meta": meta, "shapes": results}, default=str), flush=True)
     return EXIT_OK

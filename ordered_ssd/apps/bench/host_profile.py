@@ -8,8 +8,8 @@ largest own (``tottime``) and cumulative host time over another ``steps`` steps 
 
     python -m ordered_ssd.apps.bench.host_profile --shape S5 --modes ordered,native --steps 20 --out prof/
 
-Uses the bench's ``LayerRunner`` (fp32 parameters, bf16 ``u``/``dout``, autocast bf16 on CUDA). A measuring
-tool, not a test: it asserts nothing.
+Uses the bench's ``LayerRunner`` (fp32 parameters; on CUDA ``u``/``dout`` and autocast in the shape's dtype, bf16
+unless the shape says fp16; fp32 on the CPU). A measuring tool, not a test: it asserts nothing.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def profile_mode(runner, mode, steps, top):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ordered_ssd.apps.bench.host_profile",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="S5", help="a named bench shape or B,L,d_model,N,G[,headdim,chunk]")
+    parser.add_argument("--shape", default="S5", help="a named bench shape (S1-S5, G1-G13) or "
+                                                       "B,L,d_model,N,G[,headdim,chunk[,dtype]]")
     parser.add_argument("--modes", default="ordered")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=35)
@@ -65,7 +66,8 @@ def main(argv=None):
     shape = named_or_parsed_shape(args.shape)
     modes = parse_modes(args.modes)
     runner = LayerRunner(shape, modes, torch.device(args.device), args.seed)
-    res = {"shape": shape.name, "dims": shape.dims(), "steps": args.steps, "modes": {}}
+    res = {"shape": shape.name, "dims": shape.dims(None if runner.cuda else "fp32"), "steps": args.steps,
+           "modes": {}}
     for m in modes:
         r = profile_mode(runner, m, args.steps, args.top)
         res["modes"][m] = r

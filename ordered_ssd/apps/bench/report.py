@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 from ..files import atomic_savefig, atomic_write_bytes
 from .requirements import BenchError
 from .shapes import MODES
+from .timing import TARGET_MEMORY, TARGET_TIME
 
 
 def _f(v, fmt: str) -> str:
@@ -23,26 +24,93 @@ def _bits_cell(r: dict) -> str:
     return f"**no** ({r.get('distinct_digest_sets', '?')} distinct of {n})"
 
 
-def format_table(results: dict) -> str:
+def _targets_cell(t: Optional[dict]) -> str:
+    if not t:
+        return ""
+    marks = {True: "✓", False: "**✗**", None: "—"}
+    return " · ".join(f"{label} {marks[t.get(key)]}" for label, key in (
+        ("time", "time"), ("mem", "memory"), ("det", "upstream_det")))
+
+
+def targets_summary(results: dict) -> str:
+    """One line on the targets of every shape's ordered row (:func:`timing.targets`): the shapes that met all
+    three, those that missed one (with the ratios that missed), those not fully measured."""
+    met, missed, partial = [], [], []
+    for shape_result in results.get("shapes", []):
+        r = shape_result.get("rows", {}).get("ordered") or {}
+        t = r.get("targets")
+        if not t:
+            continue
+        if t.get("met"):
+            met.append(shape_result["name"])
+        elif t.get("met") is False:
+            why = [f"{label} {_f(r.get(key), '.3f')}" for label, key, k in (
+                ("time", "ratio_ms", "time"), ("mem", "ratio_mem", "memory"), ("det", "ratio_ms_det", "upstream_det"))
+                if t.get(k) is False]
+            missed.append(f"{shape_result['name']} ({', '.join(why)})")
+        else:
+            partial.append(shape_result["name"])
+    total = len(met) + len(missed) + len(partial)
+    if not total:
+        return ""
+    line = (f"Targets (ordered / native ≤ {TARGET_TIME:.2f} step time and ≤ {TARGET_MEMORY:.2f} peak memory, ordered ≤ "
+            f"upstream-det): all met on {len(met)} of {total} shapes" + (f" ({', '.join(met)})" if met else ""))
+    if missed:
+        line += f"; missed on {', '.join(missed)}"
+    if partial:
+        line += f"; not all measured on {', '.join(partial)}"
+    return line + "."
+
+
+def _settings_text(meta: dict) -> str:
+    settings, grid = meta.get("settings", {}), meta.get("grid_settings")
+    text = (f"median of {settings.get('repeats')} interleaved steps per mode after {settings.get('warmup')} warm-up "
+            f"steps")
+    if grid and any(grid.get(k) != settings.get(k) for k in ("repeats", "warmup", "bit_repeats")):
+        text += (f" (grid rows: {grid.get('repeats')} after {grid.get('warmup')}, bit check over "
+                 f"{grid.get('bit_repeats')})")
+    return text
+
+
+def _precompile_text(pre: Optional[dict]) -> Optional[str]:
+    if not pre:
+        return None
+    text = (f"Precompile: {len(pre.get('tasks', []))} tasks in up to {pre.get('jobs')} worker processes, "
+            f"{_f(pre.get('wall_s'), '.1f')} s wall before any timing (excluded from every measurement)")
+    failed = [t for t in pre.get("tasks", []) if t.get("error")]
+    if failed:
+        text += f"; {len(failed)} failed: " + "; ".join(f"{t['name']}: {t['error']}" for t in failed)
+    return text + "."
+
+
+def format_table(results: dict, heading: bool = True) -> str:
     """The markdown report of ``results`` (the ``bench.json`` structure): a header with the machine, versions
-    and method, then one row per (shape, mode): ms/step, ratio to native, peak MiB, ratio, bitwise over N."""
+    and method (``heading``: under a ``#`` title), then one row per (shape, mode): ms/step, ratio to native
+    (and, for upstream-det, to the native of its own child process), ordered / upstream-det, host ms, GPU launches
+    per step, peak MiB, ratio, bitwise over N, and on the ordered row the targets; then a line on the targets."""
     meta = results.get("meta", {})
     versions = meta.get("versions", {})
-    lines = ["# ordered-ssd bench: one Mamba-2 layer, forward + backward", ""]
+    lines = ["# ordered-ssd bench: one Mamba-2 layer, forward + backward", ""] if heading else []
     lines.append(f"{meta.get('gpu') or meta.get('device', '?')} · torch {versions.get('torch')} · "
                  f"triton {versions.get('triton')} · mamba-ssm {versions.get('mamba-ssm')} · "
-                 f"causal-conv1d {versions.get('causal-conv1d')} · ordered-ssd {versions.get('ordered-ssd')} · "
-                 f"{meta.get('date', '?')}")
+                 f"causal-conv1d {versions.get('causal-conv1d')} · ordered-ssd {versions.get('ordered-ssd')}"
+                 + (f" ({meta['commit']})" if meta.get("commit") else "") + f" · {meta.get('date', '?')}")
     lines.append("")
     settings = meta.get("settings", {})
-    lines.append(f"{meta.get('precision', '')}; median of {settings.get('repeats')} interleaved steps per mode "
-                 f"after {settings.get('warmup')} warm-up steps ({meta.get('timer', '')}); peak = "
-                 f"max_memory_allocated over one step, per mode in its own phase; bitwise = the SHA-256 of every "
-                 f"parameter gradient and of the input gradient agree over {settings.get('bit_repeats')} steps.")
+    lines.append(f"{meta.get('precision', '')}; {_settings_text(meta)} ({meta.get('timer', '')}); host ms = the "
+                 f"Python call of one step with an idle GPU (synchronize before and after), median of "
+                 f"{settings.get('host_steps', '?')}; launches = GPU kernels, memsets and memcpys per step "
+                 f"(torch.profiler, after all timing); peak = max_memory_allocated over one step, per mode in its "
+                 f"own phase; bitwise = the SHA-256 of every parameter gradient and of the input gradient agree "
+                 f"over the bit-check steps.")
     if meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`"]
-    lines += ["", "| shape | dims | mode | ms/step | × native | × native (child) | peak MiB | × native | "
-                  "bitwise |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    pre = _precompile_text(results.get("precompile"))
+    if pre:
+        lines += ["", pre]
+    lines += ["", "| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | "
+                  "launches | peak MiB | × native | bitwise | targets |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     notes = []
     for shape_result in results.get("shapes", []):
         for m in MODES:
@@ -50,8 +118,8 @@ def format_table(results: dict) -> str:
             if r is None:
                 continue
             if r.get("error"):
-                lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | — | — | — | — | — "
-                             f"| error¹ |")
+                lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | — | — | — | — | — | — | — "
+                             f"| — | error¹ | |")
                 notes.append(f"{shape_result['name']} {m}: {r['error']}")
                 continue
             child = ""
@@ -59,17 +127,28 @@ def format_table(results: dict) -> str:
                 child = _f(r.get("ratio_ms_child"), ".3f")
                 if r.get("ratio_mem_child") is not None:
                     child += f" (mem {_f(r.get('ratio_mem_child'), '.3f')})"
+            det = _f(r.get("ratio_ms_det"), ".3f") if m == "ordered" else ""
             bits = _bits_cell(r)
             if m == "upstream-det" and r.get("deterministic_mode") is False:
                 bits += " (child NOT in deterministic mode!)"
             if m == "literal" and r.get("same_bits_as_ordered") is not None:
                 bits += ", = ordered" if r["same_bits_as_ordered"] else ", **≠ ordered**"
+            host = _f(r.get("host_ms"), ".2f") if "host_steps" in r else "—"  # older files: enqueue time, not this
+            if r.get("launches_error"):
+                notes.append(f"{shape_result['name']} {m} launches: {r['launches_error']}")
+            launches = _f(r.get("launches"), "g")
             lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | {_f(r.get('ms'), '.3f')} | "
-                         f"{_f(r.get('ratio_ms'), '.3f')} | {child} | {_f(r.get('peak_mib'), '.0f')} | "
-                         f"{_f(r.get('ratio_mem'), '.3f')} | {bits} |")
+                         f"{_f(r.get('ratio_ms'), '.3f')} | {child} | {det} | {host} | {launches} | "
+                         f"{_f(r.get('peak_mib'), '.0f')} | {_f(r.get('ratio_mem'), '.3f')} | {bits} | "
+                         f"{_targets_cell(r.get('targets')) if m == 'ordered' else ''} |")
     lines += ["", "× native: to the native median measured in this process (interleaved). × native (child), "
                   "upstream-det only: to the native median measured by the same harness in a fresh process "
-                  "without the deterministic switches."]
+                  "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms. "
+                  f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
+                  f"{TARGET_MEMORY:.2f}, det = ordered ≤ upstream-det (✓ met, ✗ missed, — not measured)."]
+    summary = targets_summary(results)
+    if summary:
+        lines += ["", summary]
     if notes:
         lines += ["", "¹ " + "; ".join(notes)]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ import torch
 from ... import OrderedMamba2
 from ...digest import tensor_sha256
 from .requirements import BenchError
-from .shapes import Shape
+from .shapes import Shape, torch_dtype
 
 
 def _share_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
@@ -28,8 +28,9 @@ class LayerRunner:
     """One shape's layers (sharing parameters) and inputs; ``step(mode)`` runs one training step.
 
     ``mode`` is ``native`` (mamba-ssm ``Mamba2``; in an upstream-det child this is the deterministic one),
-    ``ordered`` or ``literal`` (``OrderedMamba2`` with ``literal`` False / True). On CUDA: fp32 parameters, bf16
-    ``u``/``dout`` [B, L, d_model], autocast bf16. On the CPU: fp32 everything, no autocast.
+    ``ordered`` or ``literal`` (``OrderedMamba2`` with ``literal`` False / True). On CUDA: fp32 parameters,
+    ``u``/``dout`` [B, L, d_model] in the shape's dtype (bf16 or fp16), ``torch.autocast("cuda", dtype=...)`` of
+    that dtype, the same for every mode. On the CPU: fp32 everything, no autocast (the reference path).
     """
 
     def __init__(self, shape: Shape, modes: Iterable[str], device: torch.device, seed: int):
@@ -47,7 +48,7 @@ class LayerRunner:
             _share_parameters(native, self.ordered)
             self.layers["native"] = native
         self.params = list(self.ordered.named_parameters())
-        self.in_dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.in_dtype = torch_dtype(shape.dtype) if self.cuda else torch.float32
         generator = torch.Generator(device=device).manual_seed(seed + 1)
         shp = (shape.B, shape.L, shape.d_model)
         self.u = torch.randn(shp, generator=generator, device=device).to(self.in_dtype).requires_grad_(True)
@@ -64,7 +65,7 @@ class LayerRunner:
             layer.literal = mode == "literal"
         self.zero_grads()
         if self.cuda:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast("cuda", dtype=self.in_dtype):
                 out = layer(self.u)
         else:
             out = layer(self.u)

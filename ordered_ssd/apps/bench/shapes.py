@@ -1,17 +1,30 @@
-"""What the bench measures: the named shapes and the modes, and their command-line syntax."""
+"""What the bench measures: the named shapes (S1-S5 and the grid G1-G13) and the modes, and their command-line
+syntax."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 MODES = ("native", "upstream-det", "literal", "ordered")
 IN_PROCESS_MODES = ("native", "literal", "ordered")
+DTYPES = ("bf16", "fp16")  # the dtype of u/dout and of the autocast region, per shape (CUDA; the CPU runs fp32)
+
+
+def torch_dtype(name: str):
+    """``"bf16"`` / ``"fp16"`` / ``"fp32"`` -> the torch dtype. Raises ``ValueError`` for another name."""
+    import torch
+
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if name not in table:
+        raise ValueError(f"dtype: expected one of {', '.join(table)}, got {name!r}")
+    return table[name]
 
 
 @dataclass(frozen=True)
 class Shape:
     """One benchmark problem: batch ``B``, sequence length ``L``, ``d_model``, state dim ``N``, groups ``G``,
-    ``headdim`` and ``chunk_size`` (``d_conv`` 4 and ``expand`` 2 always)."""
+    ``headdim``, ``chunk_size`` and ``dtype`` (``"bf16"`` or ``"fp16"``: ``u``/``dout`` and the autocast dtype on
+    CUDA); ``d_conv`` 4 and ``expand`` 2 always."""
 
     name: str
     B: int
@@ -21,16 +34,26 @@ class Shape:
     G: int
     headdim: int = 64
     chunk: int = 256
+    dtype: str = "bf16"
 
     @property
     def nheads(self) -> int:
         return 2 * self.d_model // self.headdim
 
-    def dims(self) -> str:
-        return f"B{self.B} L{self.L} d{self.d_model} N{self.N} G{self.G} P{self.headdim} cs{self.chunk}"
+    def kernel_key(self) -> Tuple[int, int, int, str]:
+        """``(chunk_size, headdim, d_state, dtype)``: what mamba-ssm's SSD autotuner keys most kernels on (with
+        the tensors' dtypes), hence what costs native a full autotuning and ordered-ssd a compile."""
+        return (self.chunk, self.headdim, self.N, self.dtype)
+
+    def dims(self, dtype: Optional[str] = None) -> str:
+        """``"B2 L2048 d1024 N128 G1 P64 cs256 bf16"``; ``dtype`` overrides the dtype shown (the CPU runs fp32)."""
+        return (f"B{self.B} L{self.L} d{self.d_model} N{self.N} G{self.G} P{self.headdim} cs{self.chunk} "
+                f"{dtype or self.dtype}")
 
     def spec(self) -> str:
-        return f"{self.B},{self.L},{self.d_model},{self.N},{self.G},{self.headdim},{self.chunk}"
+        """The ``--shape`` text of this shape (the dtype only when it is not bf16)."""
+        text = f"{self.B},{self.L},{self.d_model},{self.N},{self.G},{self.headdim},{self.chunk}"
+        return text if self.dtype == "bf16" else f"{text},{self.dtype}"
 
 
 SHAPES: Dict[str, Shape] = {s.name: s for s in (
@@ -41,62 +64,94 @@ SHAPES: Dict[str, Shape] = {s.name: s for s in (
     Shape("S5", 64, 512, 768, 64, 1),
 )}
 
+# The grid (--grid): the key space of issue 14 (B 1..64, L 512..16384, d_state 16..256, headdim 32..128, ngroups
+# 1..8, chunk_size 64..256, bf16 and fp16) with 7 kernel keys (chunk, headdim, d_state, dtype) in all, two of them
+# S1-S4's and S5's: every new key costs native a full autotuning (in the timed process) and every process a compile,
+# so B, L, d_model and ngroups vary freely within a key instead. Peak memory of every row is a few GiB.
+GRID: Dict[str, Shape] = {s.name: s for s in (
+    Shape("G1", 64, 512, 256, 16, 1, 32, 64),             # (64, 32, 16, bf16): B 64, L 512
+    Shape("G2", 4, 8192, 1024, 16, 4, 32, 64),
+    Shape("G3", 4, 4096, 2048, 256, 8, 128, 128),         # (128, 128, 256, bf16): ngroups 8
+    Shape("G4", 16, 1024, 1024, 256, 1, 128, 128),
+    Shape("G5", 1, 16384, 2048, 128, 2, 64, 256),         # (256, 64, 128, bf16), S1-S4's key: B 1, L 16384
+    Shape("G6", 32, 512, 1536, 128, 4, 64, 256),
+    Shape("G7", 16, 2048, 1024, 64, 2, 64, 256),          # (256, 64, 64, bf16), S5's key
+    Shape("G8", 8, 2048, 1024, 128, 1, 64, 256, "fp16"),  # (256, 64, 128, fp16)
+    Shape("G9", 2, 16384, 768, 128, 2, 64, 256, "fp16"),
+    Shape("G10", 32, 1024, 1024, 64, 1, 128, 64, "fp16"),  # (64, 128, 64, fp16)
+    Shape("G11", 8, 4096, 2048, 64, 8, 128, 64, "fp16"),
+    Shape("G12", 1, 8192, 4096, 32, 8, 32, 128, "fp16"),   # (128, 32, 32, fp16): 256 heads
+    Shape("G13", 16, 2048, 512, 32, 1, 32, 128, "fp16"),
+)}
+NAMED: Dict[str, Shape] = {**SHAPES, **GRID}
 
-SHAPE_FORMAT = "B,L,d_model,N,G[,headdim,chunk]"
+SHAPE_FORMAT = "B,L,d_model,N,G[,headdim,chunk[,dtype]]"
+
+
+def _parse_int(label: str, p: str, text: str) -> int:
+    try:
+        v = int(p)
+    except ValueError:
+        raise ValueError(f"--shape: {label} must be a positive integer, got {p!r} in {text!r}") from None
+    if v < 1:
+        raise ValueError(f"--shape: {label} must be a positive integer, got {v} in {text!r}")
+    return v
 
 
 def parse_shape(text: str, name: Optional[str] = None) -> Shape:
-    """Parse ``"B,L,d_model,N,G[,headdim,chunk]"`` (positive integers; headdim 64 and chunk 256 by default).
+    """Parse ``"B,L,d_model,N,G[,headdim,chunk[,dtype]]"`` (positive integers; headdim 64, chunk 256 and dtype
+    bf16 by default; dtype ``bf16`` or ``fp16``).
 
     Returns a :class:`Shape` named ``name`` (default: the normalised spec). Raises ``ValueError`` with a message
-    naming the problem: not 5 or 7 integers, a value < 1, ``headdim`` not dividing ``2 * d_model`` (expand 2), or
-    ``G`` not dividing the number of heads ``2 * d_model / headdim``.
+    naming the problem: not 5, 7 or 8 fields, a value < 1, an unknown dtype, ``headdim`` not dividing
+    ``2 * d_model`` (expand 2), or ``G`` not dividing the number of heads ``2 * d_model / headdim``.
     """
     if not isinstance(text, str):
         raise ValueError(f"--shape: expected a string {SHAPE_FORMAT}, got {type(text).__name__}")
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (5, 7):
-        raise ValueError(f"--shape: expected {SHAPE_FORMAT} (5 or 7 comma-separated positive integers), "
-                         f"got {text!r}")
-    vals = []
-    for label, p in zip(("B", "L", "d_model", "N", "G", "headdim", "chunk"), parts):
-        try:
-            v = int(p)
-        except ValueError:
-            raise ValueError(f"--shape: {label} must be a positive integer, got {p!r} in {text!r}") from None
-        if v < 1:
-            raise ValueError(f"--shape: {label} must be a positive integer, got {v} in {text!r}")
-        vals.append(v)
+    if len(parts) not in (5, 7, 8):
+        raise ValueError(f"--shape: expected {SHAPE_FORMAT} (5 or 7 comma-separated positive integers, then "
+                         f"optionally a dtype), got {text!r}")
+    vals = [_parse_int(label, p, text) for label, p in zip(("B", "L", "d_model", "N", "G", "headdim", "chunk"),
+                                                            parts[:7])]
     B, L, d, N, G = vals[:5]
     headdim, chunk_size = (vals[5], vals[6]) if len(vals) == 7 else (64, 256)
+    dtype = parts[7].lower() if len(parts) == 8 else "bf16"
+    if dtype not in DTYPES:
+        raise ValueError(f"--shape: dtype must be one of {', '.join(DTYPES)}, got {parts[7]!r} in {text!r}")
     if (2 * d) % headdim:
         raise ValueError(f"--shape: headdim {headdim} must divide d_inner = 2 * d_model = {2 * d} in {text!r}")
     if ((2 * d) // headdim) % G:
         raise ValueError(f"--shape: G {G} must divide the number of heads 2 * d_model / headdim = {(2 * d) // headdim} "
                          f"in {text!r}")
-    shape = Shape(name or "", B, L, d, N, G, headdim, chunk_size)
-    return shape if name else Shape(shape.spec(), B, L, d, N, G, headdim, chunk_size)
+    shape = Shape(name or "", B, L, d, N, G, headdim, chunk_size, dtype)
+    return shape if name else Shape(shape.spec(), B, L, d, N, G, headdim, chunk_size, dtype)
 
 
 def named_or_parsed_shape(text: str) -> Shape:
-    """A named shape (``"S2"``, any case) or a :func:`parse_shape` spec. Raises ``ValueError`` as that does."""
+    """A named shape (``"S2"``, ``"G3"``, any case) or a :func:`parse_shape` spec. Raises ``ValueError`` as that
+    does."""
     key = text.strip().upper()
-    return SHAPES[key] if key in SHAPES else parse_shape(text)
+    return NAMED[key] if key in NAMED else parse_shape(text)
 
 
 def parse_shape_list(text: str) -> List[Shape]:
-    """``"S1,S3"`` -> the named shapes, in the order given. Raises ``ValueError`` for an unknown or empty name."""
+    """``"S1,S3,G2"`` -> the named shapes, in the order given (``grid`` stands for G1..G13). Raises ``ValueError``
+    for an unknown or empty name."""
     names = [n.strip() for n in text.split(",")]
     if not text.strip() or any(not n for n in names):
-        raise ValueError(f"--shapes: expected comma-separated names from {', '.join(SHAPES)}, got {text!r}")
-    out = []
+        raise ValueError(f"--shapes: expected comma-separated names from {', '.join(NAMED)} or grid, got {text!r}")
+    out: List[Shape] = []
     for n in names:
         key = n.upper()
-        if key not in SHAPES:
-            raise ValueError(f"--shapes: unknown shape {n!r}; known: {', '.join(SHAPES)} (use --shape "
+        if key == "GRID":
+            picked = list(GRID.values())
+        elif key in NAMED:
+            picked = [NAMED[key]]
+        else:
+            raise ValueError(f"--shapes: unknown shape {n!r}; known: {', '.join(NAMED)}, grid (use --shape "
                              f"{SHAPE_FORMAT} for any other)")
-        if SHAPES[key] not in out:
-            out.append(SHAPES[key])
+        out += [s for s in picked if s not in out]
     return out
 
 

@@ -1,39 +1,62 @@
-"""The suite: every shape and mode asked for, the breakdown and the child processes; the results rewritten after
-each (so an interrupted run leaves what it measured)."""
+"""The suite: the precompile phase, every shape and mode asked for, the launch counts, the breakdown and the child
+processes; the results rewritten after each (so an interrupted run leaves what it measured)."""
 from __future__ import annotations
 
 import datetime
 import os
+import subprocess
 import sys
 import time
-from dataclasses import asdict
-from typing import Optional, Sequence
+import uuid
+from typing import List, Optional, Sequence
 
 import torch
 
 from ...fingerprint import package_versions
 from ..errors import EXIT_OK
 from ..files import prepare_out_dir
+from .args import resolve_settings, resolve_shapes, shape_settings
 from .breakdown import profile_breakdown, write_breakdown
-from .children import run_child
+from .children import ROOT, run_child
+from .precompile import DEFAULT_JOBS_CUDA, run_precompile
 from .report import format_table, merge_results, write_results
 from .requirements import DET_ENV, BenchError, missing_requirements
-from .args import resolve_shapes
+from .results import load_runs, merge_run, render
 from .runner import error_text, free_memory, resolve_device
-from .shapes import IN_PROCESS_MODES, MODES, Shape, named_or_parsed_shape
-from .timing import bench_shape, finalize_ratios
+from .shapes import IN_PROCESS_MODES, MODES, Shape, named_or_parsed_shape, torch_dtype
+from .timing import bench_shape, count_launches, finalize_ratios, shape_result
 
 EXIT_INCOMPLETE = 1
+# With --time-budget and upstream-det, this share of the budget is kept for the upstream-det child: the shapes,
+# launch counts and breakdown of this process start nothing after the rest of it has passed.
+CHILD_RESERVE = 0.25
+
+
+def _commit() -> Optional[str]:
+    """The checkout's commit (``abc1234``, ``+dirty`` if it has changes), or None without git or a checkout."""
+    try:
+        def git(*a):
+            return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10)
+
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str) -> dict:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "versions": package_versions(), "device": str(device), "gpu": None, "settings": settings,
-            "command": " ".join([prog] + list(argv)),
-            "precision": ("fp32 parameters, bf16 u/dout, torch.autocast('cuda', dtype=torch.bfloat16)"
+            "run_id": uuid.uuid4().hex[:16], "commit": _commit(),
+            "versions": package_versions(), "device": str(device), "gpu": None, "settings": settings["default"],
+            "grid_settings": settings["grid"], "command": " ".join([prog] + list(argv)),
+            "precision": ("fp32 parameters; u/dout in the row's dtype (bf16 or fp16, shown in dims) and "
+                          "torch.autocast('cuda', dtype=that dtype)"
                           if device.type == "cuda" else "fp32 parameters and inputs (CPU reference path)"),
             "timer": "torch.cuda.Event per step" if device.type == "cuda" else "time.perf_counter per step",
-            "parent_env": {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)},
+            "parent_env": {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING", "TRITON_CACHE_DIR")},
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -55,31 +78,16 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
         import csrc_bindings
 
         launch = csrc_bindings.describe_launch(chunk_size=shape.chunk, headdim=shape.headdim, dstate=shape.N,
-                                          nheads=shape.nheads, ngroups=shape.G, dtype=torch.bfloat16, device=device)
+                                          nheads=shape.nheads, ngroups=shape.G, dtype=torch_dtype(shape.dtype),
+                                          device=device)
         return {k: {"config": v.get("config"), "source": v.get("source")} for k, v in launch["kernels"].items()}
     except Exception as e:  # noqa: BLE001
         return {"error": error_text(e)}
 
 
-def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
-    """Run the suite for parsed ``args`` (see :func:`build_parser`); print the table; return the exit status
-    (0 everything measured, 1 some rows failed or were skipped, 2 usage). Raises :class:`BenchError`."""
-    log = (lambda s: None) if args.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
-    if args.merge:
-        out = prepare_out_dir(args.out)
-        results = merge_results(args.merge)
-        paths = write_results(out, results)
-        sys.stdout.write(format_table(results))
-        print(f"\nwrote {paths['md']}, {paths['json']}" + (f", {paths['png']}" if paths["png"] else
-                                                             f" ({paths['png_note']})"))
-        return EXIT_OK
-    t_start = time.monotonic()
-    deadline = None if args.time_budget is None else t_start + args.time_budget
-    device = resolve_device(args.device)
-    modes = args.modes or (list(MODES) if device.type == "cuda" else ["ordered"])
-    shapes = resolve_shapes(args)
+def _check_environment(modes: Sequence[str], args, device: torch.device) -> None:
     if device.type == "cpu" and not args.shape and not args.shapes:
-        raise BenchError("--device cpu: give a small --shape (S1-S5 are GPU sizes)")
+        raise BenchError("--device cpu: give a small --shape (S1-S5 and the grid are GPU sizes)")
     missing = missing_requirements(args.device, modes)
     if missing:
         raise BenchError(missing)
@@ -89,6 +97,40 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
     if "native" in modes and torch.are_deterministic_algorithms_enabled():
         raise BenchError("torch.use_deterministic_algorithms is on: mamba-ssm would run its deterministic mode "
                          "as 'native'")
+
+
+def _measure_only(args) -> Optional[int]:
+    """``--render`` / ``--merge``: measure nothing; None when neither is given."""
+    if args.render:
+        sys.stdout.write(render(args.render, args.render_run))
+        return EXIT_OK
+    if args.merge:
+        out = prepare_out_dir(args.out)
+        results = merge_results(args.merge)
+        results["meta"]["run_id"] = uuid.uuid4().hex[:16]  # a new run in --results-json, not the first file's
+        paths = write_results(out, results)
+        if args.results_json:
+            merge_run(args.results_json, results)
+        sys.stdout.write(format_table(results))
+        print(f"\nwrote {paths['md']}, {paths['json']}" + (f", {paths['png']}" if paths["png"] else
+                                                             f" ({paths['png_note']})"))
+        return EXIT_OK
+    return None
+
+
+def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
+    """Run the suite for parsed ``args`` (see :func:`build_parser`); print the table; return the exit status
+    (0 everything measured, 1 some rows failed or were skipped, 2 usage). Raises :class:`BenchError`."""
+    log = (lambda s: None) if args.quiet else (lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True))
+    done = _measure_only(args)
+    if done is not None:
+        return done
+    t_start = time.monotonic()
+    deadline = None if args.time_budget is None else t_start + args.time_budget
+    device = resolve_device(args.device)
+    modes = args.modes or (list(MODES) if device.type == "cuda" else ["ordered"])
+    shapes = resolve_shapes(args)
+    _check_environment(modes, args, device)
     breakdown_shape = None
     if args.breakdown:
         name = args.breakdown_shape.strip()
@@ -96,82 +138,143 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
             breakdown_shape = named_or_parsed_shape(name)
         except ValueError as e:
             raise BenchError(str(e).replace("--shape", "--breakdown-shape", 1)) from None
+    if args.results_json:
+        load_runs(args.results_json)  # a file that is not a results file: an error now, not after the run
+    jobs = args.precompile_jobs if args.precompile_jobs is not None else (
+        DEFAULT_JOBS_CUDA if device.type == "cuda" else 0)
     if device.type == "cuda":
         device = resolve_device(args.device, index=True)
         torch.cuda.set_device(device)
     out = prepare_out_dir(args.out)
-    settings = {"repeats": args.repeats, "warmup": args.warmup, "bit_repeats": args.bit_repeats, "seed": args.seed}
+    settings = resolve_settings(args)
     results = {"meta": _meta(device, settings, argv, prog), "modes": modes, "children": {},
-               "shapes": [{"name": s.name, "dims": s.dims(), "spec": s.spec(), "shape": asdict(s), "rows": {},
-                           "pinned": _pinned(s, device)} for s in shapes]}
-    by_name = {shape_result["name"]: shape_result for shape_result in results["shapes"]}
+               "shapes": [dict(shape_result(s, device), pinned=_pinned(s, device)) for s in shapes]}
+    by_name = {sr["name"]: sr for sr in results["shapes"]}
     in_modes = [m for m in modes if m in IN_PROCESS_MODES]
 
     def over() -> bool:
         return deadline is not None and time.monotonic() > deadline
 
-    def save() -> dict:
-        for shape_result in results["shapes"]:
-            finalize_ratios(shape_result)
-        results["meta"]["elapsed_s"] = round(time.monotonic() - t_start, 1)
-        return write_results(out, results)
+    in_process_deadline = deadline
+    if deadline is not None and "upstream-det" in modes:
+        in_process_deadline = deadline - CHILD_RESERVE * args.time_budget
 
+    def over_in_process() -> bool:
+        return in_process_deadline is not None and time.monotonic() > in_process_deadline
+
+    def save() -> dict:
+        for sr in results["shapes"]:
+            finalize_ratios(sr)
+        results["meta"]["elapsed_s"] = round(time.monotonic() - t_start, 1)
+        paths = write_results(out, results)
+        if args.results_json:
+            merge_run(args.results_json, results)
+        return paths
+
+    if jobs:
+        pre_shapes = list(shapes) + ([breakdown_shape] if breakdown_shape is not None else [])
+        results["precompile"] = run_precompile(pre_shapes, modes, str(device), jobs, args.seed,
+                                               os.path.join(out, "precompile"), deadline=in_process_deadline,
+                                               log=log)
+        save()
     if in_modes:
         for s in shapes:
-            if over():
+            if over_in_process():
                 by_name[s.name]["rows"].update({m: {"mode": m, "error": "skipped: time budget"} for m in in_modes})
                 continue
             log(f"{s.name} ({s.dims()}): {', '.join(in_modes)}")
-            measured = bench_shape(s, in_modes, settings, device, log=log)
+            measured = bench_shape(s, in_modes, shape_settings(s, settings), device, log=log)
             by_name[s.name]["rows"].update(measured["rows"])
+            by_name[s.name]["settings"] = measured["settings"]
             save()
+        _launch_phase(shapes, in_modes, settings, device, by_name, over_in_process, log)
+        save()
     if breakdown_shape is not None:
-        breakdown_modes = [m for m in ("native", "ordered") if m in modes] or [m for m in in_modes[:1]]
-        if over():
-            log("breakdown skipped: time budget")
-            results["breakdown"] = {"error": "skipped: time budget"}
-        elif breakdown_modes:
-            log(f"breakdown: {breakdown_shape.name} ({breakdown_shape.dims()}), {', '.join(breakdown_modes)}")
-            try:
-                breakdown = profile_breakdown(breakdown_shape, breakdown_modes, settings, device,
-                                              args.breakdown_steps, log=log)
-            except Exception as e:  # noqa: BLE001 - e.g. out of memory building the layer; the rest goes on
-                results["breakdown"] = {"error": error_text(e)}
-                log(f"breakdown failed: {error_text(e)}")
-            else:
-                write_breakdown(out, breakdown)
-                results["breakdown"] = {"file": "breakdown.md", "shape": breakdown_shape.name, "total_ms_per_step": {
-                    m: v["total_ms_per_step"] for m, v in breakdown["modes"].items()}}
-            free_memory(device)
-            save()
+        _breakdown_phase(breakdown_shape, modes, in_modes, settings["default"], device, args, out, results,
+                         over_in_process, log)
+        save()
     if "upstream-det" in modes:
-        kinds = ["upstream-det"] + ([] if args.no_native_child else ["native"])
-        for kind in kinds:
-            if over():
-                results["children"][kind] = {"error": "skipped: time budget"}
-                for shape_result in results["shapes"]:
-                    if kind == "upstream-det":
-                        shape_result["rows"]["upstream-det"] = {"mode": "upstream-det", "error": "skipped: time budget"}
-                continue
-            log(f"starting the {kind} child process ({len(shapes)} shapes)")
-            free_memory(device)
-            child = run_child(kind, shapes, settings, str(device), deadline=deadline, log=log)
-            results["children"][kind] = {k: child[k] for k in ("returncode", "meta", "error", "wall_s")}
-            for shape_result in results["shapes"]:
-                row = dict(child["shapes"][shape_result["name"]]["rows"]["native"])
-                row["mode"] = "upstream-det" if kind == "upstream-det" else "native"
-                row["process"] = f"child ({kind})"
-                if kind == "upstream-det":
-                    row["deterministic_mode"] = (child.get("meta") or {}).get("deterministic_mode")
-                    shape_result["rows"]["upstream-det"] = row
-                elif "upstream-det" in shape_result["rows"]:
-                    shape_result["rows"]["upstream-det"]["child_native"] = {k: row.get(k) for k in (
-                        "ms", "ms_min", "ms_max", "n", "peak_mib", "step_mib", "bitwise", "error")}
-            save()
+        skipped = {s.name for s in shapes if in_modes and all(
+            by_name[s.name]["rows"][m].get("error") == "skipped: time budget" for m in in_modes)}
+        for s in shapes:
+            if s.name in skipped:
+                by_name[s.name]["rows"]["upstream-det"] = {"mode": "upstream-det", "error": "skipped: time budget"}
+        _child_phase([s for s in shapes if s.name not in skipped], settings, device, args, results, deadline,
+                     over, log, save)
     note = save()["png_note"]
     sys.stdout.write(format_table(results))
     if results.get("breakdown", {}).get("file"):
         print(f"\nper-kernel breakdown: {os.path.join(out, 'breakdown.md')}")
-    print(f"\nwrote {os.path.join(out, 'bench.md')}, bench.json" + (f" ({note})" if note else ", bench.png"))
-    complete = all(not r.get("error") for shape_result in results["shapes"] for r in shape_result["rows"].values())
+    print(f"\nwrote {os.path.join(out, 'bench.md')}, bench.json" + (f" ({note})" if note else ", bench.png")
+          + (f", {args.results_json}" if args.results_json else ""))
+    complete = all(not r.get("error") for sr in results["shapes"] for r in sr["rows"].values())
     return EXIT_OK if complete else EXIT_INCOMPLETE
+
+
+def _launch_phase(shapes: Sequence[Shape], in_modes: Sequence[str], settings: dict, device: torch.device,
+                  by_name: dict, over, log) -> None:
+    """GPU launches per step of every in-process mode that was measured, after all timing of this process."""
+    for s in shapes:
+        rows = by_name[s.name]["rows"]
+        alive: List[str] = [m for m in in_modes if m in rows and not rows[m].get("error")]
+        if not alive or not shape_settings(s, settings)["launch_steps"]:
+            continue
+        if over():
+            for m in alive:
+                rows[m]["launches_error"] = "skipped: time budget"
+            continue
+        for m, counted in count_launches(s, alive, shape_settings(s, settings), device, log=log).items():
+            rows[m].update(counted)
+
+
+def _breakdown_phase(shape: Shape, modes, in_modes, settings: dict, device, args, out: str, results: dict, over,
+                     log) -> None:
+    breakdown_modes = [m for m in ("native", "ordered") if m in modes] or [m for m in in_modes[:1]]
+    if over():
+        log("breakdown skipped: time budget")
+        results["breakdown"] = {"error": "skipped: time budget"}
+    elif breakdown_modes:
+        log(f"breakdown: {shape.name} ({shape.dims()}), {', '.join(breakdown_modes)}")
+        try:
+            breakdown = profile_breakdown(shape, breakdown_modes, settings, device, args.breakdown_steps, log=log)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory building the layer; the rest goes on
+            results["breakdown"] = {"error": error_text(e)}
+            log(f"breakdown failed: {error_text(e)}")
+        else:
+            write_breakdown(out, breakdown)
+            results["breakdown"] = {"file": "breakdown.md", "shape": shape.name, "total_ms_per_step": {
+                m: v["total_ms_per_step"] for m, v in breakdown["modes"].items()}}
+        free_memory(device)
+
+
+def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results: dict, deadline, over, log,
+                 save) -> None:
+    """The upstream-det child process (and, unless ``--no-native-child``, the fresh native one), on ``shapes``
+    (those this process did not skip)."""
+    kinds = ["upstream-det"] + ([] if args.no_native_child else ["native"])
+    names = {s.name for s in shapes}
+    for kind in kinds:
+        if over() or not shapes:
+            results["children"][kind] = {"error": "skipped: time budget"}
+            for sr in results["shapes"]:
+                if kind == "upstream-det":
+                    sr["rows"]["upstream-det"] = {"mode": "upstream-det", "error": "skipped: time budget"}
+            continue
+        log(f"starting the {kind} child process ({len(shapes)} shapes)")
+        free_memory(device)
+        child = run_child(kind, shapes, settings, str(device), deadline=deadline, log=log)
+        results["children"][kind] = {k: child[k] for k in ("returncode", "meta", "error", "wall_s")}
+        for sr in results["shapes"]:
+            if sr["name"] not in names:
+                continue
+            row = dict(child["shapes"][sr["name"]]["rows"]["native"])
+            row["mode"] = "upstream-det" if kind == "upstream-det" else "native"
+            row["process"] = f"child ({kind})"
+            if kind == "upstream-det":
+                row["deterministic_mode"] = (child.get("meta") or {}).get("deterministic_mode")
+                sr["rows"]["upstream-det"] = row
+            elif "upstream-det" in sr["rows"]:
+                sr["rows"]["upstream-det"]["child_native"] = {k: row.get(k) for k in (
+                    "ms", "ms_min", "ms_max", "n", "peak_mib", "step_mib", "bitwise", "error", "host_ms",
+                    "launches")}
+        save()

@@ -1,4 +1,5 @@
-"""The measurements of one shape in this process: interleaved timing, peak memory, the bit check."""
+"""The measurements of one shape in this process: interleaved timing, host time, peak memory, the bit check; the
+launch count (after all timing); the ratios and the targets."""
 from __future__ import annotations
 
 import gc
@@ -11,10 +12,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from .breakdown import kernel_category, profile_events
 from .runner import LayerRunner, error_text, free_memory, sync
 from .shapes import Shape
 
 MiB = float(2 ** 20)
+# The targets of issue 14, on every shape: ordered / native <= 1.05 step time and <= 1.10 peak memory, and ordered
+# no slower than upstream-det.
+TARGET_TIME = 1.05
+TARGET_MEMORY = 1.10
 
 
 def _stats(ms: List[float]) -> dict:
@@ -78,6 +84,23 @@ def _peak_memory(runner: LayerRunner, mode: str) -> dict:
     return {"peak_mib": peak / MiB, "step_mib": (peak - base) / MiB, "resident_mib": base / MiB}
 
 
+def _host_time(runner: LayerRunner, mode: str, steps: int) -> dict:
+    """The host (Python) time of one step with an idle GPU: synchronize, time the call ``runner.step(mode)``,
+    synchronize; ``steps`` times, median. On CUDA this is the time to enqueue the step without waiting on a full
+    launch queue; it includes any synchronisation the step does itself."""
+    ms = []
+    for _ in range(steps):
+        runner.zero_grads()
+        sync(runner.device)
+        t0 = time.perf_counter()
+        runner.step(mode)
+        t1 = time.perf_counter()
+        sync(runner.device)
+        ms.append(1000.0 * (t1 - t0))
+    runner.zero_grads()
+    return {"host_ms": statistics.median(ms), "host_ms_all": [round(t, 4) for t in ms], "host_steps": steps}
+
+
 def _bit_check(runner: LayerRunner, mode: str, repeats: int) -> dict:
     first, distinct, differing = None, set(), set()
     for _ in range(repeats):
@@ -98,8 +121,10 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
                 log: Callable[[str], None] = lambda s: None) -> dict:
     """Warm up, time (interleaved), measure peak memory and check the bits of every in-process mode of one
     shape. Returns ``{"name", "dims", "spec", "rows": {mode: row}}``; a mode that raises gets ``{"error": ...}``
-    and the others go on. ``settings``: ``repeats``, ``warmup``, ``bit_repeats``, ``seed``."""
-    res = {"name": shape.name, "dims": shape.dims(), "spec": shape.spec(), "shape": asdict(shape), "rows": {}}
+    and the others go on. ``settings``: ``repeats``, ``warmup``, ``bit_repeats``, ``seed``, ``host_steps``
+    (default 5). The launch count is not measured here (:func:`count_launches`, after all timing)."""
+    res = shape_result(shape, device)
+    res["settings"] = dict(settings)
     rows = res["rows"]
     try:
         runner = LayerRunner(shape, modes, device, settings["seed"])
@@ -130,7 +155,7 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
                                      host=host)
             for m in alive:
                 rows[m].update(_stats(times[m]))
-                rows[m]["host_ms"] = statistics.median(host[m])
+                rows[m]["enqueue_ms"] = statistics.median(host[m])
             if "native" in times:
                 for m in alive:
                     paired = [a / b for a, b in zip(times[m], times["native"]) if b > 0]
@@ -140,11 +165,15 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
             for m in alive:
                 rows[m]["error"] = "timing: " + error_text(e)
             alive = []
-    for phase in ("memory", "bits"):  # each mode in its own phase (peaks do not mix)
+    for phase in ("host", "memory", "bits"):  # each mode in its own phase (peaks do not mix)
         for m in list(alive):
             try:
-                rows[m].update(_peak_memory(runner, m) if phase == "memory"
-                               else _bit_check(runner, m, settings["bit_repeats"]))
+                if phase == "host":
+                    rows[m].update(_host_time(runner, m, settings.get("host_steps", 5)))
+                elif phase == "memory":
+                    rows[m].update(_peak_memory(runner, m))
+                else:
+                    rows[m].update(_bit_check(runner, m, settings["bit_repeats"]))
             except Exception as e:  # noqa: BLE001
                 rows[m]["error"] = f"{phase}: " + error_text(e)
                 alive.remove(m)
@@ -158,14 +187,79 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
     return res
 
 
+def shape_result(shape: Shape, device: torch.device) -> dict:
+    """The empty result of one shape: ``{"name", "dims", "spec", "shape", "dtype", "rows": {}}``; ``dtype`` is
+    what the steps run in (the shape's on CUDA, ``fp32`` on the CPU's reference path)."""
+    dtype = shape.dtype if device.type == "cuda" else "fp32"
+    return {"name": shape.name, "dims": shape.dims(dtype), "spec": shape.spec(), "shape": asdict(shape),
+            "dtype": dtype, "rows": {}}
+
+
+def count_launches(shape: Shape, modes: Sequence[str], settings: dict, device: torch.device,
+                   log: Callable[[str], None] = lambda s: None) -> Dict[str, dict]:
+    """GPU launches per step of every mode of one shape: one untimed step, then ``settings["launch_steps"]`` steps
+    under ``torch.profiler`` (CUDA activity); every kernel, memset and memcpy the GPU ran counts. Run it after all
+    timing in a process (the profiler is never active while anything is timed). Returns ``{mode: {"launches",
+    "launch_steps", "launches_by_category"}}`` (``launches`` None on the CPU, which launches no GPU work), or
+    ``{mode: {"launches_error": ...}}`` for a mode that raises."""
+    steps = settings.get("launch_steps", 2)
+    out: Dict[str, dict] = {}
+    try:
+        runner = LayerRunner(shape, modes, device, settings["seed"])
+    except Exception as e:  # noqa: BLE001
+        free_memory(device)
+        return {m: {"launches_error": "building the layer: " + error_text(e)} for m in modes}
+    for m in modes:
+        try:
+            runner.step(m)
+            if device.type != "cuda":
+                out[m] = {"launches": None, "launch_steps": steps, "launches_by_category": None}
+                continue
+            events = profile_events(runner, m, steps)
+            cats: Dict[str, float] = {}
+            for name, _ in events:
+                cats[kernel_category(name)] = cats.get(kernel_category(name), 0) + 1.0 / steps
+            out[m] = {"launches": len(events) / steps, "launch_steps": steps, "launches_by_category": cats}
+            log(f"{shape.name} {m}: {out[m]['launches']:g} launches per step")
+        except Exception as e:  # noqa: BLE001
+            out[m] = {"launches_error": error_text(e)}
+        runner.zero_grads()
+    del runner
+    free_memory(device)
+    return out
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+
+
+def targets(rows: dict) -> Optional[dict]:
+    """The targets of the ordered row of one shape: ``{"time", "memory", "upstream_det"}``, each True (met), False
+    (missed) or None (not measured: no native / upstream-det row, or an error), and ``"met"``: True if all three
+    were measured and met, False if one was missed, else None. ``None`` without an ordered row."""
+    ordered = rows.get("ordered")
+    if not ordered or ordered.get("error"):
+        return None
+
+    def check(value, limit):
+        return None if value is None else bool(value <= limit)
+
+    out = {"time": check(ordered.get("ratio_ms"), TARGET_TIME),
+           "memory": check(ordered.get("ratio_mem"), TARGET_MEMORY),
+           "upstream_det": check(ordered.get("ratio_ms_det"), 1.0)}
+    verdicts = list(out.values())
+    out["met"] = False if False in verdicts else (True if None not in verdicts else None)
+    return out
+
+
 def finalize_ratios(shape_res: dict) -> None:
-    """Fill ``ratio_ms`` / ``ratio_mem`` of every row (to this process's native row), and for upstream-det also
-    ``ratio_ms_child`` / ``ratio_mem_child`` (to the native measured in its own fresh child process)."""
+    """Fill ``ratio_ms`` / ``ratio_mem`` of every row (to this process's native row); for upstream-det also
+    ``ratio_ms_child`` / ``ratio_mem_child`` (to the native measured in its own fresh child process); for ordered
+    ``ratio_ms_det`` (ordered ms / upstream-det ms, where upstream-det ran) and ``targets`` (:func:`targets`)."""
     rows = shape_res["rows"]
     native = rows.get("native") or {}
-
-    def ratio(a, b):
-        return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+    det = rows.get("upstream-det") or {}
+    ratio = _ratio
 
     for m, r in rows.items():
         if r.get("error"):
@@ -176,3 +270,6 @@ def finalize_ratios(shape_res: dict) -> None:
         if m == "upstream-det" and child and not child.get("error"):
             r["ratio_ms_child"] = ratio(r.get("ms"), child.get("ms"))
             r["ratio_mem_child"] = ratio(r.get("peak_mib"), child.get("peak_mib"))
+        if m == "ordered":
+            r["ratio_ms_det"] = ratio(r.get("ms"), det.get("ms")) if not det.get("error") else None
+            r["targets"] = targets(rows)

@@ -10,11 +10,12 @@ def test_host_profile_on_the_cpu(tmp_path, capsys):
     """The host profile runs one shape on the reference path and writes what it measured: host times
     for the mode asked for and a cProfile in which the ordered backward ran once per profiled step (no timing
     assertions)."""
-    assert host_profile.main(["--shape", TINY, "--device", "cpu", "--steps", "2", "--top", "50", "--out", str(tmp_path)]) == 0
+    argv = ["--shape", TINY, "--device", "cpu", "--steps", "2", "--top", "50", "--out", str(tmp_path)]
+    assert host_profile.main(argv) == 0
     out = capsys.readouterr().out
     assert f"== {TINY} ordered: host " in out
     res = json.load(open(tmp_path / f"host_profile_{TINY}.json"))
-    assert res["dims"] == "B2 L64 d32 N16 G1 P16 cs32" and list(res["modes"]) == ["ordered"]
+    assert res["dims"] == "B2 L64 d32 N16 G1 P16 cs32 fp32" and list(res["modes"]) == ["ordered"]
     r = res["modes"]["ordered"]
     assert r["host_ms_median"] > 0 and r["gpu_ms_median"] is None
     prof = r["profile"]["cumulative"]

@@ -14,18 +14,28 @@ def _synthetic():
                     "timer": "torch.cuda.Event per step", "command": "ordered-ssd bench",
                     "versions": {"torch": "2.11.0", "triton": "3.6.0", "mamba-ssm": "2.3.2.post1",
                                  "causal-conv1d": "1.7.0", "ordered-ssd": "0.1"},
-                    "settings": {"repeats": 20, "warmup": 5, "bit_repeats": 10}}, "shapes": []}
+                    "settings": {"repeats": 20, "warmup": 5, "bit_repeats": 10, "host_steps": 5},
+                    "grid_settings": {"repeats": 15, "warmup": 3, "bit_repeats": 5, "host_steps": 5}},
+           "precompile": {"jobs": 8, "wall_s": 61.25, "tasks": [
+               {"name": "plain-cs256-P64-N128-bf16", "error": None},
+               {"name": "upstream-det-cs256-P64-N128-bf16", "error": "S1 native: OutOfMemoryError: x"}]},
+           "shapes": []}
+    host = {"host_ms": 2.5, "host_steps": 5, "launches": 61.0}
     for i, name in enumerate(["S1", "S2"]):
         rows = {
             "native": {"mode": "native", "ms": 10.0 + i, "peak_mib": 1000.0, "bitwise": False, "bit_repeats": 10,
-                       "distinct_digest_sets": 7},
+                       "distinct_digest_sets": 7, **host},
             "upstream-det": {"mode": "upstream-det", "ms": 15.0, "peak_mib": 1100.0, "bitwise": True,
-                             "bit_repeats": 10, "child_native": {"ms": 12.0, "peak_mib": 1000.0}},
+                             "bit_repeats": 10, "child_native": {"ms": 12.0, "peak_mib": 1000.0}, **host},
             "literal": {"mode": "literal", "ms": 30.0, "peak_mib": 1500.0, "bitwise": True, "bit_repeats": 10,
                         "same_bits_as_ordered": True},
-            "ordered": {"mode": "ordered", "ms": 10.5, "peak_mib": 1050.0, "bitwise": True, "bit_repeats": 10},
+            "ordered": {"mode": "ordered", "ms": 10.5, "peak_mib": 1050.0, "bitwise": True, "bit_repeats": 10,
+                        "host_ms": 3.25, "host_steps": 5, "launches": 88.5},
         }
         res["shapes"].append({"name": name, "dims": bench.SHAPES[name].dims(), "rows": rows})
+    grid_rows = {"native": {"mode": "native", "ms": 4.0, "peak_mib": 200.0},
+                 "ordered": {"mode": "ordered", "ms": 4.1, "peak_mib": 230.0}}
+    res["shapes"].append({"name": "G1", "dims": bench.GRID["G1"].dims(), "rows": grid_rows})
     res["shapes"][1]["rows"]["literal"] = {"mode": "literal", "error": "timing: OutOfMemoryError: CUDA out of memory"}
     for sr in res["shapes"]:
         bench.finalize_ratios(sr)
@@ -39,15 +49,32 @@ def test_ratios_and_table():
     assert r["ordered"]["ratio_mem"] == pytest.approx(1.05)
     assert r["upstream-det"]["ratio_ms"] == pytest.approx(1.5) and r["upstream-det"]["ratio_ms_child"] == 1.25
     assert r["upstream-det"]["ratio_mem_child"] == pytest.approx(1.1)
+    assert r["ordered"]["ratio_ms_det"] == pytest.approx(0.7) and "ratio_ms_det" not in r["native"]
+    assert r["ordered"]["targets"] == {"time": True, "memory": True, "upstream_det": True, "met": True}
+    r2 = res["shapes"][1]["rows"]  # native 11 ms: 10.5 / 11 = 0.955
+    assert r2["ordered"]["targets"]["met"] is True and r2["ordered"]["ratio_ms"] == pytest.approx(10.5 / 11)
+    g = res["shapes"][2]["rows"]["ordered"]  # 4.1 / 4.0 = 1.025 time, 230 / 200 = 1.15 memory, no upstream-det
+    assert g["ratio_ms_det"] is None
+    assert g["targets"] == {"time": True, "memory": False, "upstream_det": None, "met": False}
     md = bench.format_table(res)
-    assert "| shape | dims | mode | ms/step | × native | × native (child) | peak MiB | × native | bitwise |" in md
-    assert "| S1 | B2 L2048 d1024 N128 G1 P64 cs256 | ordered | 10.500 | 1.050 |  | 1050 | 1.050 | yes (10/10) |" in md
-    assert "| upstream-det | 15.000 | 1.500 | 1.250 (mem 1.100) | 1100 | 1.100 | yes (10/10) |" in md
-    assert "| native | 10.000 | 1.000 |  | 1000 | 1.000 | **no** (7 distinct of 10) |" in md
-    assert "yes (10/10), = ordered" in md
-    assert "| S2 | B8 L4096 d2048 N128 G1 P64 cs256 | literal | — | — | — | — | — | error¹ |" in md
+    assert ("| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | launches | "
+            "peak MiB | × native | bitwise | targets |") in md
+    assert ("| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered | 10.500 | 1.050 |  | 0.700 | 3.25 | 88.5 | "
+            "1050 | 1.050 | yes (10/10) | time ✓ · mem ✓ · det ✓ |") in md
+    assert "| upstream-det | 15.000 | 1.500 | 1.250 (mem 1.100) |  | 2.50 | 61 | 1100 | 1.100 | yes (10/10) |  |" in md
+    assert "| native | 10.000 | 1.000 |  |  | 2.50 | 61 | 1000 | 1.000 | **no** (7 distinct of 10) |  |" in md
+    assert "| literal | 30.000 | 3.000 |  |  | — | — | 1500 | 1.500 | yes (10/10), = ordered |  |" in md
+    assert ("| G1 | B64 L512 d256 N16 G1 P32 cs64 bf16 | ordered | 4.100 | 1.025 |  | — | — | — | 230 | 1.150 | — | "
+            "time ✓ · mem **✗** · det — |") in md
+    assert "| S2 | B8 L4096 d2048 N128 G1 P64 cs256 bf16 | literal | — | — | — | — | — | — | — | — | error¹ | |" in md
     assert "¹ S2 literal: timing: OutOfMemoryError" in md
     assert "NVIDIA H200 (sm_90) · torch 2.11.0" in md
+    assert "median of 20 interleaved steps per mode after 5 warm-up steps (grid rows: 15 after 3, bit check " \
+           "over 5)" in md
+    assert ("Targets (ordered / native ≤ 1.05 step time and ≤ 1.10 peak memory, ordered ≤ upstream-det): all met on "
+            "2 of 3 shapes (S1, S2); missed on G1 (mem 1.150).") in md
+    assert ("Precompile: 2 tasks in up to 8 worker processes, 61.2 s wall before any timing (excluded from every "
+            "measurement); 1 failed: upstream-det-cs256-P64-N128-bf16: S1 native: OutOfMemoryError: x.") in md
 
 
 def test_write_results_table_json_png(tmp_path):
@@ -68,7 +95,56 @@ def test_merge(tmp_path, capsys):
     out = tmp_path / "m"
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
     m = json.loads((out / "bench.json").read_text())
-    assert [s["name"] for s in m["shapes"]] == ["S1", "S2", "X1"] and m["shapes"][1]["dims"] == "replaced"
+    assert [s["name"] for s in m["shapes"]] == ["S1", "S2", "G1", "X1"] and m["shapes"][1]["dims"] == "replaced"
     assert "| S1 |" in capsys.readouterr().out
+    results_json = tmp_path / "results.json"
+    assert bench.main(["--merge", str(tmp_path / "a.json"), "--out", str(out),
+                       "--results-json", str(results_json)]) == 0
+    assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out),
+                       "--results-json", str(results_json)]) == 0
+    runs = bench.load_runs(str(results_json))  # two merges, two runs (each its own run_id), newest first
+    assert [[s["name"] for s in r["shapes"]] for r in runs] == [["S1", "S2", "G1", "X1"], ["S1", "S2", "G1"]]
+    assert runs[0]["meta"]["run_id"] != runs[1]["meta"]["run_id"] and len(runs[0]["meta"]["merged_from"]) == 2
     (tmp_path / "bad.json").write_text("{}")
     assert bench.main(["--merge", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
+
+
+def test_results_file_merge_keeps_earlier_runs_newest_first_and_renders(tmp_path, capsys):
+    """--results-json: a run goes first, earlier runs stay in their order, writing the same run again replaces its
+    entry (the suite rewrites it after every shape), per-parameter digests are left out; --render prints a run
+    as the markdown section of docs/performance.md."""
+    path = str(tmp_path / "results" / "bench_h200.json")
+    runs = []
+    for i in range(3):
+        r = _synthetic()
+        r["meta"].update(run_id=f"run{i}", commit=f"abc{i}", date=f"2026-01-0{i + 1} 00:00 UTC",
+                         pinned_configs="csrc_bindings/abi1 table=ff")
+        r["shapes"][0]["rows"]["ordered"]["digests"] = {"in_proj.weight": "00"}
+        r["shapes"][0]["rows"]["ordered"]["grads_sha256"] = "ab" * 32
+        runs.append(r)
+    bench.merge_run(path, runs[0])
+    bench.merge_run(path, runs[1])
+    runs[1]["shapes"][0]["rows"]["native"]["ms"] = 9.0  # the same run, rewritten after another shape
+    bench.merge_run(path, runs[1])
+    written = bench.merge_run(path, runs[2])
+    data = json.loads(open(path).read())
+    assert data["format"] == "ordered-ssd bench results v1" and data["runs"] == written
+    assert [r["meta"]["run_id"] for r in data["runs"]] == ["run2", "run1", "run0"]
+    assert data["runs"][1]["shapes"][0]["rows"]["native"]["ms"] == 9.0
+    ordered = data["runs"][0]["shapes"][0]["rows"]["ordered"]
+    assert "digests" not in ordered and ordered["grads_sha256"] == "ab" * 32
+    assert "digests" in runs[2]["shapes"][0]["rows"]["ordered"]  # the caller's results are not changed
+    md = bench.render(path)
+    assert md.startswith("### NVIDIA H200, 2026-01-03 00:00 UTC (commit abc2)\n\nPinned table fingerprint: "
+                         "`csrc_bindings/abi1 table=ff`.\n\nNVIDIA H200 (sm_90) · torch 2.11.0")
+    assert "# ordered-ssd bench" not in md and "| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered |" in md
+    assert bench.render(path, 2).startswith("### NVIDIA H200, 2026-01-01 00:00 UTC (commit abc0)")
+    assert bench.main(["--render", path, "--render-run", "1"]) == 0
+    assert capsys.readouterr().out.startswith("### NVIDIA H200, 2026-01-02 00:00 UTC (commit abc1)")
+    assert bench.main(["--render", path, "--render-run", "3"]) == 2
+    assert "--render-run: " in capsys.readouterr().err
+    (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(bench.BenchError, match="--results-json: .*other.json is not a bench results file"):
+        bench.merge_run(str(tmp_path / "other.json"), runs[0])
+    with pytest.raises(bench.BenchError, match="run_id"):
+        bench.merge_run(path, {"meta": {}})

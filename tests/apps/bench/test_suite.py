@@ -28,15 +28,20 @@ def test_cpu_smoke_run(tmp_path, capsys):
                      TINY, "--breakdown-steps", "1"])
     assert rc == 0
     stdout = capsys.readouterr().out
-    assert "| X1 | B2 L64 d32 N16 G1 P16 cs32 | ordered |" in stdout and "yes (2/2)" in stdout
+    assert "| X1 | B2 L64 d32 N16 G1 P16 cs32 fp32 | ordered |" in stdout and "yes (2/2)" in stdout
     res = json.loads((out / "bench.json").read_text())
-    assert res["meta"]["settings"] == {"repeats": 3, "warmup": 1, "bit_repeats": 2, "seed": 0}
+    assert res["meta"]["settings"] == {"repeats": 3, "warmup": 1, "bit_repeats": 2, "seed": 0, "host_steps": 5,
+                                       "launch_steps": 2}
+    assert "precompile" not in res  # off on the CPU unless asked for
     (sr,) = res["shapes"]
     assert sr["spec"] == "2,64,32,16,1,16,32" and set(sr["rows"]) == {"ordered", "literal"}
+    assert sr["dtype"] == "fp32" and sr["settings"] == res["meta"]["settings"]
     for m in ("ordered", "literal"):
         r = sr["rows"][m]
         assert r.get("error") is None and r["n"] == 3 and len(r["ms_all"]) == 3 and r["ms"] > 0
         assert r["bitwise"] is True and r["bit_repeats"] == 2
+        assert r["host_steps"] == 5 and len(r["host_ms_all"]) == 5 and r["host_ms"] > 0 and r["enqueue_ms"] > 0
+        assert r["launches"] is None and r["launch_steps"] == 2  # the CPU launches no GPU work
         assert set(r["digests"]) == {n for n, _ in bench.LayerRunner(
             bench.parse_shape(TINY), ["ordered"], torch.device("cpu"), 0).params} | {"input"}
     assert sr["rows"]["literal"]["same_bits_as_ordered"] is True
@@ -53,3 +58,67 @@ def test_time_budget_marks_skipped_work(tmp_path, capsys):
     res = json.loads((tmp_path / "bench.json").read_text())
     assert res["shapes"][0]["rows"]["ordered"]["error"] == "skipped: time budget"
     assert "error¹" in capsys.readouterr().out
+
+
+def test_precompile_phase_on_the_cpu(tmp_path):
+    """--precompile-jobs on the CPU (reference path; a smoke test of the plumbing): one worker process per shape
+    ran its untimed steps before the timing, the first shape of each kernel key first; its result and log are
+    recorded, and the measured rows are unaffected."""
+    second = "1,64,32,16,1,16,32"  # the same kernel key as TINY: after the first shape of the fp16 key
+    out = tmp_path / "out"
+    rc = bench.main([*SMOKE, "--shape", second, "--shape", TINY + ",fp16", "--precompile-jobs", "2",
+                     "--launch-steps", "0", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "bench.json").read_text())
+    pre = res["precompile"]
+    assert pre["jobs"] == 2 and pre["failed"] == 0 and pre["excluded_from_measurements"] is True
+    assert [(t["name"], t["shapes"]) for t in pre["tasks"]] == [("plain-X1", ["X1"]), ("plain-X3", ["X3"]),
+                                                              ("plain-X2", ["X2"])]
+    for t in pre["tasks"]:
+        assert t["returncode"] == 0 and t["error"] is None and t["wall_s"] > 0
+        assert [(s["name"], sorted(s["modes"])) for s in t["steps"]] == [(n, ["ordered"]) for n in t["shapes"]]
+        assert all(r["error"] is None and r["s"] >= 0 for s in t["steps"] for r in s["modes"].values())
+        assert (out / "precompile" / f"{t['name']}.log").exists()
+    assert [sorted(sr["rows"]) for sr in res["shapes"]] == [["ordered"]] * 3
+    assert all(r.get("error") is None and r["bitwise"] for sr in res["shapes"] for r in sr["rows"].values())
+    assert "launches" not in res["shapes"][0]["rows"]["ordered"]  # --launch-steps 0 skips the phase
+
+
+def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypatch):
+    """With --time-budget and upstream-det, this process starts no shape after 75 % of the budget, and the child
+    gets only the shapes this process measured (stand-ins for the measurement, the child and the clock: no
+    timing)."""
+    from ordered_ssd.apps.bench import suite
+
+    clock = [0.0]
+    sent = []
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return clock[0]
+
+    def fake_bench_shape(shape, modes, settings, device, log):
+        clock[0] += 40.0
+        return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True} for m in modes},
+                "settings": settings}
+
+    def fake_run_child(kind, shapes, settings, device, deadline, log):
+        sent.append((kind, [s.name for s in shapes], deadline))
+        return {"returncode": 0, "meta": {"deterministic_mode": True}, "error": None, "wall_s": 1.0,
+                "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": 2.0}}} for s in shapes}}
+
+    monkeypatch.setattr(suite, "time", Clock)
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(suite, "run_child", fake_run_child)
+    rc = bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--shape", "3,64,32,16,1", "--modes", "ordered,upstream-det",
+                     "--no-native-child", "--time-budget", "100", "--out", str(tmp_path)])
+    assert rc == 1  # X3 skipped
+    assert sent == [("upstream-det", ["X1", "X2"], 100.0)]  # X2 started at 40 s < 75 s, X3 at 80 s did not
+    res = json.loads((tmp_path / "bench.json").read_text())
+    rows = {sr["name"]: sr["rows"] for sr in res["shapes"]}
+    assert rows["X3"] == {"ordered": {"mode": "ordered", "error": "skipped: time budget"},
+                          "upstream-det": {"mode": "upstream-det", "error": "skipped: time budget"}}
+    assert rows["X1"]["upstream-det"]["ms"] == 2.0 and rows["X1"]["ordered"]["ratio_ms_det"] == 0.5
+    assert rows["X2"]["ordered"]["launches_error"] == "skipped: time budget"  # the launch phase came after 75 s

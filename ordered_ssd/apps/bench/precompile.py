@@ -1,0 +1,222 @@
+"""The precompile phase (``--precompile-jobs N``): fill Triton's on-disk cache before anything is timed.
+
+Every distinct kernel key (chunk_size, headdim, d_state, dtype) costs native's autotuner a compile of every candidate
+configuration and ordered-ssd a compile of its pinned ones; done in the timing process, one key after another, that
+is most of a run's wall time. Here, before any timing, up to ``N`` fresh worker processes (``python -m
+ordered_ssd.apps.bench --_precompile-spec ...``) run :data:`PRECOMPILE_STEPS` untimed steps of each mode on their
+share of the shapes, so that every kernel the timed run launches is already in the cache (Triton's cache directory,
+``TRITON_CACHE_DIR`` or its default, is the same for every process: the workers inherit the environment) and the
+timed process only loads it. The workers run the exact shapes of the run (a kernel compiled for another batch or
+head count may be another specialisation). Two kinds of task (:func:`precompile_tasks`), each a fresh process:
+
+* ``plain``: the in-process modes asked for (``native``, ``literal``, ``ordered``) on one shape, in an environment
+  without the deterministic switches (``MAMBA_DETERMINISTIC``, ``CAUSAL_CONV1D_DETERMINISTIC`` removed);
+* ``upstream-det``: ``native`` with both switches set on every shape of one kernel key, for the kernels the
+  upstream-det child will launch.
+
+Native's autotuner still times its candidates in the timing process (its choices are kept per process, not on disk:
+``TRITON_CACHE_AUTOTUNING`` is removed from the workers' environment so that choices timed on a GPU shared by
+several workers are never written for a later process to read), but each candidate's compile is a cache hit there.
+The phase's wall time is recorded in ``bench.json`` (``precompile``); it is excluded from every measurement. A
+worker that fails (an exception, out of memory, a crash) is reported there, never fatal: the timed run then compiles
+what is missing in its warm-up, as it would without this phase. Each worker's output goes to
+``<out>/precompile/<task>.log``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import EXIT_OK
+from ..files import atomic_write_bytes
+from .children import child_env, deterministic_mode_here
+from .runner import LayerRunner, device_is_cuda, error_text, free_memory, resolve_device, sync
+from .shapes import IN_PROCESS_MODES, Shape
+
+PRECOMPILE_STEPS = 2
+DEFAULT_JOBS_CUDA = 8
+SPEC_FLAG = "--_precompile-spec"
+
+
+def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str]) -> List[dict]:
+    """The tasks of the phase, ``{"name", "kind", "modes", "key", "shapes"}``, in the order they start:
+
+    * ``plain`` (if an in-process mode is asked for): one task per shape, the first shape of every kernel key
+      (:meth:`Shape.kernel_key`) first, then the second of every key, and so on, so that the first workers compile
+      different keys at once and a later shape of a key mostly finds its kernels in the cache (it still compiles
+      what its own values specialise: Triton compiles an integer argument equal to 1, or divisible by 16, apart);
+    * ``upstream-det`` (if that mode is asked for): one task per kernel key with all its shapes (``native`` under
+      the deterministic switches compiles one configuration per kernel: a short task).
+
+    Duplicates of a spec and dtype are dropped."""
+    groups: Dict[Tuple, List[Shape]] = {}
+    seen = set()
+    for s in shapes:
+        if (s.spec(), s.dtype) in seen:
+            continue
+        seen.add((s.spec(), s.dtype))
+        groups.setdefault(s.kernel_key(), []).append(s)
+    tasks = []
+    plain_modes = [m for m in IN_PROCESS_MODES if m in modes]
+    if plain_modes:
+        for rank in range(max((len(g) for g in groups.values()), default=0)):
+            for key, group in groups.items():
+                if rank < len(group):
+                    tasks.append({"name": f"plain-{group[rank].name}", "kind": "plain", "modes": plain_modes,
+                                  "key": list(key), "shapes": [group[rank]]})
+    if "upstream-det" in modes:
+        for key, group in groups.items():
+            chunk, headdim, dstate, dtype = key
+            tasks.append({"name": f"upstream-det-cs{chunk}-P{headdim}-N{dstate}-{dtype}", "kind": "upstream-det",
+                          "modes": ["native"], "key": list(key), "shapes": list(group)})
+    return tasks
+
+
+def worker_command(task: dict, device: str, seed: int, result_path: str) -> Tuple[List[str], dict]:
+    """``(argv, env)`` of the worker process of one task: this interpreter running ``python -m
+    ordered_ssd.apps.bench --_precompile-spec JSON``; the environment of :func:`children.child_env` for the
+    task's kind (the deterministic switches only for ``upstream-det``) without ``TRITON_CACHE_AUTOTUNING``. The
+    worker writes its result as JSON to ``result_path``."""
+    spec = {"name": task["name"], "kind": task["kind"], "modes": task["modes"], "device": device, "seed": seed,
+            "steps": PRECOMPILE_STEPS, "shapes": [asdict(s) for s in task["shapes"]], "result_path": result_path}
+    cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", SPEC_FLAG, json.dumps(spec)]
+    env = child_env("upstream-det" if task["kind"] == "upstream-det" else "native")
+    env.pop("TRITON_CACHE_AUTOTUNING", None)
+    return cmd, env
+
+
+def _task_summary(task: dict) -> dict:
+    return {"name": task["name"], "kind": task["kind"], "modes": task["modes"], "key": task["key"],
+            "shapes": [s.name for s in task["shapes"]], "returncode": None, "wall_s": None, "error": None,
+            "log": None, "steps": None}
+
+
+def _finish(entry: dict, proc: subprocess.Popen, result_path: str) -> None:
+    entry["returncode"] = proc.returncode
+    result = None
+    try:
+        with open(result_path) as fh:
+            result = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        pass
+    errors = []
+    if result is not None:
+        entry["steps"] = result.get("shapes")
+        entry["deterministic_mode"] = result.get("deterministic_mode")
+        for shape in result.get("shapes", []):
+            if shape.get("error"):
+                errors.append(f"{shape['name']}: {shape['error']}")
+            errors += [f"{shape['name']} {m}: {r['error']}" for m, r in shape.get("modes", {}).items()
+                       if r.get("error")]
+    if proc.returncode != 0 and not entry["error"]:
+        errors.insert(0, f"worker exited with status {proc.returncode} (its output: {entry['log']})")
+    if errors and not entry["error"]:
+        entry["error"] = "; ".join(errors)[:600]
+
+
+def run_precompile(shapes: Sequence[Shape], modes: Sequence[str], device: str, jobs: int, seed: int,
+                   log_dir: str, deadline: Optional[float] = None,
+                   log: Callable[[str], None] = lambda s: None) -> dict:
+    """Run the tasks of :func:`precompile_tasks` in at most ``jobs`` worker processes at once (each task a fresh
+    process); wait for all. ``deadline`` (``time.monotonic()``): no task starts after it and running ones are
+    killed at it. Returns ``{"jobs", "tasks": [per task: name, kind, modes, key, shapes, returncode, wall_s,
+    error, log, steps], "failed", "wall_s", "triton_cache_dir", "excluded_from_measurements": True}``. Never
+    raises for a failing worker (its ``error`` says what happened); raises ``ValueError`` for ``jobs`` < 1."""
+    if jobs < 1:
+        raise ValueError(f"jobs: expected a positive number of worker processes, got {jobs}")
+    os.makedirs(log_dir, exist_ok=True)
+    tasks = precompile_tasks(shapes, modes)
+    entries = [_task_summary(t) for t in tasks]
+    t_start = time.monotonic()
+    pending = list(range(len(tasks)))
+    running: Dict[int, tuple] = {}
+
+    def over() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    log(f"precompile: {len(tasks)} tasks in up to {jobs} worker processes")
+    try:
+        while pending or running:
+            while pending and len(running) < jobs and not over():
+                i = pending.pop(0)
+                entry = entries[i]
+                entry["log"] = os.path.join(log_dir, f"{entry['name']}.log")
+                result_path = os.path.join(log_dir, f"{entry['name']}.json")
+                if os.path.exists(result_path):
+                    os.unlink(result_path)
+                cmd, env = worker_command(tasks[i], device, seed, result_path)
+                fh = open(entry["log"], "w")
+                proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=fh, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+                running[i] = (proc, time.monotonic(), fh, result_path)
+            if over():
+                for i in pending:
+                    entries[i]["error"] = "skipped: time budget"
+                pending = []
+                for i, (proc, _, _, _) in running.items():
+                    if proc.poll() is None:
+                        proc.kill()
+                        entries[i]["error"] = "killed at the time budget"
+            for i, (proc, t0, fh, result_path) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                fh.close()
+                entries[i]["wall_s"] = round(time.monotonic() - t0, 1)
+                _finish(entries[i], proc, result_path)
+                del running[i]
+                log(f"precompile {entries[i]['name']}: {entries[i]['wall_s']} s"
+                    + (f", FAILED: {entries[i]['error']}" if entries[i]["error"] else ""))
+            time.sleep(0.05)
+    finally:
+        for proc, _, fh, _ in running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            fh.close()
+    return {"jobs": jobs, "steps": PRECOMPILE_STEPS, "tasks": entries,
+            "failed": sum(1 for e in entries if e["error"]), "wall_s": round(time.monotonic() - t_start, 1),
+            "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"), "excluded_from_measurements": True}
+
+
+def precompile_main(spec_json: str) -> int:
+    """The worker process of one task (``--_precompile-spec``): :data:`PRECOMPILE_STEPS` untimed steps of every
+    mode of the task on each of its shapes; what happened is written as JSON to the spec's ``result_path`` after
+    every shape (so a worker killed later leaves what it did). Exit status 0 unless the spec itself is broken."""
+    spec = json.loads(spec_json)
+    device = resolve_device(spec["device"], index=device_is_cuda(spec["device"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    out = {"name": spec["name"], "kind": spec["kind"], "pid": os.getpid(), "shapes": [],
+           "deterministic_mode": deterministic_mode_here() if device.type == "cuda" else None}
+    for fields in spec["shapes"]:
+        shape = Shape(**fields)
+        entry: dict = {"name": shape.name, "modes": {}, "error": None}
+        out["shapes"].append(entry)
+        try:
+            runner = LayerRunner(shape, spec["modes"], device, spec["seed"])
+        except Exception as e:  # noqa: BLE001 - reported, the next shape goes on
+            entry["error"] = "building the layer: " + error_text(e)
+        else:
+            for m in spec["modes"]:
+                t0 = time.perf_counter()
+                try:
+                    for _ in range(spec["steps"]):
+                        runner.step(m)
+                    sync(device)
+                    entry["modes"][m] = {"s": round(time.perf_counter() - t0, 2), "error": None}
+                except Exception as e:  # noqa: BLE001
+                    entry["modes"][m] = {"s": round(time.perf_counter() - t0, 2), "error": error_text(e)}
+                runner.zero_grads()
+                print(f"[precompile {spec['name']}] {shape.name} {m}: {entry['modes'][m]}", file=sys.stderr,
+                      flush=True)
+            del runner
+        free_memory(device)
+        atomic_write_bytes(spec["result_path"], json.dumps(out, default=str).encode())
+    return EXIT_OK
