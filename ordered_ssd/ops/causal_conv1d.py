@@ -9,8 +9,9 @@ Determinism: ``dx`` comes from causal-conv1d's backward, one launch for the whol
 with ``atomicAdd`` are discarded). ``dweight``/``dbias`` come from ordered-ssd's own kernel: fp32 partials per
 (example, tile of :data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L` positions)
 (:func:`ordered_ssd.fold.conv1d_grad_partials`), folded over (example, tile), example slowest
-(:func:`ordered_ssd.fold.fold_dims`), cast once. The number of launches does not depend on ``B`` or on the number
-of packed sequences, and nothing is read back to the host. Source: ``causal_conv1d.causal_conv1d_fn``.
+(:func:`ordered_ssd.fold.fold_many`: both in one launch), cast once. The number of launches does not depend on
+``B`` or on the number of packed sequences, and nothing is read back to the host. Source:
+``causal_conv1d.causal_conv1d_fn``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 import csrc_bindings
 
-from ..fold import conv1d_grad_partials, fold_dims
+from ..fold import conv1d_grad_partials, fold_many
 from .common import (NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, check_causal_conv1d_args,
                      or_none, require_cuda)
 
@@ -66,7 +67,8 @@ def _dx_buffer(x, channel_last):
     return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
 
 
-def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False):
+def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False,
+                              fold=True):
     """Backward: ``(dx, dweight, dbias, dweight_partial, dbias_partial)``.
 
     Args:
@@ -74,16 +76,17 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
             used channel-last). weight [D, W]; bias [D] or None; seq_idx [B, L] int32 or None; silu: the forward
             applied SiLU. dx: optional [B, D, L] output (written in place; computed in a fresh buffer and copied
             when causal-conv1d cannot write its layout). literal: launch both kernels once per example (the
-            literal path; the same bits).
+            literal path; the same bits). fold: False leaves ``dweight``/``dbias`` None (for a caller that folds
+            the partials itself, with others in one launch: :func:`conv1d_weight_folds`).
 
     Returns:
         ``dx`` [B, D, L]; ``dweight`` [D, W] / ``dbias`` [D] (None without a bias): the fp32 folds of
         ``dweight_partial`` [B, T, D, W] / ``dbias_partial`` [B, T, D] over (example, tile), example slowest,
         cast once to the parameter dtype (``T = ceil(L / CONV1D_BWD_TILE_L)``).
 
-    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold per
-    gradient, whatever ``B`` and the number of packed sequences (plus a copy of an input causal-conv1d does not
-    take); nothing is read back to the host.
+    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold
+    launch for both gradients (:func:`~ordered_ssd.fold.fold_many`), whatever ``B`` and the number of packed
+    sequences (plus a copy of an input causal-conv1d does not take); nothing is read back to the host.
 
     Raises:
         ValueError: shapes that do not match (from :mod:`csrc_bindings` and :mod:`ordered_ssd.fold`, naming the
@@ -107,9 +110,18 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
         dx = out
     dweight_partial, dbias_partial = conv1d_grad_partials(xr, weight, bias, doutr, seq_idx=seq, silu=silu,
                                                           literal=literal)
-    dweight = fold_dims(dweight_partial, (0, 1), dtype=weight.dtype)
-    dbias = fold_dims(dbias_partial, (0, 1), dtype=bias.dtype) if bias is not None else None
+    dweight = dbias = None
+    if fold:
+        dweight, dbias = fold_many(conv1d_weight_folds(weight, bias, dweight_partial, dbias_partial))
     return dx, dweight, dbias, dweight_partial, dbias_partial
+
+
+def conv1d_weight_folds(weight, bias, dweight_partial, dbias_partial) -> list:
+    """The :func:`~ordered_ssd.fold.fold_many` requests ``[dweight, dbias]`` of :func:`ordered_causal_conv1d_bwd`'s
+    partials: folds over (example, tile), example slowest, cast once to the parameter's dtype (None without a
+    bias)."""
+    return [(dweight_partial, (0, 1), weight.dtype),
+            (dbias_partial, (0, 1), bias.dtype) if bias is not None else None]
 
 
 # --------------------------------------------------------------------------------------------- custom op

@@ -32,14 +32,16 @@ def ordered_rmsnorm_gated_fwd(x, weight, eps, *, z=None, group_size, norm_before
 
 
 def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=None, group_size, norm_before_gate,
-                              recompute_output=False, dz=None, out=None, examples: Optional[int] = None):
+                              recompute_output=False, dz=None, out=None, examples: Optional[int] = None,
+                              fold: bool = True):
     """Backward on rows [M, N]: ``(dx, dweight, dz, out, dweight_partial)``.
 
     ``dweight`` is the fp32 fold of ``dweight_partial`` [R, N] (one row per block of ``rows_per_program`` rows, in
     row order), cast once to ``weight.dtype``. ``dz``/``out`` (the recomputed forward output, with
     ``recompute_output``) are written into the given buffers. ``examples``: None for one launch over all rows, or
     the number of examples ``E`` (``M = E * L``) to launch once per example (the literal mode: the same partials,
-    the same bits).
+    the same bits). ``fold=False`` leaves ``dweight`` None (a caller that folds ``dweight_partial`` itself, as
+    ``fold_dims(dweight_partial, 0, dtype=weight.dtype)``, with others in one launch).
 
     Raises:
         ValueError: ``examples`` does not divide the rows; shapes the kernel rejects (from :mod:`csrc_bindings`).
@@ -69,7 +71,7 @@ def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=N
             dx[r].copy_(dx_b)
             pieces.append(dweight_b)
         dweight_partial = torch.cat(pieces, 0)
-    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype)
+    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype) if fold else None
     return dx, dweight, dz, out, dweight_partial
 
 

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped,
+from ..fold import (LINEAR_GROUP_BYTES, fold_example_gemms, fold_example_gemms_grouped, fold_example_sums,
                     linear_weight_grad_is_fused)
 from .common import NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, or_none
 
@@ -69,7 +69,8 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
       :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
       algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee).
 
-    The bias partial of an example is a fold over its positions in order.
+    The bias partial of an example is a fold over its positions in order, and those are folded over examples
+    (:func:`~ordered_ssd.fold.fold_example_sums`: one launch on CUDA).
     Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
     once-differentiable).
 
@@ -81,12 +82,8 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
             dW = fold_example_gemms(dy, x).to(weight_dtype)
         else:
             dW = fold_example_gemms_grouped(dy, x, weight_dtype, group_bytes)
-        db = None
-        if bias_dtype is not None:
-            bias_fold = LexicalFold(bias_dtype)
-            for b in range(dy.shape[0]):
-                bias_fold.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
-            db = bias_fold.result(like=torch.empty(dy.shape[-1], device=dy.device))
+        # per example a fold over its positions in order, those folded over examples (one launch on CUDA)
+        db = fold_example_sums(dy, bias_dtype) if bias_dtype is not None else None
         return dW, db
 
 

@@ -31,7 +31,7 @@ from einops import rearrange
 
 import csrc_bindings
 
-from ..fold import fold_dims, lexical_cumsum
+from ..fold import fold_many, lexical_cumsum
 from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
                      autocast_dtype, check_chunk_scan_args, check_states_args, or_none, require_cuda)
 
@@ -133,25 +133,31 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
     dstates = rearrange(dstates, "... (p n) -> ... p n", n=N)
     dx, ddt_partial, dD_from_x = csrc_bindings.launch_chunk_scan_chunk_state_bwd_dx(
         x, dt_out, dA_cumsum, B, CB, dout, dstates, D=D, seq_idx=seq_idx, dx=dx)
-    ddt_dx = fold_dims(ddt_partial, -1)  # [B, H, C, cs] fp32, headdim tiles in order
     dB_partial, ddA_next_partial = csrc_bindings.launch_chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, B=B,
                                                                            seq_idx=seq_idx, ngroups=G)
     dC_partial, ddA_prev_partial = csrc_bindings.launch_chunk_scan_bwd_dC(states.to(x.dtype), dA_cumsum, dout, C=C,
                                                                           seq_idx=seq_idx, ngroups=G)
     dcb_partial = csrc_bindings.launch_chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, ngroups=G)
-    dCB = fold_dims(dcb_partial, 2).to(CB.dtype)  # head splits in order
-    dB_fold = fold_dims(dB_partial, 2)  # [B, L, G, N] fp32
-    dC_fold = fold_dims(dC_partial, 2)
+    ddA_stable_partial = csrc_bindings.launch_chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB)
+    # Every tile fold of the pass in one launch (each output the same fp32 fold in tile order as fold_dims).
+    ddt_dx, dCB, dB_fold, dC_fold, ddA_prev, ddA_chunk, ddA_next, ddA = fold_many([
+        (ddt_partial, -1),  # [B, H, C, cs] fp32, headdim tiles in order
+        (dcb_partial, 2),  # head splits in order
+        (dB_partial, 2),  # [B, L, G, N] fp32
+        (dC_partial, 2),
+        (ddA_prev_partial, -1),  # [B, H, C, cs]
+        (ddA_chunk_partial, -1),
+        (ddA_next_partial, -1),
+        (ddA_stable_partial, 3)])
+    dCB = dCB.to(CB.dtype)
     csrc_bindings.launch_bmm_chunk_bwd(C, dCB, residual=dB_fold, out=dB)
     csrc_bindings.launch_bmm_chunk_bwd(B, rearrange(dCB, "... l s -> ... s l"), residual=dC_fold, out=dC)
     if z is None:
         dD_partial = dD_from_x
     # dA_cumsum gradient, as upstream assembles it, with every tile sum and scan done in a fixed order.
-    ddA_prev = fold_dims(ddA_prev_partial, -1)  # [B, H, C, cs]
-    ddA_prev[..., -1] += fold_dims(ddA_chunk_partial, -1)
+    ddA_prev[..., -1] += ddA_chunk
     ddA_prev = lexical_cumsum(ddA_prev, dim=-1, reverse=True)
-    ddA_next = lexical_cumsum(fold_dims(ddA_next_partial, -1), dim=-1)
-    ddA = fold_dims(csrc_bindings.launch_chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB), 3)
+    ddA_next = lexical_cumsum(ddA_next, dim=-1)
     ddA += ddA_next + ddA_prev
     _, dA_partial, ddt_bias_partial = csrc_bindings.launch_chunk_cumsum_bwd(
         ddA, ddt_dx, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, ddt=ddt)
@@ -162,10 +168,23 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
 _PARTIALS = ("dA_partial", "ddt_bias_partial", "dD_partial")
 
 
+def parameter_folds(partials, D, dt_bias) -> list:
+    """The :func:`~ordered_ssd.fold.fold_many` requests of the SSD parameters' gradients ``[dA, ddt_bias, dD]``
+    (fp32 folds over (example, chunk[, tile]); None for an absent ``dt_bias`` / ``D``) from the partials of
+    :func:`ordered_mamba_chunk_scan_combined_bwd`."""
+    dD = None
+    if D is not None:
+        p = partials["dD_partial"]  # [B, C, T, H, P] (D [H, P]) or [B, C, T, H, Tn] (D [H])
+        dD = (p, (0, 1, 2) if D.dim() == 2 else (0, 1, 2, 4))
+    return [(partials["dA_partial"], (0, 1)),
+            (partials["ddt_bias_partial"], (0, 1)) if dt_bias is not None else None, dD]
+
+
 def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size, *, D=None, z=None, dt_bias=None,
                                           dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None,
                                           dfinal_states=None, dx=None, ddt=None, dB=None, dC=None, dz=None,
-                                          recompute_output=False, literal=False, return_partials=False):
+                                          recompute_output=False, literal=False, return_partials=False,
+                                          fold=True):
     """Ordered SSD backward.
 
     Args: as upstream's ``_mamba_chunk_scan_combined_bwd`` (``out`` is the ungated scan output; ``initial_states``
@@ -177,7 +196,8 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
         ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, outz)`` with ``dA`` [H], ``dD`` [H] or [H, P]
         and ``ddt_bias`` [H] fp32 lexical folds over (example, chunk[, tile]); ``dinitial_states`` [B, H, P, N]
         (dtype of x, per example, no fold; None without ``initial_states``); with ``return_partials`` also a dict of
-        the unfolded partials (leading axis = example).
+        the unfolded partials (leading axis = example). ``fold=False`` leaves ``dA``, ``dD``, ``ddt_bias`` None
+        for a caller that folds the partials itself (:func:`parameter_folds`, with its own in one launch).
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -214,12 +234,9 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
                 parts[k].append(res[k])
         partials = {k: (torch.cat(v, 0) if v[0] is not None else None) for k, v in parts.items()}
         dinit = partials.pop("dinitial_states")
-    dA = fold_dims(partials["dA_partial"], (0, 1))
-    ddt_bias = fold_dims(partials["ddt_bias_partial"], (0, 1)) if dt_bias is not None else None
-    dD = None
-    if D is not None:
-        p = partials["dD_partial"]  # [B, C, T, H, P] (D [H, P]) or [B, C, T, H, Tn] (D [H])
-        dD = fold_dims(p, (0, 1, 2)) if D.dim() == 2 else fold_dims(p, (0, 1, 2, 4))
+    dA = ddt_bias = dD = None
+    if fold:
+        dA, ddt_bias, dD = fold_many(parameter_folds(partials, D, dt_bias))
     result = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit, outz)
     return (result, partials) if return_partials else result
 

@@ -29,13 +29,14 @@ from einops import rearrange
 
 import csrc_bindings
 
-from ..fold import rmsnorm_rows_per_program
-from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
+from ..fold import fold_many, rmsnorm_rows_per_program
+from .causal_conv1d import conv1d_weight_folds, ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
 from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
                      autocast_dtype, check_split_conv1d_scan_args, check_states_args, or_none, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
-from .ssd_combined import dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd
+from .ssd_combined import (dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd,
+                           parameter_folds)
 
 __all__ = ["ordered_mamba_split_conv1d_scan_combined_fwd", "ordered_mamba_split_conv1d_scan_combined_bwd",
            "ordered_mamba_split_conv1d_scan_combined", "split_conv1d_scan_partials"]
@@ -161,7 +162,7 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
     partials: Dict[str, torch.Tensor] = {}
     ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx, dx=dx, ddt=ddt_given,
                   dB=dB, dC=dC, literal=literal, return_partials=True, initial_states=initial_states,
-                  dfinal_states=dfinal_states)
+                  dfinal_states=dfinal_states, fold=False)
     if rmsnorm_weight is None:
         dz_heads = rearrange(dz, "b l (h p) -> b l h p", h=nheads)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
@@ -179,26 +180,32 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
             norm_before_gate=norm_before_gate, recompute_output=recompute_output,
             dz=rearrange(dz, "b l d -> (b l) d"),
             out=rearrange(out1_recompute, "b s d -> (b s) d") if recompute_output else None,
-            examples=batch if literal else None)
+            examples=batch if literal else None, fold=False)
         partials["drmsnorm_weight"] = dw_partial.view(batch, -1, dw_partial.shape[-1])
         out_for_linear = out_recompute if recompute_output else None
         dout_ssd = rearrange(dout_ssd, "(b s) (h p) -> b s h p", b=batch, p=headdim)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout_ssd, x, dt, A, B, C, out_x, chunk_size, z=None, **ssd_kw)
     partials.update(ssd_parts)
-    dA = dA.to(A.dtype)
-    dD = dD.to(D.dtype)
-    ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
     doutproj_weight = doutproj_bias = None
     if outproj_weight is not None:
         doutproj_weight, doutproj_bias = ordered_linear_weight_grad(
             dout_og, out_for_linear.to(dout_og.dtype), outproj_weight.dtype,
             outproj_bias.dtype if outproj_bias is not None else None)
-    _, dweight, dbias, dw_part, db_part = ordered_causal_conv1d_bwd(
+    _, _, _, dw_part, db_part = ordered_causal_conv1d_bwd(
         rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias, rearrange(dxBC, "b s d -> b d s"),
-        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal)
+        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal, fold=False)
     partials["dconv1d_weight"] = dw_part
     partials["dconv1d_bias"] = db_part
+    # Every parameter gradient of the layer but the projections' in one fold launch: each the fp32 fold of
+    # fold_dims over its partials in lexical order, cast once to the parameter's dtype.
+    rms_fold = (dw_partial, 0, rmsnorm_weight.dtype) if rmsnorm_weight is not None else None
+    dA, ddt_bias, dD, drmsnorm_weight, dweight, dbias = fold_many(
+        [*parameter_folds(ssd_parts, D, dt_bias), rms_fold,
+         *conv1d_weight_folds(conv1d_weight, conv1d_bias, dw_part, db_part)])
+    dA = dA.to(A.dtype)
+    dD = dD.to(D.dtype)
+    ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
     if dinit is not None:
         dinit = dinit.to(initial_states.dtype)
     result = (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias, dinit)

@@ -1,0 +1,23 @@
+"""Running ordered-ssd's own Triton kernels on the CPU under ``TRITON_INTERPRET=1`` (in a test's subprocess).
+
+:func:`allow_runtime_loop_bounds` makes Triton 3.6's interpreter accept a loop bound that is a kernel argument
+(``for k in range(0, K)``) with NumPy >= 2.4: the interpreter turns a scalar argument into a one-element 1-d array
+and its ``__index__`` calls ``int()`` on it, which NumPy 2.4 refuses. The shim takes the element with ``.item()``
+instead; it changes nothing else (loads, stores and arithmetic run as before). Call it in the subprocess, before the
+first launch.
+"""
+
+
+def allow_runtime_loop_bounds() -> None:
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_ordered_ssd_shim", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+
+    patched._ordered_ssd_shim = True
+    interpreter._patch_lang_tensor = patched
