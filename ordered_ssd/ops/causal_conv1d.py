@@ -22,8 +22,8 @@ import torch
 import csrc_bindings
 
 from ..fold import conv1d_grad_partials, fold_many
-from .common import (NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, check_causal_conv1d_args,
-                     or_none, require_cuda)
+from .common import (as_dtype_of, autocast_context, autocast_dtype, call_op, check_causal_conv1d_args, or_none,
+                     ordered_custom_op, register_op_autograd, require_cuda)
 
 __all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "ordered_causal_conv1d"]
 
@@ -125,11 +125,13 @@ def conv1d_weight_folds(weight, bias, dweight_partial, dbias_partial) -> list:
 
 
 # --------------------------------------------------------------------------------------------- custom op
-@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d", mutates_args=(), tags=OP_TAGS)
-def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
+def _causal_conv1d_body(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
     with autocast_context(autocast):
         return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)  # torch.empty_like(x)
+
+
+_causal_conv1d = ordered_custom_op("causal_conv1d", _causal_conv1d_body)
 
 
 @_causal_conv1d.register_fake
@@ -137,13 +139,15 @@ def _(x, weight, bias, seq_idx, silu, autocast):
     return torch.empty_like(x)  # the launcher's allocation: the layout of x (channel-first or channel-last)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_backward", mutates_args=(), tags=OP_TAGS)
-def _causal_conv1d_backward(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                            seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]
-                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _causal_conv1d_backward_body(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                 bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor], silu: bool,
+                                 autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with autocast_context(autocast):
         dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=silu)
     return (dx, *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: _dx_buffer, dtype of x
+
+
+_causal_conv1d_backward = ordered_custom_op("causal_conv1d_backward", _causal_conv1d_backward_body)
 
 
 @_causal_conv1d_backward.register_fake
@@ -160,13 +164,14 @@ def _causal_conv1d_setup_context(ctx, inputs, output):
     ctx.silu, ctx.autocast = silu, autocast
 
 
-def _causal_conv1d_bwd(ctx, dout):
+def _causal_conv1d_bwd(backward, ctx, dout):
     x, weight, bias, seq_idx = ctx.saved_tensors
-    dx, dweight, dbias = _causal_conv1d_backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
+    dx, dweight, dbias = backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
     return dx, dweight, or_none(dbias, bias), None, None, None
 
 
-_causal_conv1d.register_autograd(_causal_conv1d_bwd, setup_context=_causal_conv1d_setup_context)
+_CausalConv1dFunction = register_op_autograd(_causal_conv1d, _causal_conv1d_body, _causal_conv1d_setup_context,
+                                             _causal_conv1d_bwd, _causal_conv1d_backward, _causal_conv1d_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -200,4 +205,5 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     elif x.stride(1) != 1 and x.stride(2) != 1:
         x = x.contiguous()
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return _causal_conv1d(x, weight, bias, seq_idx, activation is not None, autocast_dtype(x))
+    return call_op(_causal_conv1d, _CausalConv1dFunction, x, weight, bias, seq_idx, activation is not None,
+                   autocast_dtype(x))

@@ -32,8 +32,9 @@ from einops import rearrange
 import csrc_bindings
 
 from ..fold import fold_many, lexical_cumsum
-from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
-                     autocast_dtype, check_chunk_scan_args, check_states_args, or_none, require_cuda)
+from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
+                     check_chunk_scan_args, check_states_args, or_none, ordered_custom_op, register_op_autograd,
+                     require_cuda)
 
 __all__ = ["ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_combined_bwd",
            "ordered_mamba_chunk_scan_combined"]
@@ -247,13 +248,13 @@ def dense(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None else None
 
 
-@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined", mutates_args=(), tags=OP_TAGS)
-def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
-                D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
-                cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float],
-                return_final_states: bool, return_varlen_states: bool, literal: bool,
-                autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _chunk_scan_body(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                     chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                     dt_bias: Optional[torch.Tensor],
+                     initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                     cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float],
+                     return_final_states: bool, return_varlen_states: bool, literal: bool,
+                     autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, out_x, final_states, varlen_states)``: out [B, L, H, P] (gated with z); out_x the ungated output
     (:func:`absent` without z); final_states [B, H, P, N] fp32 (always computed by the forward); varlen_states
     [S, H, P, N] (dtype of C) with ``return_varlen_states``, else :func:`absent`."""
@@ -266,6 +267,9 @@ def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
             (rest[0].contiguous() if return_varlen_states else absent(x)))
 
 
+_chunk_scan = ordered_custom_op("mamba_chunk_scan_combined", _chunk_scan_body)
+
+
 @_chunk_scan.register_fake
 def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
       return_final_states, return_varlen_states, literal, autocast):
@@ -276,13 +280,12 @@ def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seq
     return dense(x), (dense(x) if z is not None else absent(x)), final_states, varlen_states
 
 
-@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
-def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                         C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
-                         z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                         initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
-                         seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
-                         autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+def _chunk_scan_backward_body(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                              C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
+                              z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                              initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
+                              seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
+                              autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
     """``[dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states]``, each in its input's dtype (:func:`absent` for
     a None input)."""
     with autocast_context(autocast):
@@ -291,6 +294,9 @@ def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, 
             dt_limit=tuple(dt_limit), seq_idx=seq_idx, initial_states=initial_states, dfinal_states=dfinal_states,
             literal=literal)[:9]
     return as_dtype_of(grads, (x, dt, A, B, C, D, z, dt_bias, initial_states), x)
+
+
+_chunk_scan_backward = ordered_custom_op("mamba_chunk_scan_combined_backward", _chunk_scan_backward_body)
 
 
 @_chunk_scan_backward.register_fake
@@ -309,7 +315,7 @@ def _chunk_scan_setup_context(ctx, inputs, output):
     ctx.args = (chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast)
 
 
-def _chunk_scan_bwd(ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
+def _chunk_scan_bwd(backward, ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
     out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, final_states = ctx.saved_tensors
     chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast = ctx.args
     if return_varlen_states:
@@ -323,14 +329,15 @@ def _chunk_scan_bwd(ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
         dfinal_states = None
     elif dfinal_states is None:
         dfinal_states = torch.zeros_like(final_states)
-    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = _chunk_scan_backward(
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = backward(
         dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states, seq_idx, dt_softplus,
         dt_limit, literal, autocast)
     return (dx, ddt, dA, dB, dC, None, or_none(dD, D), or_none(dz, z), or_none(ddt_bias, dt_bias),
             or_none(dinit, initial_states), None, None, None, None, None, None, None, None)
 
 
-_chunk_scan.register_autograd(_chunk_scan_bwd, setup_context=_chunk_scan_setup_context)
+_ChunkScanFunction = register_op_autograd(_chunk_scan, _chunk_scan_body, _chunk_scan_setup_context, _chunk_scan_bwd,
+                                          _chunk_scan_backward, _chunk_scan_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -372,8 +379,8 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
     check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
     require_cuda("x", x)
     return_final_states, return_varlen_states = bool(return_final_states), bool(return_varlen_states)
-    out, _, final_states, varlen_states = _chunk_scan(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+    out, _, final_states, varlen_states = call_op(
+        _chunk_scan, _ChunkScanFunction, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         cu_seqlens if return_varlen_states else None, bool(dt_softplus), [float(v) for v in dt_limit],
         return_final_states, return_varlen_states, bool(literal), autocast_dtype(x))
     extra = ((final_states,) if return_final_states else ()) + ((varlen_states,) if return_varlen_states else ())
