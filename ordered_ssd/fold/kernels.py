@@ -42,6 +42,16 @@ def _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BL
 
 
 @triton.jit
+def _fold_blocks(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid, start, BLOCK: tl.constexpr):
+    """Programs ``start .. start + cdiv(M, BLOCK) - 1`` of :func:`fold_many_kernel` fold this partial tensor (block
+    ``pid - start`` of it); returns where the next fold's programs start."""
+    n = tl.cdiv(M, BLOCK)
+    if (pid >= start) & (pid < start + n):
+        _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid - start, BLOCK)
+    return start + n
+
+
+@triton.jit
 def fold_many_kernel(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0,
                      p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1,
                      p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2,
@@ -51,49 +61,26 @@ def fold_many_kernel(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0,
                      p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6,
                      p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7,
                      NSEG: tl.constexpr, BLOCK: tl.constexpr):
-    """Up to 8 independent folds in one launch: fold ``i`` owns ``cdiv(M_i, BLOCK)`` consecutive programs (fold 0
-    first) and each of its outputs is :func:`_fold_segment`'s sequential fp32 sum, the loop of
-    :func:`fold_kernel` without ``init``. Folds ``NSEG..7`` are not traced (their arguments are None / 0)."""
+    """Up to 8 independent folds in one launch (Triton has no array of pointers: one argument group per fold):
+    fold ``i`` owns ``cdiv(M_i, BLOCK)`` consecutive programs (fold 0 first) and each of its outputs is
+    :func:`_fold_segment`'s sequential fp32 sum, the loop of :func:`fold_kernel` without ``init``. Folds
+    ``NSEG..7`` are not traced (their arguments are None)."""
     pid = tl.program_id(0)
-    n = tl.cdiv(M0, BLOCK)
-    if pid < n:
-        _fold_segment(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0, pid, BLOCK)
-    start = n
+    start = _fold_blocks(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0, pid, 0, BLOCK)
     if NSEG > 1:
-        n = tl.cdiv(M1, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1, pid, start, BLOCK)
     if NSEG > 2:
-        n = tl.cdiv(M2, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2, pid, start, BLOCK)
     if NSEG > 3:
-        n = tl.cdiv(M3, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p3, o3, KO3, KI3, M3, MI3, sko3, ski3, smo3, smi3, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p3, o3, KO3, KI3, M3, MI3, sko3, ski3, smo3, smi3, pid, start, BLOCK)
     if NSEG > 4:
-        n = tl.cdiv(M4, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p4, o4, KO4, KI4, M4, MI4, sko4, ski4, smo4, smi4, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p4, o4, KO4, KI4, M4, MI4, sko4, ski4, smo4, smi4, pid, start, BLOCK)
     if NSEG > 5:
-        n = tl.cdiv(M5, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5, pid, start, BLOCK)
     if NSEG > 6:
-        n = tl.cdiv(M6, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6, pid, start, BLOCK)
     if NSEG > 7:
-        n = tl.cdiv(M7, BLOCK)
-        if (pid >= start) & (pid < start + n):
-            _fold_segment(p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7, pid - start, BLOCK)
-        start += n
+        start = _fold_blocks(p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7, pid, start, BLOCK)
 
 
 @triton.jit

@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .primitives import LexicalFold, fold_dims
+from .primitives import LexicalFold, fold_dims, normalize_dims
 from .settings import accumulation_dtype
 
 __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
@@ -75,16 +75,6 @@ def _layout(t: torch.Tensor, dims: Tuple[int, ...]):
     return t, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape
 
 
-def _normalize(t: torch.Tensor, dims) -> Tuple[int, ...]:
-    if isinstance(dims, int):
-        dims = (dims,)
-    nd = t.dim()
-    dims = tuple(d % nd for d in dims)
-    if len(set(dims)) != len(dims):
-        raise ValueError(f"dims: expected distinct axes, got {dims}")
-    return dims
-
-
 def fold_many(requests: Sequence[Optional[tuple]], *,
               use_triton: Optional[bool] = None) -> List[Optional[torch.Tensor]]:
     """``[fold_dims(t, dims, dtype) for (t, dims[, dtype]) in requests]`` with every CUDA fold of fp32 accumulation
@@ -108,7 +98,7 @@ def fold_many(requests: Sequence[Optional[tuple]], *,
     for i, req in enumerate(requests):
         if req is None:
             continue
-        t, dims = req[0], _normalize(req[0], req[1])
+        t, dims = req[0], normalize_dims(req[0], req[1])
         dtype = req[2] if len(req) > 2 and req[2] is not None else t.dtype
         triton_ok = use_triton if use_triton is not None else t.device.type == "cuda"
         if not triton_ok or accumulation_dtype(dtype) != torch.float32:

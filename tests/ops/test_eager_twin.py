@@ -99,17 +99,11 @@ def test_a_double_backward_raises_as_through_the_custom_op(twin, monkeypatch):
 def test_cuda_compositions_launch_the_same_through_the_twin_and_the_custom_op(monkeypatch):
     """The fused layer op and the chunk-scan op (natives faked: the launch arguments are recorded, nothing is
     computed) launch the same kernels with the same arguments (shapes, strides, dtypes, scalars) both ways."""
-    from csrc_bindings import _native
-    from ordered_ssd.ops import (causal_conv1d, layernorm_gated, ordered_mamba_chunk_scan_combined,
-                                 ordered_mamba_split_conv1d_scan_combined, ssd_combined, ssd_split_conv1d)
-    from tests.csrc_bindings.launch_record import fake_native
+    from ordered_ssd.ops import ordered_mamba_chunk_scan_combined, ordered_mamba_split_conv1d_scan_combined
+    from tests.csrc_bindings.launch_record import fake_cuda_path
 
     log = []
-    tri, conv = fake_native(log)
-    monkeypatch.setitem(_native._state, "triton", tri)
-    monkeypatch.setitem(_native._state, "conv", conv)
-    for mod in (ssd_combined, ssd_split_conv1d, causal_conv1d, layernorm_gated):
-        monkeypatch.setattr(mod, "require_cuda", lambda name, t: None)
+    fake_cuda_path(monkeypatch, log)
     Bsz, L, H, P, G, N, CS = 2, 40, 4, 8, 2, 8, 16
     dim, conv_dim = H * P, H * P + 2 * G * N
     g = torch.Generator().manual_seed(3)

@@ -34,21 +34,13 @@ def test_per_call_host_times_count_the_cuda_path_with_the_natives_faked(monkeypa
     every launcher, the common launch path once per Triton launch, the two fold launches of ``fold_many``), and
     every wrapped function is put back afterwards."""
     import csrc_bindings
-    from csrc_bindings import _native
-    from ordered_ssd import OrderedMamba2
     from ordered_ssd.apps.bench.runner import LayerRunner
     from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
-    from ordered_ssd.ops import causal_conv1d, layernorm_gated, ssd_combined, ssd_split_conv1d
-    from tests.csrc_bindings.launch_record import fake_native
+    from ordered_ssd.ops import ssd_combined
+    from tests.csrc_bindings.launch_record import fake_cuda_path
 
     log = []
-    tri, conv = fake_native(log)
-    monkeypatch.setitem(_native._state, "triton", tri)
-    monkeypatch.setitem(_native._state, "conv", conv)
-    for mod in (ssd_combined, ssd_split_conv1d, causal_conv1d, layernorm_gated):
-        monkeypatch.setattr(mod, "require_cuda", lambda name, t: None)
-    monkeypatch.setattr(OrderedMamba2, "backend_for", lambda self, u: "cuda")
-    monkeypatch.setattr(OrderedMamba2, "_check_cuda_path", lambda self, batch, seqlen: None)
+    fake_cuda_path(monkeypatch, log, layer=True)
     original = csrc_bindings.launch_chunk_scan_fwd
     runner = LayerRunner(named_or_parsed_shape(TINY), ["ordered"], torch.device("cpu"), 0)
     runner.step("ordered")
