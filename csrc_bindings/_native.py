@@ -11,8 +11,10 @@ reads ``__version__``, ``arg_names``, ``keys`` and docstrings).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
+import operator
 import re
 import threading
 from types import SimpleNamespace
@@ -234,11 +236,24 @@ def dot_dtype(*ts):
     return tl.float32
 
 
+_NO_GUARD = contextlib.nullcontext()
+
+
 def device_guard(t: torch.Tensor):
-    """``torch.cuda.device(t.device)`` for CUDA tensors, a no-op context otherwise (CPU/interpreter development)."""
+    """``torch.cuda.device(t.device)`` for a CUDA tensor on another device than the current one; a no-op context
+    otherwise (``t`` on the current device: nothing to switch; CPU/interpreter development)."""
     if t.is_cuda:
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+        index = t.get_device()
+        if index != torch.cuda.current_device():
+            return torch.cuda.device(index)
+    return _NO_GUARD
+
+
+@functools.lru_cache(maxsize=None)
+def _positional(names: tuple):
+    """``full -> tuple(full[n] for n in names)`` as one C call (``operator.itemgetter``), per kernel signature."""
+    getter = operator.itemgetter(*names)
+    return getter if len(names) > 1 else (lambda full: (getter(full),))
 
 
 def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
@@ -259,12 +274,15 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         if k in full:
             raise RuntimeError(f"{name}: config key {k} collides with a launcher argument")
         full[k] = v
-    if set(full) != set(names):
+    try:  # every name present (a KeyError otherwise) and no other one (the counts then agree): the same check
+        pos = _positional(names)(full)
+    except KeyError:
+        pos = None
+    if pos is None or len(full) != len(names):
         missing = [n for n in names if n not in full]
         extra = [n for n in full if n not in names]
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
-    pos = tuple(full[n] for n in names)
 
     def sizes():
         return layer_sizes(full, dict(cfg.meta))

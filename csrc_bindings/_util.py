@@ -5,6 +5,8 @@ Binding errors are ``ValueError``s that name the argument, the expected and the 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -17,13 +19,18 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+@functools.lru_cache(maxsize=None)
+def _names(names: str) -> tuple:
+    return tuple(names.split())
+
+
 def strides(names: str, t: torch.Tensor | None, dims) -> dict:
     """``{name_i: t.stride(dim_i)}`` for the space-separated ``names``; all zeros when ``t`` is None."""
-    keys = names.split()
+    keys = _names(names)  # a launcher passes the same few literals at every launch: split once
     if t is None:
-        return {k: 0 for k in keys}
+        return dict.fromkeys(keys, 0)
     assert len(keys) == len(dims)
-    return {k: t.stride(d) for k, d in zip(keys, dims)}
+    return dict(zip(keys, map(t.stride().__getitem__, dims)))
 
 
 def check(cond: bool, msg: str) -> None:
@@ -39,18 +46,21 @@ def _shape(s) -> tuple:
 def check_shape(name: str, t: torch.Tensor, expected, dims: str | None = None) -> None:
     """``t.shape == expected``, else ``ValueError("name: expected shape [B, L] = (2, 3), got (2, 4)")``
     (``dims`` is the symbolic shape, e.g. ``"[B, H, C, cs]"``; left out when None)."""
+    if t.shape == expected:  # torch.Size is a tuple: the common case costs one comparison
+        return
     want, got = _shape(expected), _shape(t.shape)
     check(got == want, f"{name}: expected shape {want if dims is None else f'{dims} = {want}'}, got {got}")
 
 
 def check_last_stride_1(name: str, t: torch.Tensor) -> None:
-    check(t.stride(-1) == 1, f"{name}: expected stride 1 in the last dim, got strides {tuple(t.stride())}")
+    if t.stride(-1) != 1:  # the message is formatted only for a failure (launchers check at every launch)
+        check(False, f"{name}: expected stride 1 in the last dim, got strides {tuple(t.stride())}")
 
 
 def check_D(D: torch.Tensor, nheads: int, headdim: int) -> None:
     """``D`` of shape ``[H, P]`` or ``[H]`` with stride 1 in its last dim."""
-    check(_shape(D.shape) in ((nheads, headdim), (nheads,)),
-          f"D: expected shape [H, P] = {(nheads, headdim)} or [H] = {(nheads,)}, got {_shape(D.shape)}")
+    if D.shape not in ((nheads, headdim), (nheads,)) and _shape(D.shape) not in ((nheads, headdim), (nheads,)):
+        check(False, f"D: expected shape [H, P] = {(nheads, headdim)} or [H] = {(nheads,)}, got {_shape(D.shape)}")
     check_last_stride_1("D", D)
 
 
@@ -59,20 +69,22 @@ def nsplits(nheads: int, ngroups: int, nheads_per_program):
     check_groups(nheads, ngroups)
     ratio = nheads // ngroups
     nhpp = ratio if nheads_per_program is None else int(nheads_per_program)
-    check(1 <= nhpp <= ratio, f"nheads_per_program: expected 1 <= nheads_per_program <= nheads // ngroups = {ratio}, "
-                              f"got {nhpp}")
+    if not 1 <= nhpp <= ratio:
+        check(False, f"nheads_per_program: expected 1 <= nheads_per_program <= nheads // ngroups = {ratio}, "
+                     f"got {nhpp}")
     return nhpp, cdiv(ratio, nhpp)
 
 
 def check_groups(nheads: int, ngroups: int) -> None:
-    check(nheads % ngroups == 0, f"nheads: expected a multiple of ngroups ({ngroups}), got {nheads}")
+    if nheads % ngroups != 0:
+        check(False, f"nheads: expected a multiple of ngroups ({ngroups}), got {nheads}")
 
 
 def out_buffer(buf, shape, dtype, like: torch.Tensor, name: str, zero: bool = False) -> torch.Tensor:
     """Return ``buf`` (checked: shape, dtype, device) or a new ``torch.empty`` / ``torch.zeros`` buffer."""
-    shape = _shape(shape)
     if buf is None:
         return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=like.device)
+    shape = _shape(shape)
     check_shape(name, buf, shape)
     check(buf.dtype == dtype, f"{name}: expected dtype {dtype}, got {buf.dtype}")
     check(buf.device == like.device, f"{name}: expected device {like.device}, got {buf.device}")

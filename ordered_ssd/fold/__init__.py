@@ -12,6 +12,8 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 * :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`tree_fold` (the
   pairwise tree of the split-invariant accumulation), :func:`fold_dims`,
   :func:`lexical_cumsum`, :func:`fold_example_gemms` (the CPU loops, and the CUDA launches of the kernels);
+* :mod:`~ordered_ssd.fold.many`: :func:`fold_many` (several :func:`fold_dims` folds in one launch, the same bits)
+  and :func:`fold_example_sums` (the projection bias's fold of per-example folds, one launch);
 * :mod:`~ordered_ssd.fold.conv1d`: :func:`conv1d_grad_partials`, ordered-ssd's own kernel for the causal conv1d's
   per-(example, tile) weight/bias gradient partials, and its order in PyTorch (:func:`conv1d_grad_partials_torch`);
 * :mod:`~ordered_ssd.fold.kernels`: their Triton kernels (imported on first CUDA use only);
@@ -23,6 +25,7 @@ Both the CPU reference path and the CUDA path reduce through these; nothing else
 over a partition axis. Importing this package does not import triton.
 """
 from .conv1d import conv1d_grad_partials, conv1d_grad_partials_torch
+from .many import FOLD_MANY_MAX, fold_example_sums, fold_many
 from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped, lexical_cumsum,
                          lexical_fold, tree_fold)
 from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CONFIGS, GEMM_FOLD_FIT_RULE,
@@ -30,7 +33,8 @@ from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CONFIGS,
                        gemm_fold_config, gemm_fold_configs_for, gemm_fold_shared_bytes, linear_weight_grad_is_fused,
                        reduction_fingerprint, rmsnorm_rows_per_program)
 
-__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms",
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "fold_many", "fold_example_sums", "FOLD_MANY_MAX",
+           "lexical_cumsum", "fold_example_gemms",
            "fold_example_gemms_grouped", "conv1d_grad_partials", "conv1d_grad_partials_torch", "accumulation_dtype",
            "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
            "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",

@@ -23,6 +23,86 @@ def fold_kernel(p_ptr, init_ptr, out_ptr, K, M, stride_k, HAS_INIT: tl.constexpr
 
 
 @triton.jit
+def _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BLOCK: tl.constexpr):
+    """One block of one fold of :func:`fold_many_kernel`: ``out[m] = ((+0.0 + p[k=0, m]) + p[k=1, m]) + ...`` in fp32
+    over ``k = ko * KI + ki`` in order, element ``(k, m)`` at ``ko * s_ko + ki * s_ki + mo * s_mo + mi * s_mi``
+    with ``m = mo * MI + mi``."""
+    m = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = m < M
+    mo = m // MI
+    base = p_ptr + mo * s_mo + (m - mo * MI) * s_mi
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _ko in range(0, KO):  # pointers advanced by the strides: 64-bit, and the interpreter runs it
+        ptrs = base
+        for _ki in range(0, KI):
+            acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            ptrs += s_ki
+        base += s_ko
+    tl.store(out_ptr + m, acc, mask=mask)
+
+
+@triton.jit
+def _fold_blocks(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid, start, BLOCK: tl.constexpr):
+    """Programs ``start .. start + cdiv(M, BLOCK) - 1`` of :func:`fold_many_kernel` fold this partial tensor (block
+    ``pid - start`` of it); returns where the next fold's programs start."""
+    n = tl.cdiv(M, BLOCK)
+    if (pid >= start) & (pid < start + n):
+        _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid - start, BLOCK)
+    return start + n
+
+
+@triton.jit
+def fold_many_kernel(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0,
+                     p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1,
+                     p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2,
+                     p3, o3, KO3, KI3, M3, MI3, sko3, ski3, smo3, smi3,
+                     p4, o4, KO4, KI4, M4, MI4, sko4, ski4, smo4, smi4,
+                     p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5,
+                     p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6,
+                     p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7,
+                     NSEG: tl.constexpr, BLOCK: tl.constexpr):
+    """Up to 8 independent folds in one launch (Triton has no array of pointers: one argument group per fold):
+    fold ``i`` owns ``cdiv(M_i, BLOCK)`` consecutive programs (fold 0 first) and each of its outputs is
+    :func:`_fold_segment`'s sequential fp32 sum, the loop of :func:`fold_kernel` without ``init``. Folds
+    ``NSEG..7`` are not traced (their arguments are None)."""
+    pid = tl.program_id(0)
+    start = _fold_blocks(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0, pid, 0, BLOCK)
+    if NSEG > 1:
+        start = _fold_blocks(p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1, pid, start, BLOCK)
+    if NSEG > 2:
+        start = _fold_blocks(p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2, pid, start, BLOCK)
+    if NSEG > 3:
+        start = _fold_blocks(p3, o3, KO3, KI3, M3, MI3, sko3, ski3, smo3, smi3, pid, start, BLOCK)
+    if NSEG > 4:
+        start = _fold_blocks(p4, o4, KO4, KI4, M4, MI4, sko4, ski4, smo4, smi4, pid, start, BLOCK)
+    if NSEG > 5:
+        start = _fold_blocks(p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5, pid, start, BLOCK)
+    if NSEG > 6:
+        start = _fold_blocks(p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6, pid, start, BLOCK)
+    if NSEG > 7:
+        start = _fold_blocks(p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7, pid, start, BLOCK)
+
+
+@triton.jit
+def example_sums_kernel(p_ptr, out_ptr, E, L, M, s_e, s_l, s_m, BLOCK: tl.constexpr):
+    """``out[m] = fold_e(fold_l(p[e, l, m]))`` in fp32: per example a sequential sum over its positions from +0.0,
+    added to the running sum over examples (from +0.0), example 0 first; one program per ``BLOCK`` of m."""
+    m = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = m < M
+    base = p_ptr + m * s_m
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for _e in range(0, E):
+        ptrs = base
+        inner = tl.zeros([BLOCK], dtype=tl.float32)
+        for _li in range(0, L):
+            inner += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            ptrs += s_l
+        acc += inner
+        base += s_e
+    tl.store(out_ptr + m, acc, mask=mask)
+
+
+@triton.jit
 def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
     """Running fp32 sum along each row of ``p`` [R, N] (position 0 first, or N - 1 first with ``REVERSE``)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -185,6 +185,24 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     return out
 
 
+def normalize_dims(t: torch.Tensor, dims) -> tuple:
+    """``dims`` (an int or a sequence of axes of ``t``) as a tuple of non-negative axes, in the given order.
+
+    Raises:
+        ValueError: an axis named twice. IndexError: an axis out of range.
+    """
+    if isinstance(dims, int):
+        dims = (dims,)
+    nd = t.dim()
+    for d in dims:
+        if not -nd <= d < nd:
+            raise IndexError(f"dims: axis {d} is out of range for a {nd}-d tensor")
+    dims = tuple(d % nd for d in dims)
+    if len(set(dims)) != len(dims):
+        raise ValueError(f"dims: expected distinct axes, got {dims}")
+    return dims
+
+
 def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
               init: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fold ``t`` over the axes ``dims``, in lexical order of those axes (the first listed is the slowest).
@@ -206,12 +224,8 @@ def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
     Raises:
         ValueError: ``dims`` names an axis twice. IndexError: an axis out of range.
     """
-    if isinstance(dims, int):
-        dims = (dims,)
+    dims = normalize_dims(t, dims)
     nd = t.dim()
-    dims = tuple(d % nd for d in dims)
-    if len(set(dims)) != len(dims):
-        raise ValueError(f"dims: expected distinct axes, got {dims}")
     keep = [d for d in range(nd) if d not in dims]
     out_shape = [t.shape[d] for d in keep]
     K = 1

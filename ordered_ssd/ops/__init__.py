@@ -3,7 +3,9 @@
 Each file holds one operation's whole stack: composition (plain ``ordered_*_fwd`` / ``ordered_*_bwd`` functions
 built from :mod:`csrc_bindings` launchers and :mod:`ordered_ssd.fold` folds, testable without autograd), then its
 ``torch.library`` custom op (``ordered_ssd::<op>``, with a fake and with autograd through
-``ordered_ssd::<op>_backward``), then its public function:
+``ordered_ssd::<op>_backward``) and its eager twin (an ``autograd.Function`` of the same forward body, backward rule
+and backward body, applied in plain eager mode to skip the custom-op dispatch; :func:`~ordered_ssd.ops.common.call_op`),
+then its public function:
 
 * ``ssd_combined.py`` (upstream ``mamba_ssm/ops/triton/ssd_combined.py``, ``mamba_chunk_scan_combined``):
   :func:`ordered_mamba_chunk_scan_combined` (initial, final and varlen states);

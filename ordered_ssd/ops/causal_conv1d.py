@@ -9,8 +9,9 @@ Determinism: ``dx`` comes from causal-conv1d's backward, one launch for the whol
 with ``atomicAdd`` are discarded). ``dweight``/``dbias`` come from ordered-ssd's own kernel: fp32 partials per
 (example, tile of :data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L` positions)
 (:func:`ordered_ssd.fold.conv1d_grad_partials`), folded over (example, tile), example slowest
-(:func:`ordered_ssd.fold.fold_dims`), cast once. The number of launches does not depend on ``B`` or on the number
-of packed sequences, and nothing is read back to the host. Source: ``causal_conv1d.causal_conv1d_fn``.
+(:func:`ordered_ssd.fold.fold_many`: both in one launch), cast once. The number of launches does not depend on
+``B`` or on the number of packed sequences, and nothing is read back to the host. Source:
+``causal_conv1d.causal_conv1d_fn``.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import torch
 
 import csrc_bindings
 
-from ..fold import conv1d_grad_partials, fold_dims
-from .common import (NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, check_causal_conv1d_args,
-                     or_none, require_cuda)
+from ..fold import conv1d_grad_partials, fold_many
+from .common import (as_dtype_of, autocast_context, autocast_dtype, call_op, check_causal_conv1d_args, or_none,
+                     ordered_custom_op, register_op_autograd, require_cuda)
 
 __all__ = ["ordered_causal_conv1d_fwd", "ordered_causal_conv1d_bwd", "ordered_causal_conv1d"]
 
@@ -66,7 +67,8 @@ def _dx_buffer(x, channel_last):
     return torch.empty(batch, dim, seqlen, dtype=x.dtype, device=x.device)
 
 
-def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False):
+def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False, dx=None, literal=False,
+                              fold=True):
     """Backward: ``(dx, dweight, dbias, dweight_partial, dbias_partial)``.
 
     Args:
@@ -74,16 +76,17 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
             used channel-last). weight [D, W]; bias [D] or None; seq_idx [B, L] int32 or None; silu: the forward
             applied SiLU. dx: optional [B, D, L] output (written in place; computed in a fresh buffer and copied
             when causal-conv1d cannot write its layout). literal: launch both kernels once per example (the
-            literal path; the same bits).
+            literal path; the same bits). fold: False leaves ``dweight``/``dbias`` None (for a caller that folds
+            the partials itself, with others in one launch: :func:`conv1d_weight_folds`).
 
     Returns:
         ``dx`` [B, D, L]; ``dweight`` [D, W] / ``dbias`` [D] (None without a bias): the fp32 folds of
         ``dweight_partial`` [B, T, D, W] / ``dbias_partial`` [B, T, D] over (example, tile), example slowest,
         cast once to the parameter dtype (``T = ceil(L / CONV1D_BWD_TILE_L)``).
 
-    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold per
-    gradient, whatever ``B`` and the number of packed sequences (plus a copy of an input causal-conv1d does not
-    take); nothing is read back to the host.
+    Launches: one causal-conv1d backward and one partials kernel (``B`` of each with ``literal``) and one fold
+    launch for both gradients (:func:`~ordered_ssd.fold.fold_many`), whatever ``B`` and the number of packed
+    sequences (plus a copy of an input causal-conv1d does not take); nothing is read back to the host.
 
     Raises:
         ValueError: shapes that do not match (from :mod:`csrc_bindings` and :mod:`ordered_ssd.fold`, naming the
@@ -107,17 +110,28 @@ def ordered_causal_conv1d_bwd(x, weight, bias, dout, *, seq_idx=None, silu=False
         dx = out
     dweight_partial, dbias_partial = conv1d_grad_partials(xr, weight, bias, doutr, seq_idx=seq, silu=silu,
                                                           literal=literal)
-    dweight = fold_dims(dweight_partial, (0, 1), dtype=weight.dtype)
-    dbias = fold_dims(dbias_partial, (0, 1), dtype=bias.dtype) if bias is not None else None
+    dweight = dbias = None
+    if fold:
+        dweight, dbias = fold_many(conv1d_weight_folds(weight, bias, dweight_partial, dbias_partial))
     return dx, dweight, dbias, dweight_partial, dbias_partial
 
 
+def conv1d_weight_folds(weight, bias, dweight_partial, dbias_partial) -> list:
+    """The :func:`~ordered_ssd.fold.fold_many` requests ``[dweight, dbias]`` of :func:`ordered_causal_conv1d_bwd`'s
+    partials: folds over (example, tile), example slowest, cast once to the parameter's dtype (None without a
+    bias)."""
+    return [(dweight_partial, (0, 1), weight.dtype),
+            (dbias_partial, (0, 1), bias.dtype) if bias is not None else None]
+
+
 # --------------------------------------------------------------------------------------------- custom op
-@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d", mutates_args=(), tags=OP_TAGS)
-def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
+def _causal_conv1d_body(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]) -> torch.Tensor:
     with autocast_context(autocast):
         return ordered_causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, silu=silu)  # torch.empty_like(x)
+
+
+_causal_conv1d = ordered_custom_op("causal_conv1d", _causal_conv1d_body)
 
 
 @_causal_conv1d.register_fake
@@ -125,13 +139,15 @@ def _(x, weight, bias, seq_idx, silu, autocast):
     return torch.empty_like(x)  # the launcher's allocation: the layout of x (channel-first or channel-last)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_backward", mutates_args=(), tags=OP_TAGS)
-def _causal_conv1d_backward(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                            seq_idx: Optional[torch.Tensor], silu: bool, autocast: Optional[torch.dtype]
-                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _causal_conv1d_backward_body(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                 bias: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor], silu: bool,
+                                 autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with autocast_context(autocast):
         dx, dweight, dbias, _, _ = ordered_causal_conv1d_bwd(x, weight, bias, dout, seq_idx=seq_idx, silu=silu)
     return (dx, *as_dtype_of((dweight, dbias), (weight, bias), x))  # dx: _dx_buffer, dtype of x
+
+
+_causal_conv1d_backward = ordered_custom_op("causal_conv1d_backward", _causal_conv1d_backward_body)
 
 
 @_causal_conv1d_backward.register_fake
@@ -148,13 +164,14 @@ def _causal_conv1d_setup_context(ctx, inputs, output):
     ctx.silu, ctx.autocast = silu, autocast
 
 
-def _causal_conv1d_bwd(ctx, dout):
+def _causal_conv1d_bwd(backward, ctx, dout):
     x, weight, bias, seq_idx = ctx.saved_tensors
-    dx, dweight, dbias = _causal_conv1d_backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
+    dx, dweight, dbias = backward(dout, x, weight, bias, seq_idx, ctx.silu, ctx.autocast)
     return dx, dweight, or_none(dbias, bias), None, None, None
 
 
-_causal_conv1d.register_autograd(_causal_conv1d_bwd, setup_context=_causal_conv1d_setup_context)
+_CausalConv1dFunction = register_op_autograd(_causal_conv1d, _causal_conv1d_body, _causal_conv1d_setup_context,
+                                             _causal_conv1d_bwd, _causal_conv1d_backward, _causal_conv1d_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -188,4 +205,5 @@ def ordered_causal_conv1d(x, weight, bias=None, seq_idx=None, activation=None):
     elif x.stride(1) != 1 and x.stride(2) != 1:
         x = x.contiguous()
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
-    return _causal_conv1d(x, weight, bias, seq_idx, activation is not None, autocast_dtype(x))
+    return call_op(_causal_conv1d, _CausalConv1dFunction, x, weight, bias, seq_idx, activation is not None,
+                   autocast_dtype(x))

@@ -6,15 +6,18 @@ Nothing here decides the order of a sum (that is :mod:`ordered_ssd.fold`) or lau
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _checks
 from .._checks import check_tensor
 
 __all__ = ["NO_LIMIT", "NAMESPACE", "OP_TAGS", "require_cuda", "autocast_dtype", "autocast_context", "absent",
-           "or_none", "as_dtype_of", "auxiliary_outputs", "CUDA_DTYPES", "check_chunk_scan_args",
+           "or_none", "as_dtype_of", "auxiliary_outputs", "ordered_custom_op", "register_op_autograd", "plain_eager",
+           "call_op", "CUDA_DTYPES", "check_chunk_scan_args",
            "check_split_conv1d_scan_args", "check_causal_conv1d_args", "check_states_args"]
 
 CUDA_DTYPES = _checks.CUDA_DTYPES
@@ -89,6 +92,94 @@ def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:
     ``rstd``), not differentiable, and their gradients are not materialised as zeros (no allocation per step)."""
     ctx.mark_non_differentiable(*outputs)
     ctx.set_materialize_grads(False)
+
+
+# ------------------------------------------------------------------------ the eager twin of each custom op
+# A call of a ``torch.library`` custom op with autograd costs tens of microseconds of Python dispatch (the custom
+# op's autograd wrapper, its redispatch, the backward custom op) more than a plain ``torch.autograd.Function``. In
+# plain eager mode the public functions therefore apply a Function built from the very same pieces (the forward
+# body, ``setup_context``, the backward rule and the backward body), so the two run the same composition code on
+# the same tensors; anywhere something may trace or intercept the call (``torch.compile``, a dispatch mode such as
+# FakeTensor / functionalization / ``make_fx`` / ``torch.export``, functorch transforms, tensor subclasses) they
+# call the custom op, whose fake and schema those need.
+
+def ordered_custom_op(name: str, body: Callable):
+    """``torch.library.custom_op`` of ``body`` as ``ordered_ssd::<name>`` (functional, :data:`OP_TAGS`); ``body``
+    stays a plain function for the eager twin (:func:`register_op_autograd`)."""
+    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=(), tags=OP_TAGS)(body)
+
+
+def register_op_autograd(op, forward: Callable, setup_context: Callable, rule: Callable, backward_op,
+                         backward: Callable) -> type:
+    """Register ``rule`` as ``op``'s autograd formula and return its eager twin, an ``autograd.Function``.
+
+    Args:
+        op: the custom op (``torch.library.custom_op`` of ``forward``).
+        forward: the op's body (the undecorated function).
+        setup_context: ``setup_context(ctx, inputs, output)``, shared by both.
+        rule: ``rule(backward, ctx, *grads)``, the backward formula, calling ``backward`` for the gradients: the
+            backward custom op ``backward_op`` for ``op``, its body ``backward`` for the twin.
+
+    Returns:
+        The ``autograd.Function`` (once-differentiable, as the custom op: a double backward raises
+        ``RuntimeError``, :func:`_once_differentiable`) whose ``apply`` takes ``op``'s arguments positionally.
+    """
+    op.register_autograd(functools.partial(rule, backward_op), setup_context=setup_context)
+    name = "Eager_" + forward.__name__.lstrip("_")
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(_once_differentiable(functools.partial(rule, backward))),
+        "__doc__": f"Plain-eager twin of the custom op of {forward.__name__} (see ordered_ssd.ops.common).",
+    })
+
+
+def _once_differentiable(rule: Callable) -> Callable:
+    """``rule`` run without recording (``torch.autograd.function.once_differentiable``), its gradients marked to raise
+    ``RuntimeError`` when differentiated (``create_graph=True``) wherever the custom op's backward would have had
+    an input requiring grad (a gradient or a saved tensor): the custom op's backward op has no autograd formula, so
+    a double backward through it raises too."""
+    def backward(ctx, *grads):
+        with torch.no_grad():
+            outputs = rule(ctx, *grads)
+        if not torch.is_grad_enabled() or not any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (*grads, *ctx.saved_tensors)):
+            return outputs
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        err = torch._C._functions.DelayedError(
+            b"ordered_ssd: the ordered ops are once-differentiable (their backward runs native kernels); a double "
+            b"backward through them is not supported", len(outputs))
+
+        def marked(t):
+            if t is None:
+                return None
+            t = t.detach()
+            t.requires_grad = True
+            return t
+        return err(*[marked(t) for t in outputs])
+    return backward
+
+
+def plain_eager(args: Sequence) -> bool:
+    """Whether a call with ``args`` runs in plain eager mode: not under ``torch.compile``, no dispatch mode active
+    (FakeTensor, functionalization, ``make_fx``, ``torch.export``'s tracing, ...), no functorch transform, and
+    every tensor argument a plain ``torch.Tensor`` / ``nn.Parameter`` (no subclass)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return False
+    for a in args:
+        if isinstance(a, torch.Tensor) and type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
+            return False
+    return True
+
+
+def call_op(op, function: type, *args):
+    """``function.apply(*args)`` (the eager twin, :func:`register_op_autograd`) in :func:`plain_eager` mode, else
+    ``op(*args)`` (the custom op)."""
+    if plain_eager(args):
+        return function.apply(*args)
+    return op(*args)
 
 
 # ------------------------------------------------------------------------- checks of the public functions

@@ -18,15 +18,17 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from .common import NAMESPACE, OP_TAGS
+from .common import call_op, ordered_custom_op, register_op_autograd
 
 __all__ = ["ordered_A_from_log", "ordered_silu_mul"]
 
 
 # --------------------------------------------------------------------------------------- A = -exp(A_log) (fp32)
-@torch.library.custom_op(f"{NAMESPACE}::A_from_log", mutates_args=(), tags=OP_TAGS)
-def _A_from_log(A_log: torch.Tensor) -> torch.Tensor:
+def _A_from_log_body(A_log: torch.Tensor) -> torch.Tensor:
     return -torch.exp(A_log.float())
+
+
+_A_from_log = ordered_custom_op("A_from_log", _A_from_log_body)
 
 
 @_A_from_log.register_fake
@@ -34,11 +36,13 @@ def _(A_log):
     return torch.empty_like(A_log, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::A_from_log_backward", mutates_args=(), tags=OP_TAGS)
-def _A_from_log_backward(dA: torch.Tensor, A: torch.Tensor, A_log: torch.Tensor) -> torch.Tensor:
+def _A_from_log_backward_body(dA: torch.Tensor, A: torch.Tensor, A_log: torch.Tensor) -> torch.Tensor:
     # What autograd runs for -exp(A_log.float()): NegBackward (-dA), ExpBackward (times the saved exp result, which
     # is -A exactly), ToCopyBackward (cast to A_log's dtype).
     return (dA.neg() * A.neg()).to(A_log.dtype).contiguous()
+
+
+_A_from_log_backward = ordered_custom_op("A_from_log_backward", _A_from_log_backward_body)
 
 
 @_A_from_log_backward.register_fake
@@ -50,24 +54,27 @@ def _A_setup_context(ctx, inputs, output):
     ctx.save_for_backward(output, inputs[0])
 
 
-def _A_bwd(ctx, dA):
+def _A_bwd(backward, ctx, dA):
     A, A_log = ctx.saved_tensors
-    return _A_from_log_backward(dA, A, A_log)
+    return backward(dA, A, A_log)
 
 
-_A_from_log.register_autograd(_A_bwd, setup_context=_A_setup_context)
+_AFromLogFunction = register_op_autograd(_A_from_log, _A_from_log_body, _A_setup_context, _A_bwd, _A_from_log_backward,
+                                         _A_from_log_backward_body)
 
 
 def ordered_A_from_log(A_log: torch.Tensor) -> torch.Tensor:
     """``A = -exp(A_log.float())`` [H] fp32, as ``Mamba2.forward`` computes it, with eager's bits under
     ``torch.compile`` too. ``A_log``: [H], any float dtype (the gradient comes back in its dtype)."""
-    return _A_from_log(A_log)
+    return call_op(_A_from_log, _AFromLogFunction, A_log)
 
 
 # ------------------------------------------------------------------------------------ silu(z0) * x0 (gated MLP)
-@torch.library.custom_op(f"{NAMESPACE}::silu_mul", mutates_args=(), tags=OP_TAGS)
-def _silu_mul(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _silu_mul_body(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (F.silu(z) * x).contiguous()
+
+
+_silu_mul = ordered_custom_op("silu_mul", _silu_mul_body)
 
 
 @_silu_mul.register_fake
@@ -76,13 +83,15 @@ def _(z, x):
                        device=z.device)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::silu_mul_backward", mutates_args=(), tags=OP_TAGS)
-def _silu_mul_backward(dout: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _silu_mul_backward_body(dout: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     # What autograd runs for silu(z) * x: MulBackward (dout * x, dout * silu(z): the same silu kernel as the
     # forward, so the same bits as the saved result), SiluBackward (aten.silu_backward).
     dz = torch.ops.aten.silu_backward(dout * x, z)
     dx = dout * F.silu(z)
     return dz.to(z.dtype).contiguous(), dx.to(x.dtype).contiguous()
+
+
+_silu_mul_backward = ordered_custom_op("silu_mul_backward", _silu_mul_backward_body)
 
 
 @_silu_mul_backward.register_fake
@@ -95,15 +104,16 @@ def _silu_mul_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _silu_mul_bwd(ctx, dout):
+def _silu_mul_bwd(backward, ctx, dout):
     z, x = ctx.saved_tensors
-    return _silu_mul_backward(dout, z, x)
+    return backward(dout, z, x)
 
 
-_silu_mul.register_autograd(_silu_mul_bwd, setup_context=_silu_mul_setup_context)
+_SiluMulFunction = register_op_autograd(_silu_mul, _silu_mul_body, _silu_mul_setup_context, _silu_mul_bwd,
+                                        _silu_mul_backward, _silu_mul_backward_body)
 
 
 def ordered_silu_mul(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``silu(z) * x`` (the gated-MLP branch of ``Mamba2``, ``z``/``x`` [B, L, d_mlp] of one dtype), with eager's
     bits under ``torch.compile`` too. Returns a contiguous [B, L, d_mlp] tensor of their dtype."""
-    return _silu_mul(z, x)
+    return call_op(_silu_mul, _SiluMulFunction, z, x)

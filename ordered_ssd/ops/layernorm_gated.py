@@ -18,8 +18,8 @@ import torch
 import csrc_bindings
 
 from ..fold import fold_dims, rmsnorm_rows_per_program
-from .common import (NAMESPACE, OP_TAGS, absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs,
-                     or_none, require_cuda)
+from .common import (absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs, call_op, or_none,
+                     ordered_custom_op, register_op_autograd, require_cuda)
 
 __all__ = ["ordered_rmsnorm_gated_fwd", "ordered_rmsnorm_gated_bwd", "ordered_gated_rmsnorm"]
 
@@ -32,14 +32,16 @@ def ordered_rmsnorm_gated_fwd(x, weight, eps, *, z=None, group_size, norm_before
 
 
 def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=None, group_size, norm_before_gate,
-                              recompute_output=False, dz=None, out=None, examples: Optional[int] = None):
+                              recompute_output=False, dz=None, out=None, examples: Optional[int] = None,
+                              fold: bool = True):
     """Backward on rows [M, N]: ``(dx, dweight, dz, out, dweight_partial)``.
 
     ``dweight`` is the fp32 fold of ``dweight_partial`` [R, N] (one row per block of ``rows_per_program`` rows, in
     row order), cast once to ``weight.dtype``. ``dz``/``out`` (the recomputed forward output, with
     ``recompute_output``) are written into the given buffers. ``examples``: None for one launch over all rows, or
     the number of examples ``E`` (``M = E * L``) to launch once per example (the literal mode: the same partials,
-    the same bits).
+    the same bits). ``fold=False`` leaves ``dweight`` None (a caller that folds ``dweight_partial`` itself, as
+    ``fold_dims(dweight_partial, 0, dtype=weight.dtype)``, with others in one launch).
 
     Raises:
         ValueError: ``examples`` does not divide the rows; shapes the kernel rejects (from :mod:`csrc_bindings`).
@@ -69,7 +71,7 @@ def ordered_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=N
             dx[r].copy_(dx_b)
             pieces.append(dweight_b)
         dweight_partial = torch.cat(pieces, 0)
-    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype)
+    dweight = fold_dims(dweight_partial, 0, dtype=weight.dtype) if fold else None
     return dx, dweight, dz, out, dweight_partial
 
 
@@ -79,16 +81,18 @@ def _rows(t):
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-@torch.library.custom_op(f"{NAMESPACE}::gated_rmsnorm", mutates_args=(), tags=OP_TAGS)
-def _gated_rmsnorm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], eps: float, group_size: int,
-                   norm_before_gate: bool, chunk_size: int,
-                   autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _gated_rmsnorm_body(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], eps: float, group_size: int,
+                        norm_before_gate: bool, chunk_size: int,
+                        autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out [B, L, D] in x.dtype, rstd [(D / group_size) * B * L] fp32)``; ``chunk_size`` is for the backward."""
     with autocast_context(autocast):
         out, rstd = ordered_rmsnorm_gated_fwd(_rows(x), weight.contiguous(), eps,
                                               z=_rows(z) if z is not None else None, group_size=group_size,
                                               norm_before_gate=norm_before_gate)
     return out.reshape(x.shape).contiguous(), rstd
+
+
+_gated_rmsnorm = ordered_custom_op("gated_rmsnorm", _gated_rmsnorm_body)
 
 
 @_gated_rmsnorm.register_fake
@@ -98,11 +102,10 @@ def _(x, weight, z, eps, group_size, norm_before_gate, chunk_size, autocast):
             x.new_empty(((x.shape[-1] // group_size) * rows,), dtype=torch.float32))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::gated_rmsnorm_backward", mutates_args=(), tags=OP_TAGS)
-def _gated_rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
-                            rstd: torch.Tensor, eps: float, group_size: int, norm_before_gate: bool,
-                            chunk_size: int, autocast: Optional[torch.dtype]
-                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gated_rmsnorm_backward_body(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
+                                 rstd: torch.Tensor, eps: float, group_size: int, norm_before_gate: bool,
+                                 chunk_size: int, autocast: Optional[torch.dtype]
+                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with autocast_context(autocast):
         dx, dweight, dz, _, _ = ordered_rmsnorm_gated_bwd(
             _rows(dy), _rows(x), weight.contiguous(), eps, rstd,
@@ -111,6 +114,9 @@ def _gated_rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     dx = dx.reshape(x.shape)
     dz = dz.reshape(x.shape) if z is not None else None
     return tuple(as_dtype_of((dx, dweight, dz), (x, weight, z), x))
+
+
+_gated_rmsnorm_backward = ordered_custom_op("gated_rmsnorm_backward", _gated_rmsnorm_backward_body)
 
 
 @_gated_rmsnorm_backward.register_fake
@@ -127,13 +133,14 @@ def _gated_rmsnorm_setup_context(ctx, inputs, output):
     ctx.args = (eps, group_size, norm_before_gate, chunk_size, autocast)
 
 
-def _gated_rmsnorm_bwd(ctx, dy, _drstd):
+def _gated_rmsnorm_bwd(backward, ctx, dy, _drstd):
     x, weight, z, rstd = ctx.saved_tensors
-    dx, dweight, dz = _gated_rmsnorm_backward(dy, x, weight, z, rstd, *ctx.args)
+    dx, dweight, dz = backward(dy, x, weight, z, rstd, *ctx.args)
     return dx, dweight, or_none(dz, z), None, None, None, None, None
 
 
-_gated_rmsnorm.register_autograd(_gated_rmsnorm_bwd, setup_context=_gated_rmsnorm_setup_context)
+_GatedRmsnormFunction = register_op_autograd(_gated_rmsnorm, _gated_rmsnorm_body, _gated_rmsnorm_setup_context,
+                                             _gated_rmsnorm_bwd, _gated_rmsnorm_backward, _gated_rmsnorm_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -154,5 +161,5 @@ def ordered_gated_rmsnorm(x, weight, z=None, eps=1e-6, group_size=None, norm_bef
     require_cuda("x", x)
     if x.dim() != 3:
         raise ValueError(f"x: expected a 3-d tensor [B, L, D], got shape {tuple(x.shape)}")
-    return _gated_rmsnorm(x, weight, z, eps, group_size or x.shape[-1], norm_before_gate, chunk_size,
-                          autocast_dtype(x))[0]
+    return call_op(_gated_rmsnorm, _GatedRmsnormFunction, x, weight, z, eps, group_size or x.shape[-1],
+                   norm_before_gate, chunk_size, autocast_dtype(x))[0]

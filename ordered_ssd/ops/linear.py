@@ -16,9 +16,10 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..fold import (LINEAR_GROUP_BYTES, LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped,
+from ..fold import (LINEAR_GROUP_BYTES, fold_example_gemms, fold_example_gemms_grouped, fold_example_sums,
                     linear_weight_grad_is_fused)
-from .common import NAMESPACE, OP_TAGS, as_dtype_of, autocast_context, autocast_dtype, or_none
+from .common import (as_dtype_of, autocast_context, autocast_dtype, call_op, or_none, ordered_custom_op,
+                     register_op_autograd)
 
 __all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "ordered_linear"]
 
@@ -69,7 +70,8 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
       :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
       algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee).
 
-    The bias partial of an example is a fold over its positions in order.
+    The bias partial of an example is a fold over its positions in order, and those are folded over examples
+    (:func:`~ordered_ssd.fold.fold_example_sums`: one launch on CUDA).
     Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
     once-differentiable).
 
@@ -81,21 +83,19 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
             dW = fold_example_gemms(dy, x).to(weight_dtype)
         else:
             dW = fold_example_gemms_grouped(dy, x, weight_dtype, group_bytes)
-        db = None
-        if bias_dtype is not None:
-            bias_fold = LexicalFold(bias_dtype)
-            for b in range(dy.shape[0]):
-                bias_fold.add(fold_dims(dy[b], 0, dtype=torch.float32))  # the example's positions in order
-            db = bias_fold.result(like=torch.empty(dy.shape[-1], device=dy.device))
+        # per example a fold over its positions in order, those folded over examples (one launch on CUDA)
+        db = fold_example_sums(dy, bias_dtype) if bias_dtype is not None else None
         return dW, db
 
 
 # --------------------------------------------------------------------------------------------- custom op
-@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=(), tags=OP_TAGS)
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            autocast: Optional[torch.dtype]) -> torch.Tensor:
+def _linear_body(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 autocast: Optional[torch.dtype]) -> torch.Tensor:
     with autocast_context(autocast):
         return ordered_linear_fwd(x, weight, bias)[0].contiguous()
+
+
+_linear = ordered_custom_op("linear", _linear_body)
 
 
 @_linear.register_fake
@@ -103,15 +103,17 @@ def _(x, weight, bias, autocast):
     return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=autocast if autocast is not None else x.dtype)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::linear_backward", mutates_args=(), tags=OP_TAGS)
-def _linear_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     autocast: Optional[torch.dtype], need_dx: bool,
-                     need_dweight: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _linear_backward_body(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          autocast: Optional[torch.dtype], need_dx: bool,
+                          need_dweight: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with autocast_context(autocast):
         xc, wc = (x.to(autocast), weight.to(autocast)) if autocast is not None else (x, weight)  # as the forward
         dx, dW, db = ordered_linear_bwd(dy, xc, wc, need_dx=need_dx, need_dweight=need_dweight,
                                         has_bias=bias is not None)
     return tuple(as_dtype_of((dx, dW, db), (x, weight, bias), dy))
+
+
+_linear_backward = ordered_custom_op("linear_backward", _linear_backward_body)
 
 
 @_linear_backward.register_fake
@@ -128,14 +130,15 @@ def _linear_setup_context(ctx, inputs, output):
     ctx.autocast = autocast
 
 
-def _linear_bwd(ctx, dy):
+def _linear_bwd(backward, ctx, dy):
     x, weight, bias = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dW, db = _linear_backward(dy, x, weight, bias, ctx.autocast, need[0], need[1] or need[2])
+    dx, dW, db = backward(dy, x, weight, bias, ctx.autocast, need[0], need[1] or need[2])
     return or_none(dx, need[0]), or_none(dW, need[1]), or_none(db, bias is not None and need[2]), None
 
 
-_linear.register_autograd(_linear_bwd, setup_context=_linear_setup_context)
+_LinearFunction = register_op_autograd(_linear, _linear_body, _linear_setup_context, _linear_bwd, _linear_backward,
+                                       _linear_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -159,4 +162,4 @@ def ordered_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise TypeError(f"x: expected a torch.Tensor [B, L, in], got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"x: expected a 3-d tensor [B, L, in], got shape {tuple(x.shape)}")
-    return _linear(x, weight, bias, autocast_dtype(x))
+    return call_op(_linear, _LinearFunction, x, weight, bias, autocast_dtype(x))

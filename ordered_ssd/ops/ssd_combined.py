@@ -31,9 +31,10 @@ from einops import rearrange
 
 import csrc_bindings
 
-from ..fold import fold_dims, lexical_cumsum
-from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
-                     autocast_dtype, check_chunk_scan_args, check_states_args, or_none, require_cuda)
+from ..fold import fold_many, lexical_cumsum
+from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
+                     check_chunk_scan_args, check_states_args, or_none, ordered_custom_op, register_op_autograd,
+                     require_cuda)
 
 __all__ = ["ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_combined_bwd",
            "ordered_mamba_chunk_scan_combined"]
@@ -133,25 +134,31 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
     dstates = rearrange(dstates, "... (p n) -> ... p n", n=N)
     dx, ddt_partial, dD_from_x = csrc_bindings.launch_chunk_scan_chunk_state_bwd_dx(
         x, dt_out, dA_cumsum, B, CB, dout, dstates, D=D, seq_idx=seq_idx, dx=dx)
-    ddt_dx = fold_dims(ddt_partial, -1)  # [B, H, C, cs] fp32, headdim tiles in order
     dB_partial, ddA_next_partial = csrc_bindings.launch_chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, B=B,
                                                                            seq_idx=seq_idx, ngroups=G)
     dC_partial, ddA_prev_partial = csrc_bindings.launch_chunk_scan_bwd_dC(states.to(x.dtype), dA_cumsum, dout, C=C,
                                                                           seq_idx=seq_idx, ngroups=G)
     dcb_partial = csrc_bindings.launch_chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, ngroups=G)
-    dCB = fold_dims(dcb_partial, 2).to(CB.dtype)  # head splits in order
-    dB_fold = fold_dims(dB_partial, 2)  # [B, L, G, N] fp32
-    dC_fold = fold_dims(dC_partial, 2)
+    ddA_stable_partial = csrc_bindings.launch_chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB)
+    # Every tile fold of the pass in one launch (each output the same fp32 fold in tile order as fold_dims).
+    ddt_dx, dCB, dB_fold, dC_fold, ddA_prev, ddA_chunk, ddA_next, ddA = fold_many([
+        (ddt_partial, -1),  # [B, H, C, cs] fp32, headdim tiles in order
+        (dcb_partial, 2),  # head splits in order
+        (dB_partial, 2),  # [B, L, G, N] fp32
+        (dC_partial, 2),
+        (ddA_prev_partial, -1),  # [B, H, C, cs]
+        (ddA_chunk_partial, -1),
+        (ddA_next_partial, -1),
+        (ddA_stable_partial, 3)])
+    dCB = dCB.to(CB.dtype)
     csrc_bindings.launch_bmm_chunk_bwd(C, dCB, residual=dB_fold, out=dB)
     csrc_bindings.launch_bmm_chunk_bwd(B, rearrange(dCB, "... l s -> ... s l"), residual=dC_fold, out=dC)
     if z is None:
         dD_partial = dD_from_x
     # dA_cumsum gradient, as upstream assembles it, with every tile sum and scan done in a fixed order.
-    ddA_prev = fold_dims(ddA_prev_partial, -1)  # [B, H, C, cs]
-    ddA_prev[..., -1] += fold_dims(ddA_chunk_partial, -1)
+    ddA_prev[..., -1] += ddA_chunk
     ddA_prev = lexical_cumsum(ddA_prev, dim=-1, reverse=True)
-    ddA_next = lexical_cumsum(fold_dims(ddA_next_partial, -1), dim=-1)
-    ddA = fold_dims(csrc_bindings.launch_chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB), 3)
+    ddA_next = lexical_cumsum(ddA_next, dim=-1)
     ddA += ddA_next + ddA_prev
     _, dA_partial, ddt_bias_partial = csrc_bindings.launch_chunk_cumsum_bwd(
         ddA, ddt_dx, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, ddt=ddt)
@@ -162,10 +169,23 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
 _PARTIALS = ("dA_partial", "ddt_bias_partial", "dD_partial")
 
 
+def parameter_folds(partials, D, dt_bias) -> list:
+    """The :func:`~ordered_ssd.fold.fold_many` requests of the SSD parameters' gradients ``[dA, ddt_bias, dD]``
+    (fp32 folds over (example, chunk[, tile]); None for an absent ``dt_bias`` / ``D``) from the partials of
+    :func:`ordered_mamba_chunk_scan_combined_bwd`."""
+    dD = None
+    if D is not None:
+        p = partials["dD_partial"]  # [B, C, T, H, P] (D [H, P]) or [B, C, T, H, Tn] (D [H])
+        dD = (p, (0, 1, 2) if D.dim() == 2 else (0, 1, 2, 4))
+    return [(partials["dA_partial"], (0, 1)),
+            (partials["ddt_bias_partial"], (0, 1)) if dt_bias is not None else None, dD]
+
+
 def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size, *, D=None, z=None, dt_bias=None,
                                           dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None,
                                           dfinal_states=None, dx=None, ddt=None, dB=None, dC=None, dz=None,
-                                          recompute_output=False, literal=False, return_partials=False):
+                                          recompute_output=False, literal=False, return_partials=False,
+                                          fold=True):
     """Ordered SSD backward.
 
     Args: as upstream's ``_mamba_chunk_scan_combined_bwd`` (``out`` is the ungated scan output; ``initial_states``
@@ -177,7 +197,8 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
         ``(dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states, outz)`` with ``dA`` [H], ``dD`` [H] or [H, P]
         and ``ddt_bias`` [H] fp32 lexical folds over (example, chunk[, tile]); ``dinitial_states`` [B, H, P, N]
         (dtype of x, per example, no fold; None without ``initial_states``); with ``return_partials`` also a dict of
-        the unfolded partials (leading axis = example).
+        the unfolded partials (leading axis = example). ``fold=False`` leaves ``dA``, ``dD``, ``ddt_bias`` None
+        for a caller that folds the partials itself (:func:`parameter_folds`, with its own in one launch).
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -214,12 +235,9 @@ def ordered_mamba_chunk_scan_combined_bwd(dout, x, dt, A, B, C, out, chunk_size,
                 parts[k].append(res[k])
         partials = {k: (torch.cat(v, 0) if v[0] is not None else None) for k, v in parts.items()}
         dinit = partials.pop("dinitial_states")
-    dA = fold_dims(partials["dA_partial"], (0, 1))
-    ddt_bias = fold_dims(partials["ddt_bias_partial"], (0, 1)) if dt_bias is not None else None
-    dD = None
-    if D is not None:
-        p = partials["dD_partial"]  # [B, C, T, H, P] (D [H, P]) or [B, C, T, H, Tn] (D [H])
-        dD = fold_dims(p, (0, 1, 2)) if D.dim() == 2 else fold_dims(p, (0, 1, 2, 4))
+    dA = ddt_bias = dD = None
+    if fold:
+        dA, ddt_bias, dD = fold_many(parameter_folds(partials, D, dt_bias))
     result = (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit, outz)
     return (result, partials) if return_partials else result
 
@@ -230,13 +248,13 @@ def dense(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None else None
 
 
-@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined", mutates_args=(), tags=OP_TAGS)
-def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
-                D: Optional[torch.Tensor], z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
-                cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float],
-                return_final_states: bool, return_varlen_states: bool, literal: bool,
-                autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _chunk_scan_body(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                     chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                     dt_bias: Optional[torch.Tensor],
+                     initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                     cu_seqlens: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float],
+                     return_final_states: bool, return_varlen_states: bool, literal: bool,
+                     autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, out_x, final_states, varlen_states)``: out [B, L, H, P] (gated with z); out_x the ungated output
     (:func:`absent` without z); final_states [B, H, P, N] fp32 (always computed by the forward); varlen_states
     [S, H, P, N] (dtype of C) with ``return_varlen_states``, else :func:`absent`."""
@@ -249,6 +267,9 @@ def _chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
             (rest[0].contiguous() if return_varlen_states else absent(x)))
 
 
+_chunk_scan = ordered_custom_op("mamba_chunk_scan_combined", _chunk_scan_body)
+
+
 @_chunk_scan.register_fake
 def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit,
       return_final_states, return_varlen_states, literal, autocast):
@@ -259,13 +280,12 @@ def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seq
     return dense(x), (dense(x) if z is not None else absent(x)), final_states, varlen_states
 
 
-@torch.library.custom_op(f"{NAMESPACE}::mamba_chunk_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
-def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                         C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
-                         z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                         initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
-                         seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
-                         autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+def _chunk_scan_backward_body(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                              C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: Optional[torch.Tensor],
+                              z: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                              initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
+                              seq_idx: Optional[torch.Tensor], dt_softplus: bool, dt_limit: List[float], literal: bool,
+                              autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
     """``[dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states]``, each in its input's dtype (:func:`absent` for
     a None input)."""
     with autocast_context(autocast):
@@ -274,6 +294,9 @@ def _chunk_scan_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, 
             dt_limit=tuple(dt_limit), seq_idx=seq_idx, initial_states=initial_states, dfinal_states=dfinal_states,
             literal=literal)[:9]
     return as_dtype_of(grads, (x, dt, A, B, C, D, z, dt_bias, initial_states), x)
+
+
+_chunk_scan_backward = ordered_custom_op("mamba_chunk_scan_combined_backward", _chunk_scan_backward_body)
 
 
 @_chunk_scan_backward.register_fake
@@ -292,7 +315,7 @@ def _chunk_scan_setup_context(ctx, inputs, output):
     ctx.args = (chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast)
 
 
-def _chunk_scan_bwd(ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
+def _chunk_scan_bwd(backward, ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
     out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, final_states = ctx.saved_tensors
     chunk_size, dt_softplus, dt_limit, return_final_states, return_varlen_states, literal, autocast = ctx.args
     if return_varlen_states:
@@ -306,14 +329,15 @@ def _chunk_scan_bwd(ctx, dout, _dout_x, dfinal_states, _dvarlen_states):
         dfinal_states = None
     elif dfinal_states is None:
         dfinal_states = torch.zeros_like(final_states)
-    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = _chunk_scan_backward(
+    dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinit = backward(
         dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states, seq_idx, dt_softplus,
         dt_limit, literal, autocast)
     return (dx, ddt, dA, dB, dC, None, or_none(dD, D), or_none(dz, z), or_none(ddt_bias, dt_bias),
             or_none(dinit, initial_states), None, None, None, None, None, None, None, None)
 
 
-_chunk_scan.register_autograd(_chunk_scan_bwd, setup_context=_chunk_scan_setup_context)
+_ChunkScanFunction = register_op_autograd(_chunk_scan, _chunk_scan_body, _chunk_scan_setup_context, _chunk_scan_bwd,
+                                          _chunk_scan_backward, _chunk_scan_backward_body)
 
 
 # --------------------------------------------------------------------------------------------- public function
@@ -355,8 +379,8 @@ def ordered_mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None
     check_states_args(x.shape, B.shape[-1], x.device, initial_states, cu_seqlens, seq_idx, return_varlen_states)
     require_cuda("x", x)
     return_final_states, return_varlen_states = bool(return_final_states), bool(return_varlen_states)
-    out, _, final_states, varlen_states = _chunk_scan(
-        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+    out, _, final_states, varlen_states = call_op(
+        _chunk_scan, _ChunkScanFunction, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
         cu_seqlens if return_varlen_states else None, bool(dt_softplus), [float(v) for v in dt_limit],
         return_final_states, return_varlen_states, bool(literal), autocast_dtype(x))
     extra = ((final_states,) if return_final_states else ()) + ((varlen_states,) if return_varlen_states else ())

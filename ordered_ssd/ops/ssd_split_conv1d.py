@@ -29,13 +29,15 @@ from einops import rearrange
 
 import csrc_bindings
 
-from ..fold import rmsnorm_rows_per_program
-from .causal_conv1d import ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .common import (NAMESPACE, NO_LIMIT, OP_TAGS, absent, as_dtype_of, auxiliary_outputs, autocast_context,
-                     autocast_dtype, check_split_conv1d_scan_args, check_states_args, or_none, require_cuda)
+from ..fold import fold_many, rmsnorm_rows_per_program
+from .causal_conv1d import conv1d_weight_folds, ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
+from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
+                     check_split_conv1d_scan_args, check_states_args, or_none, ordered_custom_op, register_op_autograd,
+                     require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
-from .ssd_combined import dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd
+from .ssd_combined import (dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd,
+                           parameter_folds)
 
 __all__ = ["ordered_mamba_split_conv1d_scan_combined_fwd", "ordered_mamba_split_conv1d_scan_combined_bwd",
            "ordered_mamba_split_conv1d_scan_combined", "split_conv1d_scan_partials"]
@@ -161,7 +163,7 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
     partials: Dict[str, torch.Tensor] = {}
     ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx, dx=dx, ddt=ddt_given,
                   dB=dB, dC=dC, literal=literal, return_partials=True, initial_states=initial_states,
-                  dfinal_states=dfinal_states)
+                  dfinal_states=dfinal_states, fold=False)
     if rmsnorm_weight is None:
         dz_heads = rearrange(dz, "b l (h p) -> b l h p", h=nheads)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
@@ -179,26 +181,32 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
             norm_before_gate=norm_before_gate, recompute_output=recompute_output,
             dz=rearrange(dz, "b l d -> (b l) d"),
             out=rearrange(out1_recompute, "b s d -> (b s) d") if recompute_output else None,
-            examples=batch if literal else None)
+            examples=batch if literal else None, fold=False)
         partials["drmsnorm_weight"] = dw_partial.view(batch, -1, dw_partial.shape[-1])
         out_for_linear = out_recompute if recompute_output else None
         dout_ssd = rearrange(dout_ssd, "(b s) (h p) -> b s h p", b=batch, p=headdim)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout_ssd, x, dt, A, B, C, out_x, chunk_size, z=None, **ssd_kw)
     partials.update(ssd_parts)
-    dA = dA.to(A.dtype)
-    dD = dD.to(D.dtype)
-    ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
     doutproj_weight = doutproj_bias = None
     if outproj_weight is not None:
         doutproj_weight, doutproj_bias = ordered_linear_weight_grad(
             dout_og, out_for_linear.to(dout_og.dtype), outproj_weight.dtype,
             outproj_bias.dtype if outproj_bias is not None else None)
-    _, dweight, dbias, dw_part, db_part = ordered_causal_conv1d_bwd(
+    _, _, _, dw_part, db_part = ordered_causal_conv1d_bwd(
         rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias, rearrange(dxBC, "b s d -> b d s"),
-        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal)
+        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal, fold=False)
     partials["dconv1d_weight"] = dw_part
     partials["dconv1d_bias"] = db_part
+    # Every parameter gradient of the layer but the projections' in one fold launch: each the fp32 fold of
+    # fold_dims over its partials in lexical order, cast once to the parameter's dtype.
+    rms_fold = (dw_partial, 0, rmsnorm_weight.dtype) if rmsnorm_weight is not None else None
+    dA, ddt_bias, dD, drmsnorm_weight, dweight, dbias = fold_many(
+        [*parameter_folds(ssd_parts, D, dt_bias), rms_fold,
+         *conv1d_weight_folds(conv1d_weight, conv1d_bias, dw_part, db_part)])
+    dA = dA.to(A.dtype)
+    dD = dD.to(D.dtype)
+    ddt_bias = ddt_bias.to(dt_bias.dtype) if ddt_bias is not None else None
     if dinit is not None:
         dinit = dinit.to(initial_states.dtype)
     result = (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias, dinit)
@@ -206,15 +214,15 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
 
 
 # ---------------------------------------------------------------------------------------------- custom op
-@torch.library.custom_op(f"{NAMESPACE}::mamba_split_conv1d_scan_combined", mutates_args=(), tags=OP_TAGS)
-def _split_conv1d_scan(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: Optional[torch.Tensor],
-                       dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, chunk_size: int,
-                       initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor], dt_limit: List[float],
-                       return_final_states: bool, activation: Optional[str], rmsnorm_weight: Optional[torch.Tensor],
-                       rmsnorm_eps: float, outproj_weight: Optional[torch.Tensor],
-                       outproj_bias: Optional[torch.Tensor], headdim: Optional[int], ngroups: int,
-                       norm_before_gate: bool, literal: bool, autocast: Optional[torch.dtype]
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _split_conv1d_scan_body(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d_bias: Optional[torch.Tensor],
+                            dt_bias: torch.Tensor, A: torch.Tensor, D: torch.Tensor, chunk_size: int,
+                            initial_states: Optional[torch.Tensor], seq_idx: Optional[torch.Tensor],
+                            dt_limit: List[float], return_final_states: bool, activation: Optional[str],
+                            rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float,
+                            outproj_weight: Optional[torch.Tensor],
+                            outproj_bias: Optional[torch.Tensor], headdim: Optional[int], ngroups: int,
+                            norm_before_gate: bool, literal: bool, autocast: Optional[torch.dtype]
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [B, L, d_out], out_x [B, L, H, P], rstd [G * B * L] fp32 or :func:`absent`, final_states
     [B, H, P, N] fp32)``."""
     with autocast_context(autocast):
@@ -226,6 +234,9 @@ def _split_conv1d_scan(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, conv1d
     rstd = saved["rstd"]
     return (out.contiguous(), saved["out_x"].contiguous(), (rstd if rstd is not None else absent(zxbcdt)),
             saved["final_states"].contiguous())
+
+
+_split_conv1d_scan = ordered_custom_op("mamba_split_conv1d_scan_combined", _split_conv1d_scan_body)
 
 
 @_split_conv1d_scan.register_fake
@@ -246,16 +257,15 @@ def _(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_sta
     return out, out_x, rstd, final_states
 
 
-@torch.library.custom_op(f"{NAMESPACE}::mamba_split_conv1d_scan_combined_backward", mutates_args=(), tags=OP_TAGS)
-def _split_conv1d_scan_backward(dout: torch.Tensor, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
-                                conv1d_bias: Optional[torch.Tensor], out_x: torch.Tensor, A: torch.Tensor,
-                                D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
-                                initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
-                                seq_idx: Optional[torch.Tensor], dt_limit: List[float], activation: Optional[str],
-                                rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float, rstd: torch.Tensor,
-                                outproj_weight: Optional[torch.Tensor], outproj_bias: Optional[torch.Tensor],
-                                headdim: Optional[int], ngroups: int, norm_before_gate: bool, literal: bool,
-                                autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+def _split_conv1d_scan_backward_body(dout: torch.Tensor, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
+                                     conv1d_bias: Optional[torch.Tensor], out_x: torch.Tensor, A: torch.Tensor,
+                                     D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+                                     initial_states: Optional[torch.Tensor], dfinal_states: Optional[torch.Tensor],
+                                     seq_idx: Optional[torch.Tensor], dt_limit: List[float], activation: Optional[str],
+                                     rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float, rstd: torch.Tensor,
+                                     outproj_weight: Optional[torch.Tensor], outproj_bias: Optional[torch.Tensor],
+                                     headdim: Optional[int], ngroups: int, norm_before_gate: bool, literal: bool,
+                                     autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
     """The gradients of (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight,
     outproj_bias, initial_states) in that order, each in its input's dtype (:func:`absent` for a None input)."""
     nheads, headdim, dstate, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
@@ -270,6 +280,10 @@ def _split_conv1d_scan_backward(dout: torch.Tensor, zxbcdt: torch.Tensor, conv1d
             initial_states=initial_states, dfinal_states=dfinal_states)
     return as_dtype_of(grads, (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight,
                                outproj_bias, initial_states), zxbcdt)
+
+
+_split_conv1d_scan_backward = ordered_custom_op("mamba_split_conv1d_scan_combined_backward",
+                                                _split_conv1d_scan_backward_body)
 
 
 @_split_conv1d_scan_backward.register_fake
@@ -294,7 +308,7 @@ def _split_conv1d_scan_setup_context(ctx, inputs, output):
                 norm_before_gate, literal, autocast)
 
 
-def _split_conv1d_scan_bwd(ctx, dout, _dout_x, _drstd, dfinal_states):
+def _split_conv1d_scan_bwd(backward, ctx, dout, _dout_x, _drstd, dfinal_states):
     (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
      outproj_bias, initial_states, final_states) = ctx.saved_tensors
     (chunk_size, dt_limit, return_final_states, activation, rmsnorm_eps, headdim, ngroups, norm_before_gate, literal,
@@ -307,7 +321,7 @@ def _split_conv1d_scan_bwd(ctx, dout, _dout_x, _drstd, dfinal_states):
     elif dfinal_states is None:
         dfinal_states = torch.zeros_like(final_states)
     (dzxbcdt, dconv1d_weight, dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias,
-     dinit) = _split_conv1d_scan_backward(
+     dinit) = backward(
         dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, chunk_size, initial_states, dfinal_states,
         seq_idx, dt_limit, activation, rmsnorm_weight, rmsnorm_eps, rstd, outproj_weight, outproj_bias, headdim,
         ngroups, norm_before_gate, literal, autocast)
@@ -317,7 +331,9 @@ def _split_conv1d_scan_bwd(ctx, dout, _dout_x, _drstd, dfinal_states):
             None)
 
 
-_split_conv1d_scan.register_autograd(_split_conv1d_scan_bwd, setup_context=_split_conv1d_scan_setup_context)
+_SplitConv1dScanFunction = register_op_autograd(_split_conv1d_scan, _split_conv1d_scan_body,
+                                                _split_conv1d_scan_setup_context, _split_conv1d_scan_bwd,
+                                                _split_conv1d_scan_backward, _split_conv1d_scan_backward_body)
 
 
 # -------------------------------------------------------------------------------------------- public functions
@@ -358,10 +374,11 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
     require_cuda("zxbcdt", zxbcdt)
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return_final_states = bool(return_final_states)
-    out, _, _, final_states = _split_conv1d_scan(
-        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
-        [float(v) for v in dt_limit], return_final_states, activation, rmsnorm_weight, float(rmsnorm_eps),
-        outproj_weight, outproj_bias, headdim, ngroups, bool(norm_before_gate), bool(literal), autocast_dtype(zxbcdt))
+    out, _, _, final_states = call_op(
+        _split_conv1d_scan, _SplitConv1dScanFunction, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+        initial_states, seq_idx, [float(v) for v in dt_limit], return_final_states, activation, rmsnorm_weight,
+        float(rmsnorm_eps), outproj_weight, outproj_bias, headdim, ngroups, bool(norm_before_gate), bool(literal),
+        autocast_dtype(zxbcdt))
     return (out, final_states) if return_final_states else out
 
 

@@ -59,6 +59,22 @@ def fake_native(log):
     return tri, conv
 
 
+def fake_cuda_path(monkeypatch, log, layer: bool = False):
+    """Run the CUDA path's compositions on the CPU: the natives faked (:func:`fake_native`, launches appended to
+    ``log``), the ops' CUDA checks off, and with ``layer`` ``OrderedMamba2`` on its CUDA path too."""
+    from csrc_bindings import _native
+    from ordered_ssd.ops import causal_conv1d, layernorm_gated, ssd_combined, ssd_split_conv1d
+    tri, conv = fake_native(log)
+    monkeypatch.setitem(_native._state, "triton", tri)
+    monkeypatch.setitem(_native._state, "conv", conv)
+    for mod in (ssd_combined, ssd_split_conv1d, causal_conv1d, layernorm_gated):
+        monkeypatch.setattr(mod, "require_cuda", lambda name, t: None)
+    if layer:
+        from ordered_ssd import OrderedMamba2
+        monkeypatch.setattr(OrderedMamba2, "backend_for", lambda self, u: "cuda")
+        monkeypatch.setattr(OrderedMamba2, "_check_cuda_path", lambda self, batch, seqlen: None)
+
+
 def _describe(v, named):
     if isinstance(v, torch.Tensor):
         base = named.get(v.untyped_storage().data_ptr())

@@ -6,9 +6,6 @@ batch independence; the Triton kernel itself is run under Triton's interpreter i
 installed; skipped otherwise) and must give the emulation's bits, and is compiled ahead of time for sm_90 (triton's
 own ptxas) to check that it builds without atomics (the GPU suite runs it on CUDA).
 """
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,9 +19,9 @@ from ordered_ssd.fold import (
     fold_dims,
 )
 from ordered_ssd.reference import reference_causal_conv1d
+from tests.fold.interpreter import run_python
 from tests.helpers import bits_equal
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _problem(B, D, L, W, dtype=torch.float32, seq=False, seed=0):
@@ -163,12 +160,7 @@ def test_triton_kernel_under_the_interpreter():
         assert bits_equal(got[0], ref[0]) and bits_equal(got[1], ref[1])
         print("cases", cases + 1)
     """)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "cases 13" in res.stdout
+    assert "cases 13" in run_python(code, interpret=True)
 
 
 def test_triton_kernel_compiles_for_sm90_without_atomics():
@@ -193,10 +185,4 @@ def test_triton_kernel_compiles_for_sm90_without_atomics():
             assert k.asm["cubin"] and not re.search(r"^\\s*(@%p\\d+\\s+)?(atom|red)\\.", k.asm["ptx"], re.M), W
         print("compiled")
     """)
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "compiled" in res.stdout
+    assert "compiled" in run_python(code, interpret=False)

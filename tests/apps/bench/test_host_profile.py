@@ -1,6 +1,8 @@
 """Where a step's host time goes (:mod:`ordered_ssd.apps.bench.host_profile`), on the CPU."""
 import json
 
+import torch
+
 from ordered_ssd.apps.bench import host_profile
 
 TINY = "2,64,32,16,1,16,32"
@@ -18,7 +20,39 @@ def test_host_profile_on_the_cpu(tmp_path, capsys):
     assert res["dims"] == "B2 L64 d32 N16 G1 P16 cs32 fp32" and list(res["modes"]) == ["ordered"]
     r = res["modes"]["ordered"]
     assert r["host_ms_median"] > 0 and r["gpu_ms_median"] is None
+    assert r["idle_host_ms"] > 0 and r["idle_forward_ms"] > 0 and r["idle_backward_ms"] > 0
+    assert isinstance(r["calls"], dict) and "   idle GPU: host " in out  # the reference path: no CUDA-path call
     prof = r["profile"]["cumulative"]
     # the ordered backward ran once per profiled step (2), inside autograd
     line = next(ln for ln in prof.splitlines() if "(ordered_reference_mamba2_bwd)" in ln)
     assert line.split()[0] == "2", line
+
+
+def test_per_call_host_times_count_the_cuda_path_with_the_natives_faked(monkeypatch):
+    """On the CPU with the native kernels faked (``tests.csrc_bindings.launch_record``) and the layer on its CUDA
+    path: the timed functions of a step are counted where they run (one fused layer op and its two compositions,
+    every launcher, the common launch path once per Triton launch, the two fold launches of ``fold_many``), and
+    every wrapped function is put back afterwards."""
+    import csrc_bindings
+    from ordered_ssd.apps.bench.runner import LayerRunner
+    from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
+    from ordered_ssd.ops import ssd_combined
+    from tests.csrc_bindings.launch_record import fake_cuda_path
+
+    log = []
+    fake_cuda_path(monkeypatch, log, layer=True)
+    original = csrc_bindings.launch_chunk_scan_fwd
+    runner = LayerRunner(named_or_parsed_shape(TINY), ["ordered"], torch.device("cpu"), 0)
+    runner.step("ordered")
+    log.clear()
+    calls = host_profile.per_call_host_times(runner, "ordered", 2)
+    assert csrc_bindings.launch_chunk_scan_fwd is original and ssd_combined.fold_many.__name__ == "fold_many"
+    per_step = {label: r["calls_per_step"] for label, r in calls.items()}
+    assert per_step["op ordered_mamba_split_conv1d_scan_combined"] == 1
+    assert per_step["composition ordered_mamba_split_conv1d_scan_combined_fwd"] == 1
+    assert per_step["composition ordered_mamba_split_conv1d_scan_combined_bwd"] == 1
+    assert per_step["launcher launch_chunk_scan_fwd"] == 1 and per_step["launcher launch_chunk_cumsum_fwd"] == 2
+    triton_launches = sum(1 for e in log if e["kernel"] in csrc_bindings.KERNELS) / 2
+    assert per_step["launch path _native.launch"] == triton_launches > 10
+    assert per_step["fold fold_many"] == 2
+    assert all(r["us_per_call"] > 0 for r in calls.values())
