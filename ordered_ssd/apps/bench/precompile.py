@@ -14,6 +14,15 @@ head count may be another specialisation). Two kinds of task (:func:`precompile_
 * ``upstream-det``: ``native`` with both switches set on every shape of one kernel key, for the kernels the
   upstream-det child will launch.
 
+**Native's candidates in slices.** Native's first step at a key compiles every candidate configuration of every
+autotuned kernel in turn (about 150; 170-185 s per key on the H200's machine with 14 workers). So the first shape
+of each key gets ``k`` native tasks (``k = jobs // keys``, 1 to :data:`MAX_SLICES`), and task ``i`` restricts
+each of mamba-ssm's live autotuners *in its own throwaway process* to the candidates ``i, i + k, i + 2k, ...``
+(:func:`restrict_native_autotuners`) before its steps. Between them the ``k`` tasks compile every candidate once,
+for the same shape, so the same specialisation. The timed process never runs this: its autotuners keep every
+candidate and time them all, each compile a cache hit. The other shapes of a key need one compile per kernel
+there (the autotuner's choice is kept per key), and their plain task covers it.
+
 Native's autotuner still times its candidates in the timing process (its choices are kept per process, not on disk:
 ``TRITON_CACHE_AUTOTUNING`` is removed from the workers' environment so that choices timed on a GPU shared by
 several workers are never written for a later process to read), but each candidate's compile is a cache hit there.
@@ -42,16 +51,53 @@ from .shapes import IN_PROCESS_MODES, Shape
 
 PRECOMPILE_STEPS = 2
 DEFAULT_JOBS_CUDA = 8
+MAX_SLICES = 8
 SPEC_FLAG = "--_precompile-spec"
 
 
-def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str]) -> List[dict]:
-    """The tasks of the phase, ``{"name", "kind", "modes", "key", "shapes"}``, in the order they start:
+def restrict_native_autotuners(index: int, count: int) -> int:
+    """Restrict every live Triton autotuner of mamba-ssm's Triton ops to its candidates ``index, index + count,
+    ...`` (at least the first one); return how many autotuners were restricted.
+
+    **Only for a precompile worker**: it changes mamba-ssm's module state for the rest of the process, so the
+    process must measure nothing (the module docstring says why the phase does it). Imports
+    ``mamba_ssm.modules.mamba2`` (and through it the Triton ops). Raises ``ValueError`` unless
+    ``0 <= index < count``."""
+    if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
+        raise ValueError(f"slice: expected 0 <= index < count, got index {index!r} of {count!r}")
+    import mamba_ssm.modules.mamba2  # noqa: F401 - imports the Triton ops and their autotuners
+
+    n = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("mamba_ssm.ops.triton") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            if type(obj).__name__ == "Autotuner" and isinstance(getattr(obj, "configs", None), list):
+                if getattr(obj, "_ordered_ssd_full_configs", None) is None:
+                    obj._ordered_ssd_full_configs = list(obj.configs)
+                full = obj._ordered_ssd_full_configs
+                obj.configs = full[index::count] or full[:1]
+                n += 1
+    return n
+
+
+def slices_per_key(jobs: int, keys: int) -> int:
+    """How many native slice tasks the first shape of each key gets: ``jobs // keys``, between 1 and
+    :data:`MAX_SLICES`."""
+    return max(1, min(MAX_SLICES, jobs // max(1, keys)))
+
+
+def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 1) -> List[dict]:
+    """The tasks of the phase, ``{"name", "kind", "modes", "key", "shapes"[, "slice": [i, k]]}``, in the order
+    they start:
 
     * ``plain`` (if an in-process mode is asked for): one task per shape, the first shape of every kernel key
       (:meth:`Shape.kernel_key`) first, then the second of every key, and so on, so that the first workers compile
       different keys at once and a later shape of a key mostly finds its kernels in the cache (it still compiles
       what its own values specialise: Triton compiles an integer argument equal to 1, or divisible by 16, apart);
+      with ``native`` asked for and :func:`slices_per_key` ``k`` > 1, the first shape of every key is ``k`` tasks
+      instead: slice 0 runs every in-process mode with native's candidates ``0, k, 2k, ...``, slice ``i`` only
+      ``native`` with candidates ``i, i + k, ...`` (all slices of all keys first, then the other shapes);
     * ``upstream-det`` (if that mode is asked for): one task per kernel key with all its shapes (``native`` under
       the deterministic switches compiles one configuration per kernel: a short task).
 
@@ -65,12 +111,21 @@ def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str]) -> List[dict
         groups.setdefault(s.kernel_key(), []).append(s)
     tasks = []
     plain_modes = [m for m in IN_PROCESS_MODES if m in modes]
+    k = slices_per_key(jobs, len(groups)) if "native" in plain_modes else 1
     if plain_modes:
         for rank in range(max((len(g) for g in groups.values()), default=0)):
             for key, group in groups.items():
-                if rank < len(group):
-                    tasks.append({"name": f"plain-{group[rank].name}", "kind": "plain", "modes": plain_modes,
-                                  "key": list(key), "shapes": [group[rank]]})
+                if rank >= len(group):
+                    continue
+                shape = group[rank]
+                if rank == 0 and k > 1:
+                    for i in range(k):
+                        tasks.append({"name": f"plain-{shape.name}-slice{i}of{k}", "kind": "plain",
+                                      "modes": plain_modes if i == 0 else ["native"], "key": list(key),
+                                      "shapes": [shape], "slice": [i, k]})
+                else:
+                    tasks.append({"name": f"plain-{shape.name}", "kind": "plain", "modes": plain_modes,
+                                  "key": list(key), "shapes": [shape]})
     if "upstream-det" in modes:
         for key, group in groups.items():
             chunk, headdim, dstate, dtype = key
@@ -85,7 +140,8 @@ def worker_command(task: dict, device: str, seed: int, result_path: str) -> Tupl
     task's kind (the deterministic switches only for ``upstream-det``) without ``TRITON_CACHE_AUTOTUNING``. The
     worker writes its result as JSON to ``result_path``."""
     spec = {"name": task["name"], "kind": task["kind"], "modes": task["modes"], "device": device, "seed": seed,
-            "steps": PRECOMPILE_STEPS, "shapes": [asdict(s) for s in task["shapes"]], "result_path": result_path}
+            "steps": PRECOMPILE_STEPS, "shapes": [asdict(s) for s in task["shapes"]], "result_path": result_path,
+            "slice": task.get("slice")}
     cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", SPEC_FLAG, json.dumps(spec)]
     env = child_env("upstream-det" if task["kind"] == "upstream-det" else "native")
     env.pop("TRITON_CACHE_AUTOTUNING", None)
@@ -132,7 +188,7 @@ def run_precompile(shapes: Sequence[Shape], modes: Sequence[str], device: str, j
     if jobs < 1:
         raise ValueError(f"jobs: expected a positive number of worker processes, got {jobs}")
     os.makedirs(log_dir, exist_ok=True)
-    tasks = precompile_tasks(shapes, modes)
+    tasks = precompile_tasks(shapes, modes, jobs)
     entries = [_task_summary(t) for t in tasks]
     t_start = time.monotonic()
     pending = list(range(len(tasks)))
@@ -194,7 +250,10 @@ def precompile_main(spec_json: str) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     out = {"name": spec["name"], "kind": spec["kind"], "pid": os.getpid(), "shapes": [],
-           "deterministic_mode": deterministic_mode_here() if device.type == "cuda" else None}
+           "deterministic_mode": deterministic_mode_here() if device.type == "cuda" else None,
+           "slice": spec.get("slice"), "restricted_autotuners": None}
+    if spec.get("slice") and "native" in spec["modes"]:
+        out["restricted_autotuners"] = restrict_native_autotuners(*spec["slice"])
     for fields in spec["shapes"]:
         shape = Shape(**fields)
         entry: dict = {"name": shape.name, "modes": {}, "error": None}

@@ -103,3 +103,49 @@ def test_workers_stop_at_the_deadline(monkeypatch, tmp_path):
     first, second = res["tasks"]
     assert first["error"] == "killed at the time budget" and first["returncode"] != 0
     assert second["error"] == "skipped: time budget" and second["returncode"] is None and res["failed"] == 2
+
+
+def test_native_candidates_in_slices_for_the_first_shape_of_each_key():
+    """With 14 jobs and the 2 keys of S1-S5, the first shape of each key is 7 native slice tasks (slice 0 also runs
+    ordered), all before the other shapes; every slice of a key runs the same shape."""
+    shapes = list(bench.SHAPES.values())
+    tasks = bench.precompile_tasks(shapes, ["native", "ordered"], jobs=14)
+    assert precompile.slices_per_key(14, 2) == 7 and precompile.slices_per_key(14, 7) == 2
+    assert precompile.slices_per_key(3, 7) == 1 and precompile.slices_per_key(64, 1) == precompile.MAX_SLICES
+    sliced = [t for t in tasks if "slice" in t]
+    assert [t["name"] for t in tasks[:14]] == [f"plain-{n}-slice{i}of7" for n in ("S1", "S5") for i in range(7)]
+    assert sliced == tasks[:14]
+    assert [t["slice"] for t in sliced[:7]] == [[i, 7] for i in range(7)]
+    assert sliced[0]["modes"] == ["native", "ordered"] and all(t["modes"] == ["native"] for t in sliced[1:7])
+    assert {t["shapes"][0].name for t in sliced[:7]} == {"S1"}
+    assert [t["name"] for t in tasks[14:]] == ["plain-S2", "plain-S3", "plain-S4"]
+    spec = json.loads(bench.worker_command(sliced[3], "cuda", 0, "r.json")[0][4])
+    assert spec["slice"] == [3, 7]
+    # no native asked for: nothing to slice
+    assert all("slice" not in t for t in bench.precompile_tasks(shapes, ["ordered"], jobs=14))
+
+
+def test_restrict_native_autotuners_takes_every_kth_candidate(monkeypatch):
+    """On stand-in autotuners of a stand-in mamba-ssm Triton module: slice i of k keeps candidates i, i + k, ...
+    (at least one), a second restriction starts again from the full list, and other modules are untouched."""
+    import types
+
+    class Autotuner:  # the name the function looks for, like triton.runtime.autotuner.Autotuner
+        def __init__(self, configs):
+            self.configs = list(configs)
+
+    ops = types.ModuleType("mamba_ssm.ops.triton.fake_ssd")
+    ops.big, ops.one = Autotuner(range(10)), Autotuner(["only"])
+    other = types.ModuleType("not_mamba")
+    other.tuner = Autotuner(range(10))
+    monkeypatch.setitem(sys.modules, "mamba_ssm.ops.triton.fake_ssd", ops)
+    monkeypatch.setitem(sys.modules, "not_mamba", other)
+    monkeypatch.setitem(sys.modules, "mamba_ssm.modules.mamba2", types.ModuleType("mamba_ssm.modules.mamba2"))
+    monkeypatch.setitem(sys.modules, "mamba_ssm.modules", types.ModuleType("mamba_ssm.modules"))
+    monkeypatch.setitem(sys.modules, "mamba_ssm", types.ModuleType("mamba_ssm"))
+    assert precompile.restrict_native_autotuners(1, 4) == 2
+    assert ops.big.configs == [1, 5, 9] and ops.one.configs == ["only"] and other.tuner.configs == list(range(10))
+    precompile.restrict_native_autotuners(3, 4)
+    assert ops.big.configs == [3, 7] and ops.one.configs == ["only"]
+    with pytest.raises(ValueError, match="slice: expected 0 <= index < count, got index 4 of 4"):
+        precompile.restrict_native_autotuners(4, 4)
