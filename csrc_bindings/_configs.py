@@ -270,9 +270,9 @@ def table_hash() -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def fingerprint() -> str:
+def fingerprint(speed: bool = True) -> str:
     """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash> rule=mincost-v1
-    fit=fit-stages-v1 speed=<hash>"``.
+    fit=fit-stages-v1 speed=<hash>"`` (without the ``speed=`` part when ``speed`` is False: what decides bits).
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
     Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
@@ -287,7 +287,8 @@ def fingerprint() -> str:
     parts.append(f"table={table_hash()}")
     parts.append(f"rule={RULE_NAME}")
     parts.append(f"fit={FIT_RULE}")
-    parts.append(f"speed={speed_hash()}")
+    if speed:
+        parts.append(f"speed={speed_hash()}")
     return " ".join(parts)
 
 

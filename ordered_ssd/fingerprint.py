@@ -59,7 +59,9 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1,
         if cuda_path:
             info["mamba-ssm"] = v["mamba-ssm"]
             info["causal-conv1d"] = v["causal-conv1d"]
-            info["pinned_configs"] = csrc_bindings.fingerprint()
+            # without the speed choice of bit-neutral parameters: retuning it changes no bit, so it must not
+            # refuse a restart (docs/bindings.md, "Order parameters and bit-neutral parameters")
+            info["pinned_configs"] = csrc_bindings.fingerprint(speed=False)
             from .fold import reduction_fingerprint
 
             info["reduction"] = reduction_fingerprint(device)

@@ -10,10 +10,11 @@ def test_cuda_fingerprint_includes_the_pinned_configs_and_the_reduction(monkeypa
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=None: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
-    monkeypatch.setattr(csrc_bindings, "fingerprint", lambda: "csrc_bindings/fake")
+    monkeypatch.setattr(csrc_bindings, "fingerprint", lambda speed=True: "csrc_bindings/fake" + " speed=x" * speed)
     limit = {"bytes": 232448}  # the H200's shared memory per program: every pinned fold configuration fits
     monkeypatch.setattr(csrc_bindings._resources, "shared_memory_limit", lambda device: limit["bytes"])
     info = determinism_fingerprint("cuda:0", cuda_path=True)
+    # the pinned configurations without the speed choice (bit-neutral parameters): retuning that changes no bit
     assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
     assert "reduction" not in determinism_fingerprint("cuda:0", cuda_path=False)
     limit["bytes"] = 101376  # sm_86/sm_89: bf16/fp16 fold at 3 stages, recorded in the reduction field

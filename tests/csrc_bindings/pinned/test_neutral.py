@@ -118,10 +118,11 @@ def test_nearest_speed_rule(speed_tables):
 
 
 def test_fingerprint_names_the_speed_choice(speed_tables):
-    before = configs.fingerprint()
-    assert " speed=" in before
+    before, bits = configs.fingerprint(), configs.fingerprint(speed=False)
+    assert " speed=" in before and " speed=" not in bits and before.startswith(bits + " ")
     speed_tables({"chunk_state_fwd": ("num_warps",)}, {})
-    assert configs.fingerprint() != before  # a new neutral set is a new speed choice (bits: unchanged)
+    assert configs.fingerprint() != before  # a new neutral set is a new speed choice
+    assert configs.fingerprint(speed=False) == bits  # that decides no bit
 
 
 def test_speed_candidates_vary_only_neutral_parameters(speed_tables):
