@@ -14,7 +14,8 @@ A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the sp
 
 * the **order** parameters, which decide bits (block sizes along reduced dimensions, and whatever else the proof
   finds to change an output bit): always from 1. or 2. above, so the bits of a shape never depend on speed tuning;
-* the **bit-neutral** parameters (:data:`csrc_bindings.pinned.neutral_params.NEUTRAL`), chosen for speed: from the
+* the **bit-neutral** parameters (:data:`csrc_bindings.pinned.neutral_params.NEUTRAL`; only on the arch of the
+  proof and within the key range its cases covered, ``PROVEN``: elsewhere none), chosen for speed: from the
   speed table (:mod:`csrc_bindings.pinned.speed_table`, tuned offline per key by ``python -m
   csrc_bindings.pinned.tune --speed``) at the key itself; at a key of the pinned table, that entry's own (every
   value of it was timed there); else by the rule ``nearest-speed-v1``: the entry of the speed table or the pinned
@@ -183,6 +184,30 @@ def _neutral() -> dict:
     return NEUTRAL
 
 
+def _proof() -> tuple:
+    from .pinned import neutral_params
+    return neutral_params.ARCH, neutral_params.PROVEN
+
+
+def _proven(kernel: str, key: Mapping, arch: str) -> bool:
+    """Whether the neutrality proof covers ``kernel`` at ``key`` on ``arch``: the arch it ran on, every key size
+    within the range its cases ran, every boolean key value one it ran."""
+    proof_arch, proven = _proof()
+    ranges = proven.get(kernel)
+    if arch != proof_arch or not ranges:
+        return False
+    for name, v in key.items():
+        r = ranges.get(name)
+        if r is None:
+            return False
+        if isinstance(v, bool) or isinstance(r[0], bool):
+            if v not in r or not isinstance(v, bool):
+                return False
+        elif not r[0] <= v <= r[1]:
+            return False
+    return True
+
+
 def _speed() -> dict:
     from .pinned.speed_table import SPEED
     return SPEED
@@ -213,9 +238,10 @@ def speed_entry(spec: KernelSpec, key: Mapping, dtype, arch: str):
     (``"speed-table"``); ``(None, "")`` at a key of the pinned table (its entry was timed there); else the nearest
     entry of the same arch, dtype and kernel in the speed table or the pinned table (``"nearest:<table key>"``, rule
     ``nearest-speed-v1``; a speed entry replaces a pinned one of the same key), else ``(None, "")``. Only parameters
-    listed in ``NEUTRAL`` for the kernel are returned."""
+    listed in ``NEUTRAL`` for the kernel are returned, and only on the arch of the proof and within the key range
+    its cases covered (``PROVEN``): elsewhere ``(None, "")``."""
     neutral = _neutral().get(spec.name, ())
-    if not neutral:
+    if not neutral or not _proven(spec.name, key, arch):
         return None, ""
     speed, table = _speed(), _table()
     tkey = table_key_of(spec, arch, dtype, key)
@@ -295,6 +321,6 @@ def fingerprint(speed: bool = True) -> str:
 def speed_hash() -> str:
     """SHA-256 (first 12 hex digits) of the canonical JSON of the bit-neutral parameters (``NEUTRAL``) and the speed
     table, with the rule name: what decides the speed choices (never a bit)."""
-    blob = json.dumps({"neutral": _neutral(), "speed": _speed(), "rule": SPEED_RULE}, sort_keys=True,
-                      separators=(",", ":")).encode()
+    blob = json.dumps({"neutral": _neutral(), "proof": _proof(), "speed": _speed(), "rule": SPEED_RULE},
+                      sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]

@@ -3,6 +3,8 @@
 
 ``NEUTRAL[kernel]``: the parameters proven, on the GPU of ``META``, to leave every output bit unchanged (see
 :mod:`csrc_bindings.pinned.neutral`); only these may be chosen for speed per shape. A kernel missing here has none.
+``ARCH`` and ``PROVEN`` (the key range each kernel's cases covered) were added from the same run's evidence
+(``docs/results/neutral_h200.json``), as the generator now writes them: no speed choice outside them.
 """
 
 META = {'cases': {'bmm_chunk_bwd': '7 cases, 124 configurations',
@@ -46,3 +48,24 @@ NEUTRAL = {'bmm_chunk_bwd': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_CS', 'n
  'chunk_state_varlen': ('BLOCK_SIZE_M', 'BLOCK_SIZE_N', 'BLOCK_SIZE_K', 'num_warps', 'num_stages'),
  'state_passing_bwd': ('num_stages',),
  'state_passing_fwd': ('BLOCK_SIZE', 'num_warps', 'num_stages')}
+
+#: the GPU architecture the proof ran on (no speed choice on another)
+ARCH = 'sm_90'
+
+#: per kernel, the key range its cases covered (no speed choice outside it)
+PROVEN = {'bmm_chunk_bwd': {'K': [16, 128], 'chunk_size': [64, 256]},
+ 'bmm_chunk_fwd': {'IS_CAUSAL': [False], 'K': [16, 128], 'chunk_size': [64, 256]},
+ 'chunk_cumsum_bwd': {'chunk_size': [64, 256], 'nheads': [6, 24]},
+ 'chunk_cumsum_fwd': {'chunk_size': [64, 256], 'nheads': [6, 24]},
+ 'chunk_scan_bwd_dC': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_scan_bwd_dcb': {'chunk_size': [64, 256], 'hdim': [32, 128]},
+ 'chunk_scan_bwd_ddAcs_stable': {'chunk_size': [64, 256], 'hdim': [32, 128]},
+ 'chunk_scan_bwd_dstates': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_scan_bwd_dz': {'chunk_size': [64, 256], 'hdim': [32, 128]},
+ 'chunk_scan_chunk_state_bwd_dx': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_scan_fwd': {'IS_CAUSAL': [True], 'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_state_bwd_db': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_state_fwd': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'chunk_state_varlen': {'chunk_size': [64, 256], 'dstate': [16, 128], 'hdim': [32, 128]},
+ 'state_passing_bwd': {'dim': [512, 8192]},
+ 'state_passing_fwd': {'dim': [512, 8192]}}

@@ -14,14 +14,14 @@ head count may be another specialisation). Two kinds of task (:func:`precompile_
 * ``upstream-det``: ``native`` with both switches set on every shape of one kernel key, for the kernels the
   upstream-det child will launch.
 
-**Native's candidates in slices.** Native's first step at a key compiles every candidate configuration of every
-autotuned kernel in turn (about 150; 170-185 s per key on the H200's machine with 14 workers). So the first shape
-of each key gets ``k`` native tasks (``k = jobs // keys``, 1 to :data:`MAX_SLICES`), and task ``i`` restricts
-each of mamba-ssm's live autotuners *in its own throwaway process* to the candidates ``i, i + k, i + 2k, ...``
-(:func:`restrict_native_autotuners`) before its steps. Between them the ``k`` tasks compile every candidate once,
-for the same shape, so the same specialisation. The timed process never runs this: its autotuners keep every
-candidate and time them all, each compile a cache hit. The other shapes of a key need one compile per kernel
-there (the autotuner's choice is kept per key), and their plain task covers it.
+**Native's candidates in slices.** Native's first step in a fresh process compiles every candidate configuration
+of every autotuned kernel in turn (about 150; 170-185 s per key on the H200's machine with 14 workers), and each
+worker is a fresh process. So every shape gets ``k`` native tasks (``k = jobs // keys``, 2 to :data:`MAX_SLICES`),
+and task ``i`` restricts each of mamba-ssm's live autotuners *in its own throwaway process* to the candidates
+``i, i + k, i + 2k, ...`` (:func:`restrict_native_autotuners`) before its steps. Between them the ``k`` tasks
+compile every candidate once for that shape (so its specialisation; a later shape of the same key mostly finds
+them in the cache). The timed process never runs this: its autotuners keep every candidate and time them all,
+each compile a cache hit.
 
 Native's autotuner still times its candidates in the timing process (its choices are kept per process, not on disk:
 ``TRITON_CACHE_AUTOTUNING`` is removed from the workers' environment so that choices timed on a GPU shared by
@@ -82,9 +82,11 @@ def restrict_native_autotuners(index: int, count: int) -> int:
 
 
 def slices_per_key(jobs: int, keys: int) -> int:
-    """How many native slice tasks the first shape of each key gets: ``jobs // keys``, between 1 and
-    :data:`MAX_SLICES`."""
-    return max(1, min(MAX_SLICES, jobs // max(1, keys)))
+    """How many native slice tasks each shape gets: ``jobs // keys``, between 2 and :data:`MAX_SLICES` (1 with a
+    single job)."""
+    if jobs <= 1:
+        return 1
+    return max(2, min(MAX_SLICES, jobs // max(1, keys)))
 
 
 def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 1) -> List[dict]:
@@ -95,9 +97,9 @@ def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 
       (:meth:`Shape.kernel_key`) first, then the second of every key, and so on, so that the first workers compile
       different keys at once and a later shape of a key mostly finds its kernels in the cache (it still compiles
       what its own values specialise: Triton compiles an integer argument equal to 1, or divisible by 16, apart);
-      with ``native`` asked for and :func:`slices_per_key` ``k`` > 1, the first shape of every key is ``k`` tasks
-      instead: slice 0 runs every in-process mode with native's candidates ``0, k, 2k, ...``, slice ``i`` only
-      ``native`` with candidates ``i, i + k, ...`` (all slices of all keys first, then the other shapes);
+      with ``native`` asked for and :func:`slices_per_key` ``k`` > 1, every shape is ``k`` tasks instead: slice 0
+      runs every in-process mode with native's candidates ``0, k, 2k, ...``, slice ``i`` only ``native`` with
+      candidates ``i, i + k, ...``;
     * ``upstream-det`` (if that mode is asked for): one task per kernel key with all its shapes (``native`` under
       the deterministic switches compiles one configuration per kernel: a short task).
 
@@ -118,7 +120,7 @@ def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 
                 if rank >= len(group):
                     continue
                 shape = group[rank]
-                if rank == 0 and k > 1:
+                if k > 1:
                     for i in range(k):
                         tasks.append({"name": f"plain-{shape.name}-slice{i}of{k}", "kind": "plain",
                                       "modes": plain_modes if i == 0 else ["native"], "key": list(key),

@@ -105,24 +105,24 @@ def test_workers_stop_at_the_deadline(monkeypatch, tmp_path):
     assert second["error"] == "skipped: time budget" and second["returncode"] is None and res["failed"] == 2
 
 
-def test_native_candidates_in_slices_for_the_first_shape_of_each_key():
-    """With 14 jobs and the 2 keys of S1-S5, the first shape of each key is 7 native slice tasks (slice 0 also runs
-    ordered), all before the other shapes; every slice of a key runs the same shape."""
+def test_native_candidates_in_slices_for_every_shape():
+    """With 14 jobs and the 2 keys of S1-S5, every shape is 7 native slice tasks (slice 0 also runs ordered), the
+    first shape of each key first."""
     shapes = list(bench.SHAPES.values())
     tasks = bench.precompile_tasks(shapes, ["native", "ordered"], jobs=14)
     assert precompile.slices_per_key(14, 2) == 7 and precompile.slices_per_key(14, 7) == 2
-    assert precompile.slices_per_key(3, 7) == 1 and precompile.slices_per_key(64, 1) == precompile.MAX_SLICES
-    sliced = [t for t in tasks if "slice" in t]
+    assert precompile.slices_per_key(8, 7) == 2 and precompile.slices_per_key(1, 7) == 1
+    assert precompile.slices_per_key(64, 1) == precompile.MAX_SLICES
+    assert len(tasks) == 7 * len(shapes) and all("slice" in t for t in tasks)
     assert [t["name"] for t in tasks[:14]] == [f"plain-{n}-slice{i}of7" for n in ("S1", "S5") for i in range(7)]
-    assert sliced == tasks[:14]
-    assert [t["slice"] for t in sliced[:7]] == [[i, 7] for i in range(7)]
-    assert sliced[0]["modes"] == ["native", "ordered"] and all(t["modes"] == ["native"] for t in sliced[1:7])
-    assert {t["shapes"][0].name for t in sliced[:7]} == {"S1"}
-    assert [t["name"] for t in tasks[14:]] == ["plain-S2", "plain-S3", "plain-S4"]
-    spec = json.loads(bench.worker_command(sliced[3], "cuda", 0, "r.json")[0][4])
+    assert [t["slice"] for t in tasks[:7]] == [[i, 7] for i in range(7)]
+    assert tasks[0]["modes"] == ["native", "ordered"] and all(t["modes"] == ["native"] for t in tasks[1:7])
+    assert {t["shapes"][0].name for t in tasks[:7]} == {"S1"}
+    spec = json.loads(bench.worker_command(tasks[3], "cuda", 0, "r.json")[0][4])
     assert spec["slice"] == [3, 7]
-    # no native asked for: nothing to slice
+    # no native asked for, or a single job: nothing to slice
     assert all("slice" not in t for t in bench.precompile_tasks(shapes, ["ordered"], jobs=14))
+    assert all("slice" not in t for t in bench.precompile_tasks(shapes, ["native", "ordered"], jobs=1))
 
 
 def test_restrict_native_autotuners_takes_every_kth_candidate(monkeypatch):

@@ -64,9 +64,13 @@ def test_cases_cover_the_proof_shapes_and_dtypes():
 def speed_tables(monkeypatch):
     """NEUTRAL / SPEED (and, if given, the pinned table) replaced for one test (the lookups are memoised: cleared
     before and after)."""
-    def install(neutral_map, speed_map, table=None):
+    def install(neutral_map, speed_map, table=None, proven=None):
+        if proven is None:  # default: the proof covers every key of these kernels on sm_90
+            proven = {k: {n: ([False, True] if n == "IS_CAUSAL" else [1, 1 << 20]) for n in KERNELS[k].autotune_key}
+                      for k in neutral_map}
         monkeypatch.setattr(configs, "_neutral", lambda: neutral_map)
         monkeypatch.setattr(configs, "_speed", lambda: speed_map)
+        monkeypatch.setattr(configs, "_proof", lambda: ("sm_90", proven))
         if table is not None:
             monkeypatch.setattr(configs, "_table", lambda: table)
             configs._order.cache_clear()
@@ -138,3 +142,55 @@ def test_speed_candidates_vary_only_neutral_parameters(speed_tables):
         assert stages == base.num_stages
     assert {w for _, w, _ in cands} == {2, 4, 8} and len(cands) <= len(SPEC.candidates) + 1 + 3
     assert {b["BLOCK_SIZE_M"] for b, _, _ in cands} == {c[0]["BLOCK_SIZE_M"] for c in SPEC.candidates}
+
+
+def test_no_speed_choice_outside_the_proven_keys_or_on_another_arch(speed_tables):
+    key = {"hdim": 64, "dstate": 128, "chunk_size": 256}
+    tk = table_key("sm_90", torch.bfloat16, "chunk_state_fwd", key)
+    proven = {"chunk_state_fwd": {"hdim": [32, 128], "dstate": [16, 128], "chunk_size": [64, 256]}}
+    speed_tables({"chunk_state_fwd": ("num_warps",)}, {tk: {"num_warps": 8}}, proven=proven)
+    assert pinned_config("chunk_state_fwd", key, torch.bfloat16, "sm_90").speed == "speed-table"
+    for outside in ({"hdim": 64, "dstate": 256, "chunk_size": 256}, {"hdim": 16, "dstate": 128, "chunk_size": 256},
+                    {"hdim": 64, "dstate": 128, "chunk_size": 32}):
+        got = pinned_config("chunk_state_fwd", outside, torch.bfloat16, "sm_90")
+        assert got.speed == "" and got == order_config("chunk_state_fwd", outside, torch.bfloat16, "sm_90"), outside
+    # another arch: the proof says nothing there
+    tk80 = table_key("sm_80", torch.bfloat16, "chunk_state_fwd", key)
+    speed_tables({"chunk_state_fwd": ("num_warps",)}, {tk80: {"num_warps": 8}}, proven=proven)
+    assert pinned_config("chunk_state_fwd", key, torch.bfloat16, "sm_80").speed == ""
+    # a boolean key value the proof did not run
+    assert not configs._proven("chunk_scan_fwd", {"chunk_size": 64, "hdim": 64, "dstate": 64, "IS_CAUSAL": False},
+                               "sm_90")
+
+
+def test_the_committed_proof_covers_its_cases():
+    """PROVEN spans exactly the cases of the committed evidence, and the verdict function gives NEUTRAL back from it
+    (docs/results/neutral_h200.json stores each configuration with its digest or error)."""
+    import json
+    import pathlib
+
+    from csrc_bindings.pinned import neutral_params
+    data = json.loads((pathlib.Path(neutral.__file__).parents[2] / "docs/results/neutral_h200.json").read_text())
+    assert neutral_params.ARCH == "sm_90"
+    for kernel, v in data["kernels"].items():
+        names = neutral.params_of(KERNELS[kernel])
+        cases = [[{**({"digest": r["digest"]} if "digest" in r else {"error": r["error"]}),
+                   "config": {n: r[n] for n in names}, "dtype": c["dtype"]} for r in c["configs"]]
+                 for c in v["evidence"]]
+        got = neutral.neutral_params(KERNELS[kernel], cases)
+        assert tuple(got["neutral"]) == neutral_params.NEUTRAL.get(kernel, ()), kernel
+        if got["neutral"]:
+            assert neutral_params.PROVEN[kernel] == neutral.proven_keys([c["key"] for c in v["evidence"]]), kernel
+
+
+def test_verdict_needs_a_pair_in_every_dtype_and_repeatable_configurations():
+    bf16 = [{**_row("a"), "dtype": "bfloat16"}, {**_row("a", num_warps=8), "dtype": "bfloat16"}]
+    fp32 = [{**_row("b"), "dtype": "float32"}, {**_row("b", BLOCK_SIZE_M=128), "dtype": "float32"}]
+    v = neutral.neutral_params(SPEC, [bf16, fp32])
+    assert v["neutral"] == []  # num_warps was paired in bf16 only, BLOCK_SIZE_M in fp32 only
+    both = [bf16 + [], [*fp32, {**_row("b", num_warps=8), "dtype": "float32"}]]
+    assert neutral.neutral_params(SPEC, both)["neutral"] == ["num_warps"]
+    flaky = [*bf16, {"config": _row("a", num_stages=2)["config"], "error": "not repeatable: 1 then 2",
+                     "dtype": "bfloat16"}]
+    v = neutral.neutral_params(SPEC, [flaky])
+    assert v["neutral"] == [] and "not repeatable" in v["violations"]
