@@ -77,7 +77,7 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     parser.add_argument("--precompile-jobs", type=nonnegative_int, default=None, metavar="N",
                    help="before any timing, N fresh worker processes run 2 untimed steps of every mode on their "
                         "share of the shapes so that Triton's on-disk cache holds every kernel (native's "
-                        "candidates for the first shape of each key compiled in slices over the workers); 0 turns "
+                        "candidates of every shape compiled in slices over the workers); 0 turns "
                         "it off (default: 8 on CUDA, 0 on the CPU)")
     parser.add_argument("--results-json", default=None, metavar="PATH",
                    help="also merge this run (or, with --merge, the combined one) into PATH (e.g. "
