@@ -29,10 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ordered_ssd.__file__)))  
 def child_env(kind: str) -> dict:
     """The environment of a fresh bench process: this one's, with ordered-ssd's root first on ``PYTHONPATH`` and
     ``MAMBA_DETERMINISTIC`` / ``CAUSAL_CONV1D_DETERMINISTIC`` set to 1 for ``kind`` ``"upstream-det"`` and removed
-    for any other."""
+    for any other; ``TRITON_CACHE_AUTOTUNING`` always removed."""
     env = dict(os.environ)
     for k in DET_ENV:
         env.pop(k, None)
+    # no autotuning choice read from or written to disk: every process times its own candidates
+    env.pop("TRITON_CACHE_AUTOTUNING", None)
     if kind == "upstream-det":
         env.update({k: "1" for k in DET_ENV})
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

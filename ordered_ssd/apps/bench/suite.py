@@ -30,6 +30,9 @@ EXIT_INCOMPLETE = 1
 # With --time-budget and upstream-det, this share of the budget is kept for the upstream-det child: the shapes,
 # launch counts and breakdown of this process start nothing after the rest of it has passed.
 CHILD_RESERVE = 0.25
+#: the share of ``--time-budget`` the precompile phase may take (its workers are killed then; the timed warm-up
+#: compiles what they did not)
+PRECOMPILE_SHARE = 0.4
 
 
 def _commit() -> Optional[str]:
@@ -173,9 +176,12 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
 
     if jobs:
         pre_shapes = list(shapes) + ([breakdown_shape] if breakdown_shape is not None else [])
+        # its own share of the budget: a slow precompile must not leave the timed shapes nothing (what it did not
+        # compile, the warm-up compiles)
+        pre_deadline = None if deadline is None else min(in_process_deadline, t_start + PRECOMPILE_SHARE
+                                                         * args.time_budget)
         results["precompile"] = run_precompile(pre_shapes, modes, str(device), jobs, args.seed,
-                                               os.path.join(out, "precompile"), deadline=in_process_deadline,
-                                               log=log)
+                                               os.path.join(out, "precompile"), deadline=pre_deadline, log=log)
         save()
     if in_modes:
         for s in shapes:
@@ -268,6 +274,7 @@ def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results:
             if sr["name"] not in names:
                 continue
             row = dict(child["shapes"][sr["name"]]["rows"]["native"])
+            row.pop("ratio_ms_paired", None)  # native / native inside the child: meaningless here
             row["mode"] = "upstream-det" if kind == "upstream-det" else "native"
             row["process"] = f"child ({kind})"
             if kind == "upstream-det":

@@ -133,6 +133,7 @@ def test_restrict_native_autotuners_takes_every_kth_candidate(monkeypatch):
     class Autotuner:  # the name the function looks for, like triton.runtime.autotuner.Autotuner
         def __init__(self, configs):
             self.configs = list(configs)
+            self._do_bench = None
 
     ops = types.ModuleType("mamba_ssm.ops.triton.fake_ssd")
     ops.big, ops.one = Autotuner(range(10)), Autotuner(["only"])
@@ -147,5 +148,20 @@ def test_restrict_native_autotuners_takes_every_kth_candidate(monkeypatch):
     assert ops.big.configs == [1, 5, 9] and ops.one.configs == ["only"] and other.tuner.configs == list(range(10))
     precompile.restrict_native_autotuners(3, 4)
     assert ops.big.configs == [3, 7] and ops.one.configs == ["only"]
+    calls = []  # each candidate is run once, not timed
+    assert ops.big._do_bench(lambda: calls.append(1), quantiles=(0.5, 0.2, 0.8)) == [1.0, 1.0, 1.0] and calls == [1]
+    assert other.tuner._do_bench is None
     with pytest.raises(ValueError, match="slice: expected 0 <= index < count, got index 4 of 4"):
         precompile.restrict_native_autotuners(4, 4)
+
+
+def test_child_environment_never_carries_autotuning_choices(monkeypatch):
+    """The upstream-det and native children, like the workers, run without TRITON_CACHE_AUTOTUNING: every process
+    times its own candidates (none reads a choice another timed)."""
+    from ordered_ssd.apps.bench.children import child_env
+
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    for kind in ("upstream-det", "native"):
+        env = child_env(kind)
+        assert "TRITON_CACHE_AUTOTUNING" not in env
+        assert (env.get("MAMBA_DETERMINISTIC") == "1") == (kind == "upstream-det")

@@ -122,3 +122,40 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
                           "upstream-det": {"mode": "upstream-det", "error": "skipped: time budget"}}
     assert rows["X1"]["upstream-det"]["ms"] == 2.0 and rows["X1"]["ordered"]["ratio_ms_det"] == 0.5
     assert rows["X2"]["ordered"]["launches_error"] == "skipped: time budget"  # the launch phase came after 75 s
+
+
+def test_precompile_gets_its_own_share_of_the_budget(tmp_path, monkeypatch):
+    """The precompile phase is stopped at 40 % of --time-budget (not at the 75 % of the in-process share), so a slow
+    one still leaves the timed shapes time; the upstream-det row carries no paired ratio from inside the child."""
+    from ordered_ssd.apps.bench import suite
+
+    got = {}
+
+    def fake_precompile(shapes, modes, device, jobs, seed, log_dir, deadline=None, log=None):
+        got["deadline"] = deadline
+        return {"jobs": jobs, "tasks": [], "failed": 0, "wall_s": 0.0}
+
+    def fake_bench_shape(shape, modes, settings, device, log):
+        return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True} for m in modes},
+                "settings": settings}
+
+    def fake_run_child(kind, shapes, settings, device, deadline, log):
+        return {"returncode": 0, "meta": {"deterministic_mode": True}, "error": None, "wall_s": 1.0,
+                "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": 2.0, "ratio_ms_paired": 1.0}}}
+                           for s in shapes}}
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return 0.0
+
+    monkeypatch.setattr(suite, "time", Clock)
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "run_precompile", fake_precompile)
+    monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(suite, "run_child", fake_run_child)
+    bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--modes", "ordered,upstream-det", "--no-native-child",
+                "--time-budget", "100", "--precompile-jobs", "2", "--out", str(tmp_path)])
+    assert got["deadline"] == suite.PRECOMPILE_SHARE * 100 == 40.0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert "ratio_ms_paired" not in res["shapes"][0]["rows"]["upstream-det"]
