@@ -73,7 +73,10 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
         raise ValueError(f"kind: expected 'upstream-det' or 'native', got {kind!r}")
     spec = {"kind": kind, "mode": mode, "device": device, "settings": per_row_settings(settings),
             "shapes": [asdict(s) for s in shapes],
-            "time_budget": None if deadline is None else max(1.0, deadline - time.monotonic())}
+            "time_budget": None if deadline is None else max(1.0, deadline - time.monotonic()),
+            # the parent's deadline itself (CLOCK_MONOTONIC is one clock for every process of the machine): the
+            # child's own clock would start after its imports, 10-20 s late
+            "deadline_monotonic": deadline}
     cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", "--_child-spec", json.dumps(spec)]
     out = {"kind": kind, "returncode": None, "meta": None, "shapes": {}, "error": None}
     t0 = time.monotonic()
@@ -127,6 +130,8 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
 def child_main(spec_json: str) -> int:
     spec = json.loads(spec_json)
     deadline = None if spec.get("time_budget") is None else time.monotonic() + float(spec["time_budget"])
+    if spec.get("deadline_monotonic") is not None and sys.platform.startswith("linux"):
+        deadline = float(spec["deadline_monotonic"])
     device = resolve_device(spec["device"], index=device_is_cuda(spec["device"]))
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -22,3 +22,18 @@ def test_child_process_gets_the_switches_and_reports_json():
     assert row.get("error") is None and row["n"] == 2 and row["bitwise"] is True
     with pytest.raises(ValueError, match="kind"):
         bench.run_child("other", [shape], settings, "cpu")
+
+
+def test_child_keeps_the_parents_deadline():
+    """A child started with a deadline already past (on the shared monotonic clock) starts no shape: it uses the
+    parent's deadline, not one measured from its own start after its imports."""
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the shared monotonic clock is used on Linux only")
+    shape = bench.parse_shape(TINY, name="T")
+    settings = {"repeats": 2, "warmup": 1, "bit_repeats": 2, "seed": 0}
+    ch = bench.run_child("native", [shape], settings, "cpu", mode="ordered", deadline=time.monotonic() + 1.0)
+    row = ch["shapes"]["T"]["rows"]["ordered"]
+    assert row.get("error") == "skipped: time budget", ch
