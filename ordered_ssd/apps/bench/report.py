@@ -103,7 +103,16 @@ def format_table(results: dict, heading: bool = True) -> str:
                  f"(torch.profiler, after all timing); peak = max_memory_allocated over one step, per mode in its "
                  f"own phase; bitwise = the SHA-256 of every parameter gradient and of the input gradient agree "
                  f"over the bit-check steps.")
-    if meta.get("command"):
+    if meta.get("sources"):  # a --merge of several runs: every run's command, commit and precompile time
+        lines += ["", "Merged from:"]
+        for src in meta["sources"]:
+            pre = (f"; precompile {src['precompile_wall_s']} s, {src['precompile_failed']} failed"
+                   if src.get("precompile_wall_s") is not None else "")
+            lines.append(f"- {', '.join(src['shapes'])}: `{src['command']}` ({src.get('commit') or '?'}, "
+                         f"{src.get('date') or '?'}{pre})")
+        if meta.get("sources_differ_in"):
+            lines.append(f"- **the runs differ in {', '.join(meta['sources_differ_in'])}**")
+    elif meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`"]
     pre = _precompile_text(results.get("precompile"))
     if pre:
@@ -224,7 +233,7 @@ def merge_results(paths: Sequence[str]) -> dict:
     Raises:
         BenchError: a file cannot be read, is not JSON, or is not a bench.json.
     """
-    merged, order, meta = {}, [], None
+    merged, order, meta, sources = {}, [], None, []
     for p in paths:
         try:
             with open(p) as fh:
@@ -234,9 +243,19 @@ def merge_results(paths: Sequence[str]) -> dict:
         if not isinstance(r, dict) or not isinstance(r.get("shapes"), list):
             raise BenchError(f"--merge: {p} is not a bench.json (no 'shapes' list)")
         meta = meta or dict(r.get("meta", {}))
+        m = r.get("meta", {})
+        pre = r.get("precompile") or {}
+        sources.append({"path": os.path.abspath(p), "command": m.get("command"), "date": m.get("date"),
+                        "commit": m.get("commit"), "elapsed_s": m.get("elapsed_s"), "gpu": m.get("gpu"),
+                        "versions": m.get("versions"), "precompile_wall_s": pre.get("wall_s"),
+                        "precompile_failed": pre.get("failed"), "shapes": [s["name"] for s in r["shapes"]]})
         for shape_result in r["shapes"]:
             if shape_result["name"] not in merged:
                 order.append(shape_result["name"])
             merged[shape_result["name"]] = shape_result
-    meta["merged_from"] = [os.path.abspath(p) for p in paths]
+    meta["merged_from"] = [s["path"] for s in sources]
+    meta["sources"] = sources
+    differ = [k for k in ("gpu", "versions") if len({json.dumps(s[k], sort_keys=True) for s in sources}) > 1]
+    if differ:
+        meta["sources_differ_in"] = differ
     return {"meta": meta, "shapes": [merged[n] for n in order]}

@@ -90,13 +90,20 @@ def test_write_results_table_json_png(tmp_path):
 def test_merge(tmp_path, capsys):
     a, b = _synthetic(), _synthetic()
     b["shapes"] = [dict(b["shapes"][1], dims="replaced"), {"name": "X1", "dims": "x", "rows": {}}]
+    a["meta"]["command"], b["meta"]["command"] = "ordered-ssd bench --shapes S1,S2", "ordered-ssd bench --grid"
+    b["precompile"] = {"wall_s": 61.5, "failed": 1}
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     out = tmp_path / "m"
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
     m = json.loads((out / "bench.json").read_text())
     assert [s["name"] for s in m["shapes"]] == ["S1", "S2", "G1", "X1"] and m["shapes"][1]["dims"] == "replaced"
-    assert "| S1 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| S1 |" in printed and "Merged from:" in printed  # every run's command, not only the first's
+    assert "`ordered-ssd bench --shapes S1,S2`" in printed and "`ordered-ssd bench --grid`" in printed
+    assert "precompile 61.5 s, 1 failed" in printed and "the runs differ" not in printed
+    assert [src["command"] for src in m["meta"]["sources"]] == ["ordered-ssd bench --shapes S1,S2",
+                                                                "ordered-ssd bench --grid"]
     results_json = tmp_path / "results.json"
     assert bench.main(["--merge", str(tmp_path / "a.json"), "--out", str(out),
                        "--results-json", str(results_json)]) == 0
