@@ -16,9 +16,9 @@ masked channel-last kernel). With ``g = dout * act'(pre)``:
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
+
+from csrc_bindings._native import device_guard  # imports nothing native
 
 from .settings import CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L
 
@@ -81,8 +81,7 @@ def conv1d_grad_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     seq = seq_idx if seq_idx is not None else dw  # unused pointer without seq_idx
     s_sb, s_sl = (seq_idx.stride(0), seq_idx.stride(1)) if seq_idx is not None else (0, 0)
     ranges = [(b, b + 1) for b in range(batch)] if literal else [(0, batch)]
-    ctx = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-    with ctx:
+    with device_guard(x):
         for b0, b1 in ranges:
             grid = (b1 - b0, ntiles, -(-dim // CONV1D_BWD_BLOCK_D))
             kernels.conv1d_grad_partials_kernel[grid](

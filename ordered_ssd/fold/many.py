@@ -13,10 +13,11 @@ the launch own which outputs (bit-neutral) is all that differs. Off CUDA (or for
 """
 from __future__ import annotations
 
-import contextlib
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from csrc_bindings._native import device_guard  # imports nothing native
 
 from .primitives import LexicalFold, fold_dims, normalize_dims
 from .settings import accumulation_dtype
@@ -129,7 +130,7 @@ def _launch(folds):
         return outs
     args += [None] * (10 * (FOLD_MANY_MAX - len(folds)))
     ref = folds[0][0]
-    with torch.cuda.device(ref.device) if ref.is_cuda else contextlib.nullcontext():
+    with device_guard(ref):
         kernels.fold_many_kernel[(blocks,)](*args, NSEG=len(folds), BLOCK=_BLOCK, num_warps=4)
     return outs
 
@@ -162,7 +163,7 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
 
     out = torch.empty(M, dtype=torch.float32, device=t.device)
     if M:
-        with torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext():
+        with device_guard(t):
             kernels.example_sums_kernel[(-(-M // _BLOCK),)](t, out, E, L, M, t.stride(0), t.stride(1), t.stride(2),
                                                             BLOCK=_BLOCK, num_warps=4)
     return out.to(dtype)

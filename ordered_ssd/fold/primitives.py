@@ -6,6 +6,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from csrc_bindings._native import device_guard  # imports nothing native
+
 from .settings import GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms_grouped",
@@ -179,7 +181,7 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
         return out
     init_c = init.contiguous().view(-1) if init is not None else out
     BLOCK = 256
-    with torch.cuda.device(p2d.device):
+    with device_guard(p2d):
         fold_kernel[(-(-M // BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
                                               BLOCK=BLOCK, num_warps=4)
     return out
