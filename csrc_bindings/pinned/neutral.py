@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from .. import _configs, _examples, _registry
+from .tune import _cfg_dict, unique_configs
 
 MODULE = "csrc_bindings.pinned.neutral"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -61,10 +62,6 @@ def params_of(spec) -> tuple:
     return tuple(spec.candidates[0][0]) + PARAM_ORDER
 
 
-def _as_dict(block, warps, stages) -> dict:
-    return {**block, "num_warps": warps, "num_stages": stages}
-
-
 def variants(spec, base: dict) -> list:
     """The configurations tried for one case (see the module docstring), ``base`` first, without duplicates."""
     blocks = tuple(spec.candidates[0][0])
@@ -77,14 +74,8 @@ def variants(spec, base: dict) -> list:
                 out.append({**base, b: v})
     out += [{**base, "num_warps": w} for w in (2, 4, 8)]
     out += [{**base, "num_stages": s} for s in (1, 2, 3, 4, 5)]
-    out += [_as_dict(*c) for c in spec.candidates]
-    seen, uniq = set(), []
-    for v in out:
-        t = tuple(sorted(v.items()))
-        if t not in seen:
-            seen.add(t)
-            uniq.append(v)
-    return uniq
+    out += [_cfg_dict(c) for c in spec.candidates]
+    return unique_configs(out)
 
 
 def cases(kernels=None) -> list:

@@ -165,6 +165,17 @@ def _cfg_dict(cand):
     return d
 
 
+def unique_configs(configs) -> list:
+    """``configs`` (dicts of block sizes + ``num_warps``/``num_stages``) without repeats, first occurrence kept."""
+    seen, uniq = set(), []
+    for c in configs:
+        t = tuple(sorted(c.items()))
+        if t not in seen:
+            seen.add(t)
+            uniq.append(c)
+    return uniq
+
+
 def speed_candidates(kernel, key, dt, live, arch):
     """The candidates of a speed search: the order configuration of the key (table entry or rule); it with its
     bit-neutral parameters (``NEUTRAL``) set as in each upstream candidate; it with ``num_warps`` 2/4/8 and with
@@ -173,20 +184,14 @@ def speed_candidates(kernel, key, dt, live, arch):
     neutral = _configs._neutral().get(kernel, ())
     base = _registry.order_config(kernel, key, DTYPES[dt], arch).as_dict()
     out = [base]
-    for block, warps, stages in live[kernel]:
-        full = {**block, "num_warps": warps, "num_stages": stages}
+    for cand in live[kernel]:
+        full = _cfg_dict(cand)
         out.append({n: (full[n] if n in neutral else base[n]) for n in base})
     for n, values in (("num_warps", (2, 4, 8)), ("num_stages", (1, 2, 3, 4, 5))):
         if n in neutral:  # around the order configuration only (a full product would be hundreds of compiles)
             out += [{**base, n: v} for v in values]
-    seen, uniq = set(), []
-    for c in out:
-        t = tuple(sorted(c.items()))
-        if t not in seen:
-            seen.add(t)
-            uniq.append(c)
     blocks = [n for n in base if n not in ("num_warps", "num_stages")]
-    return [({n: c[n] for n in blocks}, c["num_warps"], c["num_stages"]) for c in uniq]
+    return [({n: c[n] for n in blocks}, c["num_warps"], c["num_stages"]) for c in unique_configs(out)]
 
 
 def problem_sizes(args):
