@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from csrc_bindings._configs import (_cost, _neutral, _speed, _table, config_from_dict, device_arch, resolve_config,
-                                    table_key_of)
+from csrc_bindings._configs import (_cost, _neutral, _parse_key, _speed, _table, config_from_dict, device_arch,
+                                    resolve_config, table_key_of)
 from csrc_bindings._registry import KERNELS, order_config, pinned_config, rule_config, table_key
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -12,11 +12,7 @@ DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.flo
 
 def _parse(k):
     arch, dt, kernel, keystr = k.split("/")
-    key = {}
-    for part in keystr.split(","):
-        n, v = part.split("=")
-        key[n] = (v == "True") if v in ("True", "False") else int(v)
-    return arch, DT[dt], kernel, key
+    return arch, DT[dt], kernel, _parse_key(keystr)
 
 
 def test_every_table_entry_is_returned_and_memoised():

@@ -375,7 +375,7 @@ def test_embedded_candidates_match_native_configs():
 
 
 def test_every_pinned_config_compiles_and_runs():
-    from csrc_bindings._configs import _table, device_arch
+    from csrc_bindings._configs import _parse_key, _table, device_arch
     from csrc_bindings._examples import problem_for_key
     from csrc_bindings._registry import pinned_config, run_kernel
     arch = device_arch("cuda")
@@ -385,10 +385,7 @@ def test_every_pinned_config_compiles_and_runs():
     failures = []
     for tk in entries:
         _, dtname, kernel, keystr = tk.split("/")
-        key = {}
-        for part in keystr.split(","):
-            n, v = part.split("=")
-            key[n] = (v == "True") if v in ("True", "False") else int(v)
+        key = _parse_key(keystr)
         cfg = pinned_config(kernel, key, DTYPES[dtname], arch)
         assert cfg.source == "table"
         try:
