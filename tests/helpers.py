@@ -40,6 +40,18 @@ def make_layer(seed=0, dtype=torch.float64, **kw):
     return layer
 
 
+def layer_step(layer, u, dout) -> dict:
+    """One training step of ``layer`` on a fresh copy of ``u`` with output gradient ``dout``: ``{"out", "u"`` (the
+    input gradient), and every parameter's gradient by name``}``."""
+    layer.zero_grad(set_to_none=True)
+    uu = u.clone().requires_grad_(True)
+    out = layer(uu)
+    out.backward(dout)
+    res = {"out": out.detach(), "u": uu.grad.detach()}
+    res.update({n: p.grad.detach() for n, p in layer.named_parameters()})
+    return res
+
+
 def grads_of(layer) -> dict:
     return {name: p.grad.detach().clone() for name, p in layer.named_parameters()}
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.helpers import bits_equal, rel_err, sha256
+from tests.helpers import bits_equal, layer_step, rel_err, sha256
 
 from ordered_ssd import OrderedMamba2
 
@@ -44,16 +44,6 @@ def _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra, seed=0):
     return layer.to(dtype) if dtype != torch.float32 else layer
 
 
-def _step(layer, u, dout):
-    layer.zero_grad(set_to_none=True)
-    uu = u.clone().requires_grad_(True)
-    out = layer(uu)
-    out.backward(dout)
-    res = {"out": out.detach(), "u": uu.grad.detach()}
-    res.update({n: p.grad.detach() for n, p in layer.named_parameters()})
-    return res
-
-
 def _inputs(layer, B, L, dtype, seed=1):
     g = torch.Generator(device="cuda").manual_seed(seed)
     u = torch.randn(B, L, layer.d_model, device="cuda", dtype=dtype, generator=g)
@@ -68,16 +58,16 @@ def test_cuda_path_bitwise_repeatable_and_equal_to_literal(cfg):
     assert layer.backend_for(torch.empty(1, device="cuda")) == "cuda"
     B = 2 if L >= 1024 else 3
     u, dout = _inputs(layer, B, L, dtype)
-    first = _step(layer, u, dout)
+    first = layer_step(layer, u, dout)
     assert len(first) == len(list(layer.parameters())) + 2
     for name, t in first.items():
         assert torch.isfinite(t.float()).all(), name
     for _ in range(REPEATS - 1):
-        again = _step(layer, u, dout)
+        again = layer_step(layer, u, dout)
         for name in first:
             assert bits_equal(again[name], first[name]), name
     layer.literal = True
-    lit = _step(layer, u, dout)
+    lit = layer_step(layer, u, dout)
     for name in first:
         assert bits_equal(lit[name], first[name]), ("literal", name)
 
@@ -89,7 +79,7 @@ def _fp64_reference(layer, u, dout):
                         bias=layer.in_proj.bias is not None, conv_bias=layer.conv1d.bias is not None,
                         device="cpu", dtype=torch.float64)
     ref.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
-    return _step(ref, u.double().cpu(), dout.double().cpu())
+    return layer_step(ref, u.double().cpu(), dout.double().cpu())
 
 
 @pytest.mark.parametrize("cfg", [GRID[0], GRID[2]], ids=[IDS[0], IDS[2]])
@@ -103,7 +93,7 @@ def test_accuracy_against_fp64_is_within_twice_native(cfg):
     native.load_state_dict(ours.state_dict(), strict=True)
     u, dout = _inputs(ours, 2, L, dtype)
     ref = _fp64_reference(ours, u, dout)
-    got_o, got_n = _step(ours, u, dout), _step(native, u, dout)
+    got_o, got_n = layer_step(ours, u, dout), layer_step(native, u, dout)
     floor = 1e-5 if dtype == torch.float32 else 2e-3
     for name, r in ref.items():
         e_o = rel_err(got_o[name].double().cpu(), r)
@@ -120,7 +110,7 @@ def test_autocast_bf16_and_deterministic_algorithms():
         results = []
         for _ in range(5):
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                results.append(_step(layer, u, dout))
+                results.append(layer_step(layer, u, dout))
     finally:
         torch.use_deterministic_algorithms(prev)
     assert results[0]["out"].dtype == torch.bfloat16
@@ -171,12 +161,12 @@ def test_training_leaves_native_modules_untouched():
 def test_bits_equal_in_two_fresh_processes(tmp_path):
     script = textwrap.dedent("""
         import json, torch
-        from tests.gpu.modules.test_mamba2_cuda import _make, _inputs, _step, GRID
-        from tests.helpers import sha256
+        from tests.gpu.modules.test_mamba2_cuda import _make, _inputs, GRID
+        from tests.helpers import layer_step, sha256
         d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
         layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
         u, dout = _inputs(layer, 3, L, dtype)
-        print(json.dumps({k: sha256(v) for k, v in _step(layer, u, dout).items()}))
+        print(json.dumps({k: sha256(v) for k, v in layer_step(layer, u, dout).items()}))
     """)
     digests = []
     for i in range(2):
@@ -189,7 +179,7 @@ def test_bits_equal_in_two_fresh_processes(tmp_path):
     d_model, headdim, d_state, ngroups, chunk, L, dtype, extra = GRID[0]
     layer = _make(d_model, headdim, d_state, ngroups, chunk, dtype, extra)
     u, dout = _inputs(layer, 3, L, dtype)
-    here = {k: sha256(v) for k, v in _step(layer, u, dout).items()}
+    here = {k: sha256(v) for k, v in layer_step(layer, u, dout).items()}
     assert here == digests[0]
     print("fresh-process digest of in_proj.weight grad:", hashlib.sha256(json.dumps(here, sort_keys=True).encode()).hexdigest()[:16])
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ordered_ssd import OrderedMamba2
-from tests.helpers import bits_equal, rel_err
+from tests.helpers import bits_equal, layer_step, rel_err
 
 #: the kernels whose BLOCK_SIZE_K is next_pow2(headdim) (one [*, headdim] tile per pipeline buffer)
 WIDE_K = {"chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_ddAcs_stable"}
@@ -26,16 +26,6 @@ def _layer(dtype):
         for p in layer.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return layer.to(dtype)
-
-
-def _step(layer, u, dout):
-    layer.zero_grad(set_to_none=True)
-    uu = u.clone().requires_grad_(True)
-    out = layer(uu)
-    out.backward(dout)
-    res = {"out": out.detach(), "u": uu.grad.detach()}
-    res.update({n: p.grad.detach() for n, p in layer.named_parameters()})
-    return res
 
 
 def _inputs(dtype, B=2, L=512):
@@ -53,10 +43,10 @@ def test_headdim_512_layer_steps_and_repeats(dtype, monkeypatch):
     layer = _layer(dtype)
     assert layer.nheads == 4
     u, dout = _inputs(dtype)
-    first = _step(layer, u, dout)
+    first = layer_step(layer, u, dout)
     for name, t in first.items():
         assert bool(torch.isfinite(t.float()).all()), name
-    again = _step(layer, u, dout)
+    again = layer_step(layer, u, dout)
     for name in first:
         assert bits_equal(again[name], first[name]), name
     # the verdict cache: (kernel, config items, explicit, device, ...) -> num_stages launched
@@ -67,7 +57,7 @@ def test_headdim_512_layer_steps_and_repeats(dtype, monkeypatch):
         assert set(lowered) <= WIDE_K and set(lowered.values()) == {2}, lowered
         ref_layer = OrderedMamba2(**SHAPE, device="cpu", dtype=torch.float64)
         ref_layer.load_state_dict({k: v.double().cpu() for k, v in layer.state_dict().items()})
-        ref = _step(ref_layer, u.double().cpu(), dout.double().cpu())
+        ref = layer_step(ref_layer, u.double().cpu(), dout.double().cpu())
         for name, r in ref.items():  # the kernels' fp32 dots run in TF32
             assert rel_err(first[name].double().cpu(), r) < 3e-2, name
 
@@ -83,7 +73,7 @@ def test_a_device_with_less_shared_memory_gets_the_clear_error(monkeypatch):
     layer = _layer(torch.float32)
     u, dout = _inputs(torch.float32, B=1, L=256)
     with pytest.raises(ValueError) as err:
-        _step(layer, u, dout)
+        layer_step(layer, u, dout)
     msg = str(err.value)
     assert "bytes of shared memory per program, more than the 120000 bytes" in msg
     assert "headdim=512" in msg and "fewer stages do not fit either" in msg
