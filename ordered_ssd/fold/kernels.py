@@ -115,14 +115,48 @@ def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def gemm_fold_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
-                     HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """``out = fold_e(a[e]^T @ b[e])``: one program per [BM, BN] tile of ``out``, the examples in order."""
-    # one program per [BM, BN] tile of out; grouped tile order for L2 reuse (changes no value)
-    pid = tl.program_id(0)
+def _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """The [BM, BN] partial of example ``e`` alone: K blocks of BK positions in order, fp32 accumulation."""
+    a_ptrs = a_ptr + e.to(tl.int64) * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
+    b_ptrs = b_ptr + e.to(tl.int64) * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
+    p = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, L, BK):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
+        if IEEE:
+            p = tl.dot(a, b, p, input_precision="ieee")
+        else:
+            p = tl.dot(a, b, p)
+        a_ptrs += BK * s_al
+        b_ptrs += BK * s_bl
+    return p
+
+
+@triton.jit
+def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl,
+                           s_bn, EPP, HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                           BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """``out = fold_e(a[e]^T @ b[e])``: one program per (group of ``EPP`` consecutive examples, tile of ``out``); the
+    groups run in parallel and the tile's running sum is handed down a chain of programs, example 0 first.
+
+    ``sync_ptr``: int32 ``[tiles + 1]``, zero at launch. ``sync_ptr[tiles]`` hands out tickets: a program's ticket,
+    not its program id, names its (group, tile), group-major, so every program it waits for has an earlier ticket
+    and is running or done (no deadlock, whatever order the hardware starts programs in). ``sync_ptr[t]`` counts the
+    groups already folded into tile ``t``. The program of group ``g`` computes the partial of its first example,
+    waits until the count is ``g``, reads the running sum (``init`` or +0.0 for ``g == 0``; past L1, after a
+    load-acquire and a CTA barrier), adds the partial, then computes and adds its other examples' partials one at a
+    time, writes the sum back and sets the count to ``g + 1`` (a release exchange after a CTA barrier). Every output
+    element gets one fp32 addition per example, in example order, of a partial computed from that example alone:
+    the bits depend on neither ``EPP`` nor the number of examples (bit-neutral).
+    """
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
+    tiles = num_m * num_n
+    ticket = tl.atomic_add(sync_ptr + tiles, 1)
+    g = ticket // tiles
+    pid = ticket - g * tiles
+    # grouped tile order for L2 reuse (changes no value)
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     gsz = min(num_m - first_m, GROUP_M)
@@ -133,29 +167,26 @@ def gemm_fold_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s
     rk = tl.arange(0, BK)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    if HAS_INIT:
-        acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    a_e = a_ptr  # example e's base pointers (pointer arithmetic is 64-bit)
-    b_e = b_ptr
-    for _ in range(0, NB):
-        # the partial of example e: K blocks of BK positions in order, fp32 accumulation
-        a_ptrs = a_e + rm[:, None] * s_am + rk[None, :] * s_al
-        b_ptrs = b_e + rk[:, None] * s_bl + rn[None, :] * s_bn
-        p = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, L, BK):
-            a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
-            b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
-            if IEEE:
-                p = tl.dot(a, b, p, input_precision="ieee")
-            else:
-                p = tl.dot(a, b, p)
-            a_ptrs += BK * s_al
-            b_ptrs += BK * s_bl
-        acc += p  # the lexical fold: one fp32 addition per example, example 0 first
-        a_e += s_ab
-        b_e += s_bb
+    e0 = g * EPP
+    count = min(EPP, NB - e0)
+    p = _gemm_partial(a_ptr, b_ptr, e0, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
+    count_ptr = sync_ptr + pid
+    if g == 0:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if HAS_INIT:
+            acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    else:
+        while tl.atomic_add(count_ptr, 0, sem="acquire") < g:
+            pass
+        tl.debug_barrier()
+        acc = tl.load(out_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+    acc += p  # the lexical fold: one fp32 addition per example, example 0 first
+    for i in range(1, count):
+        acc += _gemm_partial(a_ptr, b_ptr, e0 + i, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM,
+                             BN, BK)
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
+    tl.debug_barrier()
+    tl.atomic_xchg(count_ptr, g + 1, sem="release")
 
 
 @triton.jit

@@ -2,13 +2,15 @@
 :mod:`ordered_ssd.fold` for the order they implement)."""
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Optional
 
 import torch
 
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .settings import GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config
+from .settings import (GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config,
+                       gemm_fold_examples_per_program)
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms_grouped",
            "fold_example_gemms"]
@@ -280,7 +282,19 @@ def _tile_offsets_overflow(t: torch.Tensor, BK: int) -> bool:
     return (t.shape[2] - 1) * abs(t.stride(2)) + BK * abs(t.stride(1)) >= 2 ** 31
 
 
-def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Tensor] = None) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _multiprocessors_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _multiprocessors(device) -> int:
+    """Multiprocessors (SMs) of CUDA ``device`` (132 on the H200), cached per device."""
+    device = torch.device(device)
+    return _multiprocessors_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Tensor] = None, *,
+                       examples_per_program: Optional[int] = None) -> torch.Tensor:
     """``out = fold_e(a[e]^T @ b[e])``: the lexical fold over examples of per-example GEMM partials.
 
     The weight gradient of a linear layer ``y = x W^T`` is ``fold_e(dy[e]^T @ x[e])`` with ``a = dy``, ``b = x``.
@@ -289,24 +303,29 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
         a: ``[E, L, M]``, b: ``[E, L, N]``; the same dtype (bf16, fp16 or fp32 on CUDA; any float dtype
             elsewhere), any strides.
         init: optional ``[M, N]`` accumulator to continue from (any float dtype).
+        examples_per_program: CUDA kernel only: consecutive examples per program (bit-neutral; default: rule
+            ``gemm-chain-v1``, :func:`~ordered_ssd.fold.gemm_fold_examples_per_program`); for tests.
 
     Returns:
         ``[M, N]`` in fp32 (fp64 for fp64 inputs).
 
     Raises:
         TypeError: ``a``/``b``/``init`` not tensors, of non-float dtypes, or ``a`` and ``b`` of different dtypes.
-        ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, different devices, or (CUDA) a
-            width so large that ``BK`` rows of it overflow 32-bit offsets.
+        ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, different devices, an
+            ``examples_per_program`` below 1, or (CUDA) a width so large that ``BK`` rows of it overflow 32-bit
+            offsets.
 
-    On CUDA (bf16/fp16/fp32) this is one Triton launch: each program owns a tile of ``out`` and loops over the
-    examples in order; for example ``e`` it computes the partial from example ``e`` alone (blocks of ``BK``
-    positions in order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs), then adds
-    it to the tile's running sum, one fp32 addition per example starting from +0.0: the bits of
-    :class:`LexicalFold` over the partials. A partial's bits depend on ``L`` and :data:`GEMM_FOLD_CONFIGS`
-    only, not on ``E`` or on the other examples. The configuration is :func:`~ordered_ssd.fold.gemm_fold_config`
-    for the device's shared memory (fewer pipeline stages on devices with less than the pinned one needs: the
-    same bits); a compiled kernel that Triton still refuses raises ``ValueError`` before anything is launched.
-    Elsewhere each partial is one ``torch.mm`` in the accumulation dtype, folded by :class:`LexicalFold`.
+    On CUDA (bf16/fp16/fp32) this is one Triton launch (and the zeroing of a small int32 buffer): one program per
+    (group of consecutive examples, tile of ``out``) computes each partial from one example alone (blocks of ``BK``
+    positions in order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs), and the
+    tile's running sum is handed from group to group in example order (``kernels.gemm_fold_chain_kernel``): one
+    fp32 addition per example starting from +0.0, the bits of :class:`LexicalFold` over the partials, whatever
+    the grouping. The groups run in parallel; only the additions wait for the previous group's. A partial's bits
+    depend on ``L`` and :data:`GEMM_FOLD_CONFIGS` only, not on ``E`` or on the other examples. The configuration
+    is :func:`~ordered_ssd.fold.gemm_fold_config` for the device's shared memory (fewer pipeline stages on devices
+    with less than the pinned one needs: the same bits); a compiled kernel that Triton still refuses raises
+    ``ValueError`` before anything is launched. Elsewhere each partial is one ``torch.mm`` in the accumulation
+    dtype, folded by :class:`LexicalFold`.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -332,6 +351,9 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
             raise ValueError(f"init: expected shape {(M, N)}, got {tuple(init.shape)}")
         if init.device != a.device:
             raise ValueError(f"init: expected device {a.device} as a, got {init.device}")
+    if examples_per_program is not None and (isinstance(examples_per_program, bool)
+                                             or not isinstance(examples_per_program, int) or examples_per_program < 1):
+        raise ValueError(f"examples_per_program: expected None or an int >= 1, got {examples_per_program!r}")
     acc_dtype = accumulation_dtype(a.dtype)
     if a.device.type != "cuda" or a.dtype not in GEMM_FOLD_CONFIGS:
         folder = LexicalFold(acc_dtype)
@@ -347,7 +369,7 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
 
     from . import kernels  # imports triton: only here, on CUDA
 
-    gemm_fold_kernel = kernels.gemm_fold_kernel
+    kernel = kernels.gemm_fold_chain_kernel
     config = gemm_fold_config(a.dtype, _resources.shared_memory_limit(a.device))
     BM, BN, BK, GROUP_M, num_warps, num_stages = config
     # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
@@ -357,15 +379,23 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
         if _tile_offsets_overflow(t, BK):
             raise ValueError(f"{name}: expected BK * width < 2**31 elements for 32-bit tile offsets, got width "
                              f"{t.shape[2]}")
+    if E == 0:  # no partial: the running sum is +0.0 (+ init), as the kernel would start it
+        return out.zero_() if init is None else out.copy_(init).add_(0.0)
     init_c = init.contiguous() if init is not None else out
-    grid = (-(-M // BM) * -(-N // BN),)
-    args = (a, b, init_c, out, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1),
-            b.stride(2))
+    tiles = -(-M // BM) * -(-N // BN)
+    if examples_per_program is None:  # bit-neutral rule gemm-chain-v1
+        examples_per_program = gemm_fold_examples_per_program(E, tiles, _multiprocessors(a.device))
+    groups = -(-E // examples_per_program)
+    # per tile of out, the number of groups folded so far, then the ticket counter (the chain's handoff)
+    sync = torch.zeros(tiles + 1, dtype=torch.int32, device=a.device)
+    grid = (groups * tiles,)
+    args = (a, b, init_c, out, sync, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1),
+            b.stride(2), examples_per_program)
     consts = {"HAS_INIT": init is not None, "IEEE": a.dtype == torch.float32, "BM": BM, "BN": BN, "BK": BK,
               "GROUP_M": GROUP_M}
-    with torch.cuda.device(a.device):
+    with device_guard(a):
         # a compiled kernel that still does not fit: ValueError before anything is launched
-        _resources.launch_fitting("fold_example_gemms", gemm_fold_kernel, grid, args, consts,
+        _resources.launch_fitting("fold_example_gemms", kernel, grid, args, consts,
                                   {**consts, "num_warps": num_warps, "num_stages": num_stages}, a, explicit=True,
                                   sizes=lambda: f"M={M}, N={N}, dtype={a.dtype}")
     return out

@@ -21,6 +21,7 @@ import torch
 __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L",
            "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "gemm_fold_config",
            "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
+           "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_examples_per_program",
            "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -106,6 +107,35 @@ def gemm_fold_configs_for(shared_limit: int | None = None) -> dict:
         except ValueError:
             continue
     return out
+
+
+#: Bit-neutral. Programs per multiprocessor that :func:`~ordered_ssd.fold.fold_example_gemms` aims at when it splits
+#: the examples into groups of consecutive ones (rule ``gemm-chain-v1``, :func:`gemm_fold_examples_per_program`).
+GEMM_FOLD_PROGRAMS_PER_SM = 8
+
+#: Name of the rule that sets how many examples one program of :func:`~ordered_ssd.fold.fold_example_gemms` folds.
+GEMM_FOLD_CHAIN_RULE = "gemm-chain-v1"
+
+
+def gemm_fold_examples_per_program(examples: int, tiles: int, multiprocessors: int) -> int:
+    """Bit-neutral rule ``gemm-chain-v1``: how many consecutive examples one program of
+    :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel folds into its tile, for ``examples`` examples, ``tiles``
+    output tiles and a device of ``multiprocessors`` SMs: the examples are split into
+    ``min(examples, max(1, ceil(GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors / tiles)))`` groups (about 8 programs
+    per SM: enough programs to fill the device when the tiles are few, few hand-offs when they are many), each of
+    ``ceil(examples / groups)`` examples.
+
+    Why it changes no bit: every output element gets one fp32 addition per example, in example order, of a partial
+    computed from that example alone, whichever program holds the example (``kernels.gemm_fold_chain_kernel``);
+    checked on the H200 for 1 to 64 examples per program (``tests/gpu/fold/test_gemm_fold.py``). Speed on the H200
+    (``docs/performance.md``, "Projection weight gradients"): at S5's in_proj (64 examples of 512 positions, 156
+    tiles) about 1.3 ms at 4 to 16 examples per program, 1.84 ms with one program per tile over all examples
+    (the kernel before this rule); native's single cuBLAS GEMM takes 0.24 ms.
+    """
+    if examples <= 0:
+        return 1
+    groups = min(examples, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // max(1, tiles))))
+    return -(-examples // groups)
 
 
 #: Order-deciding. Sequence length from which :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs one

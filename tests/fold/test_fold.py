@@ -1,4 +1,6 @@
 """The lexical fold: order, start value, accumulation dtype, errors."""
+import textwrap
+
 import pytest
 import torch
 
@@ -218,3 +220,105 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
                                                         torch.bfloat16: (128, 128, 64, 8, 8, 3),
                                                         torch.float16: (128, 128, 64, 8, 8, 3)})
     assert settings.reduction_fingerprint() == small  # the hash of the configuration set that runs
+
+
+def test_gemm_fold_chain_kernel_under_the_interpreter():
+    """The chained GEMM fold's handoff (tickets, per-tile counts, running sum through ``out``) on the CPU under
+    Triton's interpreter, which runs the programs one at a time in ticket order: the result of ``E`` examples in one
+    launch is the lexical fold of the single-example launches (and continues from ``init``), over several tiles and
+    a partial last K block, with the same bits for any number of examples per program; fp32 with IEEE products, so
+    it also agrees with an fp64 reference to fp32 rounding."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import torch, triton
+        from tests.fold.interpreter import allow_runtime_loop_bounds
+        allow_runtime_loop_bounds()
+        from ordered_ssd.fold import LexicalFold, kernels
+        from tests.helpers import bits_equal
+
+        def chain(a, b, init=None, epp=1, BM=16, BN=16, BK=16, GROUP_M=2):
+            E, L, M = a.shape
+            N = b.shape[2]
+            out = torch.empty(M, N, dtype=torch.float32)
+            tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+            groups = triton.cdiv(E, epp)
+            sync = torch.zeros(tiles + 1, dtype=torch.int32)
+            kernels.gemm_fold_chain_kernel[(groups * tiles,)](
+                a, b, init if init is not None else out, out, sync, E, L, M, N, *a.stride(), *b.stride(), epp,
+                HAS_INIT=init is not None, IEEE=True, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M)
+            assert sync[:tiles].tolist() == [groups] * tiles and sync[tiles].item() == groups * tiles
+            return out
+
+        g = torch.Generator().manual_seed(5)
+        cases = 0
+        for E, L, M, N in ((5, 37, 40, 24), (3, 16, 16, 50)):
+            a = torch.randn(E, L, M, generator=g)
+            b = torch.randn(E, L, N, generator=g)
+            init = torch.randn(M, N, generator=g)
+            got = chain(a, b)
+            fold = LexicalFold(torch.float32)
+            for e in range(E):
+                fold.add(chain(a[e:e + 1], b[e:e + 1]))
+            assert bits_equal(got, fold.result()), (E, L, M, N)
+            for epp in (2, 3, E, E + 4):  # the grouping of the examples changes no bit
+                assert bits_equal(chain(a, b, epp=epp), got), (E, epp)
+                assert bits_equal(chain(a, b, init=init, epp=epp), chain(a, b, init=init)), (E, epp)
+            assert bits_equal(chain(a[2:], b[2:], init=chain(a[:2], b[:2])), got)
+            ref = sum(a[e].double().t() @ b[e].double() for e in range(E))
+            assert float((got.double() - ref).abs().max()) < 1e-4 * float(ref.abs().max())
+            cases += 1
+        print("cases", cases)
+    """)
+    assert "cases 2" in run_python(code, interpret=True)
+
+
+def test_gemm_fold_chain_kernel_compiles_for_sm90_with_acquire_release_handoff():
+    """Ahead-of-time compile for sm_90 (no GPU needed): the ticket is an atomic add; the handoff's count is read
+    with a load-acquire and written with a release exchange at GPU scope; the running sum is read past L1; the
+    products run on wgmma and every other fp32 addition is a plain add (no fused multiply-add in the fold)."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import re
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from ordered_ssd.fold import kernels
+
+        fn = kernels.gemm_fold_chain_kernel
+        const = {"HAS_INIT": True, "IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}
+        sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "init_ptr": "*fp32",
+                                                  "out_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "i32")
+               for n in fn.arg_names}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 8, "num_stages": 4})
+        ptx = k.asm["ptx"]
+        atoms = set(re.findall(r"\\b(?:atom|ld)\\.global(?:\\.[a-z0-9_]+)+", ptx))
+        assert "atom.global.gpu.acq_rel.add.u32" in atoms, atoms  # the ticket
+        # the wait (an atomic add of 0 with acquire is lowered to a load-acquire) and the handoff
+        assert "ld.global.gpu.acquire.b32" in atoms and "atom.global.gpu.release.exch.b32" in atoms, atoms
+        assert "ld.global.cg.b32" in atoms  # the running sum is read past L1
+        assert "wgmma" in ptx
+        adds = set(re.findall(r"\\b(?:add|fma|sub)(?:\\.[a-z0-9]+)*\\.f32\\b", ptx))
+        assert adds <= {"add.f32", "add.rn.f32"}, adds
+        print("compiled")
+    """)
+    assert "compiled" in run_python(code, interpret=False)
+
+
+def test_gemm_chain_rule_splits_the_examples_by_the_tiles():
+    from ordered_ssd.fold import GEMM_FOLD_PROGRAMS_PER_SM, fold_example_gemms, gemm_fold_examples_per_program
+
+    assert GEMM_FOLD_PROGRAMS_PER_SM == 8
+    # (examples, tiles, SMs) -> examples per program: about 8 programs per SM, never more groups than examples
+    assert gemm_fold_examples_per_program(64, 156, 132) == 10  # S5's in_proj on the H200: 7 groups
+    assert gemm_fold_examples_per_program(64, 18, 132) == 2  # few tiles: 59 groups wanted, 32 of 2 examples
+    assert gemm_fold_examples_per_program(8, 1072, 132) == 8  # many tiles: one program per tile
+    assert gemm_fold_examples_per_program(2, 280, 132) == 1
+    assert gemm_fold_examples_per_program(1, 5, 132) == 1
+    assert gemm_fold_examples_per_program(0, 5, 132) == 1
+    with pytest.raises(ValueError, match=r"examples_per_program: expected None or an int >= 1, got 0"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=0)
+    with pytest.raises(ValueError, match=r"examples_per_program: expected None or an int >= 1, got True"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=True)

@@ -20,7 +20,7 @@ def kernel_category(name: str) -> str:
     if n.startswith("void "):
         n = n[5:]
     low = n.lower()
-    if n.startswith(("fold_kernel", "scan_kernel", "fold_many_kernel", "example_sums_kernel", "gemm_fold_kernel",
+    if n.startswith(("fold_kernel", "scan_kernel", "fold_many_kernel", "example_sums_kernel", "gemm_fold_",
                      "conv1d_grad_partials_kernel")):  # ordered-ssd's own kernels (ordered_ssd/fold/kernels.py)
         return "fold (ordered-ssd)"
     if n.startswith(("_chunk_", "_bmm_chunk", "_state_passing")):

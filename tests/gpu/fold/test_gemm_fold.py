@@ -48,6 +48,24 @@ def test_fold_example_gemms_is_the_fold_of_single_example_partials(dtype, E, L, 
     assert (got.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("E,L,M,N", [(64, 100, 300, 200), (13, 512, 3224, 96), (2, 64, 1000, 1000)])
+def test_examples_per_program_changes_no_bit(dtype, E, L, M, N):
+    """Rule ``gemm-chain-v1`` is bit-neutral: any grouping of the examples (1 per program, the rule's, all of them,
+    uneven last groups) gives the same bits, 20 times over (the chain's hand-off under load: no lost or reordered
+    addition)."""
+    from ordered_ssd.fold import fold_example_gemms
+
+    dy, x = _inputs(E, L, M, N, dtype, seed=7)
+    init = torch.randn(M, N, device="cuda")
+    want = fold_example_gemms(dy, x, examples_per_program=E)  # one program per tile: the examples in one loop
+    want_init = fold_example_gemms(dy, x, init, examples_per_program=E)
+    for epp in sorted({1, 2, 3, 7, max(1, E // 2), E, None}, key=lambda v: -1 if v is None else v):
+        for _ in range(20 if epp in (1, None) else 3):
+            assert bits_equal(fold_example_gemms(dy, x, examples_per_program=epp), want), epp
+        assert bits_equal(fold_example_gemms(dy, x, init, examples_per_program=epp), want_init), epp
+
+
 def test_fold_example_gemms_strided_inputs_and_the_linear_grad():
     """Transposed and sliced inputs give the bits of contiguous copies; ``ordered_linear_weight_grad`` on CUDA
     is this fold cast to the weight dtype."""

@@ -35,6 +35,6 @@ def test_fewer_stages_on_a_smaller_device_give_the_same_bits(monkeypatch, dtype)
         for (a, b, init), (p0, p1) in zip(inputs, pinned):
             r0, r1 = fold_example_gemms(a, b), fold_example_gemms(a, b, init)
             assert bool(torch.isfinite(r0).all()) and bits_equal(r0, p0) and bits_equal(r1, p1), (limit, a.shape)
-        compiled = [k.metadata.shared for k in kernels.gemm_fold_kernel.device_caches[device][0].values()
+        compiled = [k.metadata.shared for k in kernels.gemm_fold_chain_kernel.device_caches[device][0].values()
                     if k.metadata.num_stages == want[5] and k.metadata.num_warps == want[4]]
         assert compiled and max(compiled) <= limit, (limit, compiled)
