@@ -62,7 +62,8 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
 
     - fused (CUDA, ``L <`` :data:`~ordered_ssd.fold.LINEAR_FUSED_BELOW_L`):
       :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton launch at a pinned configuration; each program
-      computes its tile's partial of one example at a time and adds it to the running sum;
+      computes its tile's partials of a group of consecutive examples, one example at a time, and adds them to
+      the tile's running sum, which passes from group to group in example order;
     - per example (long sequences, fp64, off CUDA): :func:`~ordered_ssd.fold.fold_example_gemms_grouped`, one
       cuBLAS GEMM with fp32 output per example
       (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs and off CUDA) into a slot of a
