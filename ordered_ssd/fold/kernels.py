@@ -2,8 +2,9 @@
 
 Imported lazily by :mod:`ordered_ssd.fold.primitives` (on CUDA only), so ``import ordered_ssd`` never imports
 triton. Every kernel adds in the order the docstring of :mod:`ordered_ssd.fold` states: one fp32 addition at a
-time, the partition index in a sequential loop inside one program, so the block sizes of the launches (bit-neutral:
-they only decide which output elements a program owns) never change a value.
+time, the partition index in a sequential loop inside one program (or, in :func:`gemm_fold_chain_kernel`, handed
+from program to program in order), so the block sizes of the launches (bit-neutral: they only decide which output
+elements a program owns) never change a value.
 """
 import triton
 import triton.language as tl

@@ -310,7 +310,8 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
         ``[M, N]`` in fp32 (fp64 for fp64 inputs).
 
     Raises:
-        TypeError: ``a``/``b``/``init`` not tensors, of non-float dtypes, or ``a`` and ``b`` of different dtypes.
+        TypeError: ``a``/``b``/``init`` not tensors, of non-float dtypes, or ``a`` and ``b`` of different dtypes;
+            ``examples_per_program`` not None or an int.
         ValueError: not 3-d, mismatched ``E``/``L``, a wrong ``init`` shape, different devices, an
             ``examples_per_program`` below 1, or (CUDA) a width so large that ``BK`` rows of it overflow 32-bit
             offsets.
@@ -351,9 +352,12 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
             raise ValueError(f"init: expected shape {(M, N)}, got {tuple(init.shape)}")
         if init.device != a.device:
             raise ValueError(f"init: expected device {a.device} as a, got {init.device}")
-    if examples_per_program is not None and (isinstance(examples_per_program, bool)
-                                             or not isinstance(examples_per_program, int) or examples_per_program < 1):
-        raise ValueError(f"examples_per_program: expected None or an int >= 1, got {examples_per_program!r}")
+    if examples_per_program is not None:
+        if isinstance(examples_per_program, bool) or not isinstance(examples_per_program, int):
+            raise TypeError(f"examples_per_program: expected None or an int, got "
+                            f"{type(examples_per_program).__name__}")
+        if examples_per_program < 1:
+            raise ValueError(f"examples_per_program: expected None or an int >= 1, got {examples_per_program}")
     acc_dtype = accumulation_dtype(a.dtype)
     if a.device.type != "cuda" or a.dtype not in GEMM_FOLD_CONFIGS:
         folder = LexicalFold(acc_dtype)
@@ -385,6 +389,7 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     tiles = -(-M // BM) * -(-N // BN)
     if examples_per_program is None:  # bit-neutral rule gemm-chain-v1
         examples_per_program = gemm_fold_examples_per_program(E, tiles, _multiprocessors(a.device))
+    examples_per_program = min(examples_per_program, E)  # more than E is one group: the same launch
     groups = -(-E // examples_per_program)
     # per tile of out, the number of groups folded so far, then the ticket counter (the chain's handoff)
     sync = torch.zeros(tiles + 1, dtype=torch.int32, device=a.device)

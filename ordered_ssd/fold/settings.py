@@ -119,22 +119,40 @@ GEMM_FOLD_CHAIN_RULE = "gemm-chain-v1"
 
 def gemm_fold_examples_per_program(examples: int, tiles: int, multiprocessors: int) -> int:
     """Bit-neutral rule ``gemm-chain-v1``: how many consecutive examples one program of
-    :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel folds into its tile, for ``examples`` examples, ``tiles``
-    output tiles and a device of ``multiprocessors`` SMs: the examples are split into
-    ``min(examples, max(1, ceil(GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors / tiles)))`` groups (about 8 programs
-    per SM: enough programs to fill the device when the tiles are few, few hand-offs when they are many), each of
-    ``ceil(examples / groups)`` examples.
+    :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel folds into its output tile.
+
+    Args:
+        examples: ``E``, the examples of the launch (0 allowed).
+        tiles: output tiles of the launch (``ceil(M / BM) * ceil(N / BN)``, at least 1).
+        multiprocessors: SMs of the device (132 on the H200, at least 1).
+
+    Returns:
+        ``ceil(E / wanted)`` with ``wanted = min(E, max(1, ceil(GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors /
+        tiles)))`` (1 for ``E = 0``): about 8 programs per SM, enough to fill the device when the tiles are few,
+        few hand-offs when they are many. The launch then has ``ceil(E / result)`` groups, which may be fewer than
+        ``wanted`` (64 examples, 59 wanted: 2 per program, 32 groups).
+
+    Raises:
+        TypeError: an argument that is not an int. ValueError: ``tiles`` or ``multiprocessors`` below 1, or
+        ``examples`` below 0.
 
     Why it changes no bit: every output element gets one fp32 addition per example, in example order, of a partial
-    computed from that example alone, whichever program holds the example (``kernels.gemm_fold_chain_kernel``);
-    checked on the H200 for 1 to 64 examples per program (``tests/gpu/fold/test_gemm_fold.py``). Speed on the H200
-    (``docs/performance.md``, "Projection weight gradients"): at S5's in_proj (64 examples of 512 positions, 156
-    tiles) about 1.3 ms at 4 to 16 examples per program, 1.84 ms with one program per tile over all examples
-    (the kernel before this rule); native's single cuBLAS GEMM takes 0.24 ms.
+    computed from that example alone, whichever program holds the example (``kernels.gemm_fold_chain_kernel``).
+    Checked on the H200: groupings 1, 2, 3, 7, ``E // 2``, ``E`` and the rule's in bf16, fp16 and fp32
+    (``tests/gpu/fold/test_gemm_fold.py``), and 1 to 64 in powers of two on the bench shapes' projections.
+    Speed there (``docs/performance.md``, "Projection weight gradients"): at S5's in_proj (64 examples of 512
+    positions, 156 tiles) about 1.3 ms at 1 to 16 examples per program, 1.84 ms with one program per tile over all
+    examples (the kernel before this rule); native's single cuBLAS GEMM takes 0.24 ms.
     """
-    if examples <= 0:
+    for name, v in (("examples", examples), ("tiles", tiles), ("multiprocessors", multiprocessors)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if examples < 0 or tiles < 1 or multiprocessors < 1:
+        raise ValueError(f"expected examples >= 0, tiles >= 1 and multiprocessors >= 1, got examples={examples}, "
+                         f"tiles={tiles}, multiprocessors={multiprocessors}")
+    if examples == 0:
         return 1
-    groups = min(examples, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // max(1, tiles))))
+    groups = min(examples, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // tiles)))
     return -(-examples // groups)
 
 

@@ -299,7 +299,7 @@ def test_gemm_fold_chain_kernel_compiles_for_sm90_with_acquire_release_handoff()
         # the wait (an atomic add of 0 with acquire is lowered to a load-acquire) and the handoff
         assert "ld.global.gpu.acquire.b32" in atoms and "atom.global.gpu.release.exch.b32" in atoms, atoms
         assert "ld.global.cg.b32" in atoms  # the running sum is read past L1
-        assert "wgmma" in ptx
+        assert "wgmma.mma_async" in ptx and "mma.sync" not in ptx  # both partial loops on wgmma
         adds = set(re.findall(r"\\b(?:add|fma|sub)(?:\\.[a-z0-9]+)*\\.f32\\b", ptx))
         assert adds <= {"add.f32", "add.rn.f32"}, adds
         print("compiled")
@@ -320,5 +320,14 @@ def test_gemm_chain_rule_splits_the_examples_by_the_tiles():
     assert gemm_fold_examples_per_program(0, 5, 132) == 1
     with pytest.raises(ValueError, match=r"examples_per_program: expected None or an int >= 1, got 0"):
         fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=0)
-    with pytest.raises(ValueError, match=r"examples_per_program: expected None or an int >= 1, got True"):
+    with pytest.raises(TypeError, match=r"examples_per_program: expected None or an int, got bool"):
         fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=True)
+    with pytest.raises(TypeError, match=r"examples_per_program: expected None or an int, got float"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=2.0)
+    with pytest.raises(TypeError, match=r"tiles: expected an int, got float"):
+        gemm_fold_examples_per_program(4, 2.0, 132)
+    with pytest.raises(ValueError, match=r"tiles >= 1 .* got examples=4, tiles=0, multiprocessors=132"):
+        gemm_fold_examples_per_program(4, 0, 132)
+    # off CUDA the grouping is ignored (a per-example torch fold); the same result for any value
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 4, 6)
+    assert torch.equal(fold_example_gemms(a, b, examples_per_program=2), fold_example_gemms(a, b))

@@ -6,6 +6,7 @@ import datetime
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from typing import List, Optional, Sequence
@@ -50,9 +51,30 @@ def _commit() -> Optional[str]:
         return None
 
 
+def _tree(root: str = ROOT) -> Optional[str]:
+    """The git tree id of the checkout's tracked files as they are on disk (``git write-tree`` over a throwaway
+    index that ``git add -u`` filled; the working tree and the real index are untouched): the tree of the commit
+    that a ``git commit -a`` would make, so a ``+dirty`` run can be matched to a later commit
+    (``git rev-parse COMMIT^{tree}``). None without git or a checkout."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+
+            def git(*a):
+                return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True, timeout=60, env=env)
+
+            for step in (("read-tree", "HEAD"), ("add", "-u", ".")):
+                if git(*step).returncode != 0:
+                    return None
+            tree = git("write-tree")
+            return tree.stdout.strip() if tree.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str) -> dict:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "run_id": uuid.uuid4().hex[:16], "commit": _commit(),
+            "run_id": uuid.uuid4().hex[:16], "commit": _commit(), "tree": _tree(),
             "versions": package_versions(), "device": str(device), "gpu": None, "settings": settings["default"],
             "grid_settings": settings["grid"], "command": " ".join([prog] + list(argv)),
             "precision": ("fp32 parameters; u/dout in the row's dtype (bf16 or fp16, shown in dims) and "

@@ -2,6 +2,7 @@
 (reference path; no timing assertions), the time budget."""
 import json
 
+import pytest
 import torch
 
 from ordered_ssd.apps import bench
@@ -159,3 +160,36 @@ def test_precompile_gets_its_own_share_of_the_budget(tmp_path, monkeypatch):
     assert got["deadline"] == suite.PRECOMPILE_SHARE * 100 == 40.0
     res = json.loads((tmp_path / "bench.json").read_text())
     assert "ratio_ms_paired" not in res["shapes"][0]["rows"]["upstream-det"]
+
+
+def test_tree_is_the_tree_a_commit_of_the_checkout_would_have(tmp_path):
+    """``meta.tree``: a dirty checkout's tree id equals that of the commit made from it afterwards (so a run marked
+    ``+dirty`` can be matched to a commit), a clean one's is HEAD's tree; the real index and files are untouched."""
+    import shutil
+    import subprocess
+
+    from ordered_ssd.apps.bench import suite
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    (tmp_path / "b.txt").write_text("two\n")
+    git("add", "a.txt", "b.txt")
+    git("commit", "-qm", "first")
+    assert suite._tree(str(tmp_path)) == git("rev-parse", "HEAD^{tree}")
+    (tmp_path / "a.txt").write_text("changed\n")
+    (tmp_path / "b.txt").unlink()
+    (tmp_path / "untracked.txt").write_text("not part of a commit\n")
+    status_before = git("status", "--porcelain")
+    tree = suite._tree(str(tmp_path))
+    assert git("status", "--porcelain") == status_before  # the index was not touched
+    assert tree != git("rev-parse", "HEAD^{tree}")
+    git("commit", "-qam", "second")
+    assert tree == git("rev-parse", "HEAD^{tree}")
+    assert suite._tree(str(tmp_path / "no-such-dir")) is None
