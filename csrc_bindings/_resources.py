@@ -47,16 +47,27 @@ _verdicts: dict = {}
 
 
 @functools.cache
-def _limit_of(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
+def _properties_of(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _properties(device):
+    """``torch.cuda.get_device_properties`` of CUDA ``device`` (the current one for a bare ``"cuda"``), cached per
+    device."""
+    device = torch.device(device)
+    return _properties_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def shared_memory_limit(device) -> int:
     """Bytes of shared memory one program (thread block) may use on CUDA ``device``
     (``shared_memory_per_block_optin``: 232,448 on the H200 and H100, 166,912 on the A100, 101,376 on sm_86/sm_89);
     cached per device."""
-    device = torch.device(device)
-    return _limit_of(device.index if device.index is not None else torch.cuda.current_device())
+    return int(_properties(device).shared_memory_per_block_optin)
+
+
+def multiprocessor_count(device) -> int:
+    """Multiprocessors (SMs) of CUDA ``device`` (``multi_processor_count``: 132 on the H200); cached per device."""
+    return int(_properties(device).multi_processor_count)
 
 
 def _describe(cfg_dict: Mapping) -> str:

@@ -2,7 +2,6 @@
 :mod:`ordered_ssd.fold` for the order they implement)."""
 from __future__ import annotations
 
-import functools
 from typing import Iterable, Optional
 
 import torch
@@ -282,17 +281,6 @@ def _tile_offsets_overflow(t: torch.Tensor, BK: int) -> bool:
     return (t.shape[2] - 1) * abs(t.stride(2)) + BK * abs(t.stride(1)) >= 2 ** 31
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _multiprocessors(device) -> int:
-    """Multiprocessors (SMs) of CUDA ``device`` (132 on the H200), cached per device."""
-    device = torch.device(device)
-    return _multiprocessors_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Tensor] = None, *,
                        examples_per_program: Optional[int] = None) -> torch.Tensor:
     """``out = fold_e(a[e]^T @ b[e])``: the lexical fold over examples of per-example GEMM partials.
@@ -388,7 +376,7 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     init_c = init.contiguous() if init is not None else out
     tiles = -(-M // BM) * -(-N // BN)
     if examples_per_program is None:  # bit-neutral rule gemm-chain-v1
-        examples_per_program = gemm_fold_examples_per_program(E, tiles, _multiprocessors(a.device))
+        examples_per_program = gemm_fold_examples_per_program(E, tiles, _resources.multiprocessor_count(a.device))
     examples_per_program = min(examples_per_program, E)  # more than E is one group: the same launch
     groups = -(-E // examples_per_program)
     # per tile of out, the number of groups folded so far, then the ticket counter (the chain's handoff)
