@@ -36,16 +36,18 @@ CHILD_RESERVE = 0.25
 PRECOMPILE_SHARE = 0.4
 
 
+def _git(*args: str, root: str = ROOT, timeout: float = 10, env=None) -> subprocess.CompletedProcess:
+    """``git -C root *args``, output captured as text."""
+    return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def _commit() -> Optional[str]:
     """The checkout's commit (``abc1234``, ``+dirty`` if it has changes), or None without git or a checkout."""
     try:
-        def git(*a):
-            return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, timeout=10)
-
-        head = git("rev-parse", "--short", "HEAD")
+        head = _git("rev-parse", "--short", "HEAD")
         if head.returncode != 0:
             return None
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = _git("status", "--porcelain", "--untracked-files=no").stdout.strip()
         return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -58,15 +60,11 @@ def _tree(root: str = ROOT) -> Optional[str]:
     (``git rev-parse COMMIT^{tree}``). None without git or a checkout."""
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
-
-            def git(*a):
-                return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True, timeout=60, env=env)
-
+            kw = dict(root=root, timeout=60, env={**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")})
             for step in (("read-tree", "HEAD"), ("add", "-u", ".")):
-                if git(*step).returncode != 0:
+                if _git(*step, **kw).returncode != 0:
                     return None
-            tree = git("write-tree")
+            tree = _git("write-tree", **kw)
             return tree.stdout.strip() if tree.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
