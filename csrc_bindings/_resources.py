@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from . import _launch_cache
+
 FIT_RULE = "fit-stages-v1"
 
 #: launch-argument names that are layer sizes, and the name the error message gives them
@@ -183,7 +185,9 @@ def fit_launch(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Map
 def launch_fitting(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config: Mapping, ref: torch.Tensor, *,
                    sizes="", explicit: bool = False) -> int:
     """``jit[grid](*args, **kwargs, num_warps=.., num_stages=..)`` at ``config``; if Triton refuses it for shared
-    memory (before launching), at the stage count :func:`fit_launch` picks. Returns the stage count launched.
+    memory (before launching), at the stage count :func:`fit_launch` picks. Returns the stage count launched. A key
+    launched before (:mod:`csrc_bindings._launch_cache`) launches the compiled kernel kept for it, at the stage count
+    that fitted then, without Triton's per-launch Python.
 
     Args:
         config: the configuration as a dict with ``num_warps`` and ``num_stages`` (for the message and the rule).
@@ -196,8 +200,14 @@ def launch_fitting(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config:
             numbers); nothing of this kernel has run.
     """
     warps, stages = int(config["num_warps"]), int(config["num_stages"])
+    pos = _launch_cache.positional(jit, args, kwargs) if ref.is_cuda else None
+    key = None if pos is None else _launch_cache.cache_key(jit, ref, pos, warps, stages)
+    kept = _launch_cache.lookup(jit, key)
+    if kept is not None:  # this key launched before: its compiled kernel (at the stage count that fitted)
+        _launch_cache.run_compiled(kept, grid, pos, key[0])
+        return int(kept.metadata.num_stages)
     try:
-        jit[grid](*args, **kwargs, num_warps=warps, num_stages=stages)
+        _launch_cache.keep(jit, key, jit[grid](*args, **kwargs, num_warps=warps, num_stages=stages))
         return stages
     except Exception as exc:
         if type(exc).__name__ != "OutOfResources":
@@ -206,7 +216,7 @@ def launch_fitting(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config:
             raise out_of_resources(kernel, exc, config, ref, sizes) from exc
     fitted = fit_launch(kernel, jit, grid, args, kwargs, config, ref, sizes=sizes, explicit=explicit)
     try:
-        jit[grid](*args, **kwargs, num_warps=warps, num_stages=fitted)
+        _launch_cache.keep(jit, key, jit[grid](*args, **kwargs, num_warps=warps, num_stages=fitted))
     except Exception as exc:
         if type(exc).__name__ != "OutOfResources":
             raise

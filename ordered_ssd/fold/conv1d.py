@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
 from .settings import CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L
@@ -84,13 +85,14 @@ def conv1d_grad_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     with device_guard(x):
         for b0, b1 in ranges:
             grid = (b1 - b0, ntiles, -(-dim // CONV1D_BWD_BLOCK_D))
-            kernels.conv1d_grad_partials_kernel[grid](
-                x[b0:b1], weight, bias if bias is not None else weight, dout[b0:b1],
-                seq[b0:b1] if seq_idx is not None else seq, dw[b0:b1], db[b0:b1] if db is not None else dw,
-                seqlen, dim, ntiles, x.stride(0), x.stride(1), x.stride(2), dout.stride(0), dout.stride(1),
-                dout.stride(2), s_sb, s_sl, weight.stride(0), weight.stride(1), W=width, HAS_BIAS=bias is not None,
-                HAS_SEQ=seq_idx is not None, SILU=bool(silu), TILE_L=CONV1D_BWD_TILE_L, BLOCK_D=CONV1D_BWD_BLOCK_D,
-                num_warps=2)
+            _launch_cache.launch(
+                kernels.conv1d_grad_partials_kernel, grid,
+                (x[b0:b1], weight, bias if bias is not None else weight, dout[b0:b1],
+                 seq[b0:b1] if seq_idx is not None else seq, dw[b0:b1], db[b0:b1] if db is not None else dw,
+                 seqlen, dim, ntiles, x.stride(0), x.stride(1), x.stride(2), dout.stride(0), dout.stride(1),
+                 dout.stride(2), s_sb, s_sl, weight.stride(0), weight.stride(1)),
+                dict(W=width, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None, SILU=bool(silu),
+                     TILE_L=CONV1D_BWD_TILE_L, BLOCK_D=CONV1D_BWD_BLOCK_D), x, num_warps=2)
     return dw, db
 
 

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
 from .primitives import LexicalFold, fold_dims, normalize_dims
@@ -131,7 +132,8 @@ def _launch(folds):
     args += [None] * (10 * (FOLD_MANY_MAX - len(folds)))
     ref = folds[0][0]
     with device_guard(ref):
-        kernels.fold_many_kernel[(blocks,)](*args, NSEG=len(folds), BLOCK=_BLOCK, num_warps=4)
+        _launch_cache.launch(kernels.fold_many_kernel, (blocks,), args, dict(NSEG=len(folds), BLOCK=_BLOCK), ref,
+                             num_warps=4)
     return outs
 
 
@@ -164,6 +166,7 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
     out = torch.empty(M, dtype=torch.float32, device=t.device)
     if M:
         with device_guard(t):
-            kernels.example_sums_kernel[(-(-M // _BLOCK),)](t, out, E, L, M, t.stride(0), t.stride(1), t.stride(2),
-                                                            BLOCK=_BLOCK, num_warps=4)
+            _launch_cache.launch(kernels.example_sums_kernel, (-(-M // _BLOCK),),
+                                 (t, out, E, L, M, t.stride(0), t.stride(1), t.stride(2)), dict(BLOCK=_BLOCK), t,
+                                 num_warps=4)
     return out.to(dtype)

@@ -6,6 +6,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
 from .settings import (GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config,
@@ -183,8 +184,8 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     init_c = init.contiguous().view(-1) if init is not None else out
     BLOCK = 256
     with device_guard(p2d):
-        fold_kernel[(-(-M // BLOCK),)](p2d, init_c, out, K, M, p2d.stride(0), HAS_INIT=init is not None,
-                                              BLOCK=BLOCK, num_warps=4)
+        _launch_cache.launch(fold_kernel, (-(-M // BLOCK),), (p2d, init_c, out, K, M, p2d.stride(0)),
+                             dict(HAS_INIT=init is not None, BLOCK=BLOCK), p2d, num_warps=4)
     return out
 
 
@@ -263,7 +264,8 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
         out = torch.empty(R, N, dtype=torch.float32, device=t.device)
         BLOCK = 128
         with torch.cuda.device(t.device):
-            scan_kernel[(-(-R // BLOCK),)](x2, out, R, N, REVERSE=reverse, BLOCK=BLOCK, num_warps=4)
+            _launch_cache.launch(scan_kernel, (-(-R // BLOCK),), (x2, out, R, N), dict(REVERSE=reverse, BLOCK=BLOCK),
+                                 x2, num_warps=4)
     else:
         out = torch.empty(R, N, dtype=acc_dtype, device=t.device)
         acc = torch.zeros(R, dtype=acc_dtype, device=t.device)

@@ -1,0 +1,147 @@
+"""Launch a compiled Triton kernel again without Triton's per-launch Python: the compiled kernel cached per
+(kernel, device, configuration, arguments).
+
+``jit[grid](*args)`` (``JITFunction.run``) binds and specialises every argument, builds and hashes a cache key from
+the specialisation and the options, reads the runtime knobs, checks the kernel's globals and only then calls the
+compiled kernel's launcher: tens of microseconds of Python per launch, about a quarter of a small layer step's host
+time (``docs/performance.md``, "Where the time goes"). A training step launches the same kernels with the same
+arguments, but for the data pointers, at every step. :func:`launch` therefore keeps, per JIT function, the
+``CompiledKernel`` that Triton's own path returned for an argument key, and launches it directly the next time the key
+comes (``CompiledKernel.run``, the call ``JITFunction.run`` ends with, with the same launch metadata and hooks).
+
+**The key** is finer than Triton's specialisation, so a cached kernel is always the one Triton would have chosen:
+
+* per tensor argument its dtype and whether its data pointer is 16-byte aligned (Triton specialises on both);
+* every other argument by its type and exact value (Triton specialises integers on ``== 1``, divisibility by 16 and
+  the 32-bit range, and constexprs on their value: all functions of the value);
+* the device index, ``num_warps`` and ``num_stages``.
+
+A miss (the first launch of a shape) goes through ``jit[grid]`` as before; the returned kernel is kept. Nothing is
+cached off CUDA, under Triton's interpreter, for an argument that cannot be hashed, or for Triton's asynchronous
+compile mode: those launches take ``jit[grid]`` every time. The cache holds at most :data:`MAX_ENTRIES` keys per
+kernel and is emptied when full (a key is a few hundred bytes; the compiled kernels stay in Triton's own cache).
+What runs on the GPU is the same compiled kernel with the same arguments either way: the cache changes host time,
+never a bit (``tests/gpu/csrc_bindings/test_launch_cache.py`` compares both paths bit for bit).
+
+Not seen by a cached launch: ``TRITON_DEBUG`` switched on after the first launch of a key, and a kernel's global
+variable changed after compiling (Triton raises for that; upstream's kernels have none that change).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+#: keys kept per JIT function before its cache is emptied
+MAX_ENTRIES = 4096
+
+_lock = threading.Lock()
+_caches: dict = {}  # id(jit) -> (jit, {key: CompiledKernel})
+_Tensor = torch.Tensor
+_JIT = None  # triton.runtime.jit.JITFunction, imported at the first CUDA launch
+
+
+_knobs = None  # triton.knobs, likewise
+
+
+def _jit_class():
+    global _JIT, _knobs
+    if _JIT is None:
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+        _JIT, _knobs = JITFunction, knobs
+    return _JIT
+
+
+def argument_key(args) -> tuple:
+    """The part of the cache key that comes from the arguments: ``(dtype, aligned)`` per tensor (``aligned``: data
+    pointer divisible by 16), ``(type, value)`` per other argument."""
+    return tuple((a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else (a.__class__, a) for a in args)
+
+
+def _cache_of(jit) -> dict:
+    entry = _caches.get(id(jit))
+    if entry is None or entry[0] is not jit:
+        with _lock:
+            entry = _caches.get(id(jit))
+            if entry is None or entry[0] is not jit:
+                entry = _caches[id(jit)] = (jit, {})
+    return entry[1]
+
+
+def cache_key(jit, ref: torch.Tensor, args: tuple, num_warps: int, num_stages):
+    """The key of a launch of ``jit`` with positional ``args`` (every argument of the kernel, constexprs included,
+    in its order) on ``ref``'s device; None when such a launch is not cached (off CUDA, Triton's interpreter, an
+    argument that cannot be hashed)."""
+    if not ref.is_cuda or not isinstance(jit, _jit_class()):
+        return None
+    key = (ref.get_device(), num_warps, num_stages, argument_key(args))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def lookup(jit, key):
+    """The compiled kernel kept for ``key`` (from :func:`cache_key`), or None."""
+    return None if key is None else _cache_of(jit).get(key)
+
+
+def keep(jit, key, compiled) -> None:
+    """Keep ``compiled`` (what ``jit[grid](...)`` returned) for ``key``; nothing for a None key, a None result (a
+    user's compile hook skipped the compile) or a future (asynchronous compile mode)."""
+    if key is None or compiled is None or hasattr(compiled, "result"):
+        return
+    cache = _cache_of(jit)
+    with _lock:
+        if len(cache) >= MAX_ENTRIES:
+            cache.clear()
+        cache[key] = compiled
+
+
+def run_compiled(compiled, grid, args: tuple, device: int) -> None:
+    """Launch ``compiled`` on ``grid`` (1 to 3 ints) with positional ``args`` on the current stream of ``device``,
+    exactly as ``JITFunction.run`` ends (launch metadata, enter and exit hooks)."""
+    runtime = _knobs.runtime  # set by _jit_class, which made the key of any kept kernel
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    n = len(grid)
+    metadata = compiled.launch_metadata(grid, stream, *args)
+    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, compiled.function,
+                 compiled.packed_metadata, metadata, runtime.launch_enter_hook, runtime.launch_exit_hook, *args)
+
+
+def positional(jit, args: tuple, kwargs: dict):
+    """``args`` followed by ``kwargs`` in ``jit.arg_names`` order (every name after the positional ones must be in
+    ``kwargs``, and nothing else); None when they do not cover the signature exactly (such a launch is not cached)."""
+    if not kwargs:
+        return tuple(args)
+    names = jit.arg_names[len(args):]
+    if len(names) != len(kwargs):
+        return None
+    try:
+        return tuple(args) + tuple(kwargs[n] for n in names)
+    except KeyError:
+        return None
+
+
+def launch(jit, grid, args: tuple, kwargs: dict, ref: torch.Tensor, *, num_warps: int, num_stages=None):
+    """``jit[grid](*args, **kwargs, num_warps=num_warps)`` (and ``num_stages=`` unless None: Triton's default),
+    through the compiled kernel kept for this launch's key when there is one (the same kernel, arguments and
+    stream). Returns the compiled kernel (None where Triton returns none)."""
+    pos = positional(jit, args, kwargs) if ref.is_cuda else None
+    key = None if pos is None else cache_key(jit, ref, pos, num_warps, num_stages)
+    compiled = lookup(jit, key)
+    if compiled is not None:
+        run_compiled(compiled, grid, pos, key[0])
+        return compiled
+    options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = jit[grid](*args, **kwargs, **options)
+    keep(jit, key, compiled)
+    return compiled
+
+
+def clear() -> None:
+    """Forget every kept kernel (the next launch of each key takes Triton's own path)."""
+    with _lock:
+        _caches.clear()
