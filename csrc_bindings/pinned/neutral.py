@@ -7,7 +7,8 @@ which is which, but Triton's code generation (wgmma or mma, the layout of a ``tl
 and ``num_warps`` too, so the split is measured, never assumed:
 
 1. **Cases**: every kernel of :data:`csrc_bindings._registry.TUNED_KERNELS` at the autotune keys of a few layer
-   shapes (:data:`PROOF_SHAPES`: chunk 64 / headdim 32 / d_state 16, chunk 256 / 64 / 128, chunk 128 / 128 / 64),
+   shapes (:data:`PROOF_SHAPES`: chunk 64 / headdim 32 / d_state 16, chunk 256 / 64 / 128, chunk 128 / 128 / 64,
+   chunk 128 / 128 / 256),
    in bf16, fp16 and fp32, on problems with a partial last chunk, ``ngroups`` 2 and a head count that no head
    block divides (:data:`PROBLEM`).
 2. **Variants** per case: the pinned configuration; each block size of it halved and doubled (within the range the
@@ -22,7 +23,9 @@ and ``num_warps`` too, so the split is measured, never assumed:
 ``csrc_bindings/pinned/neutral_params.py`` (:data:`NEUTRAL`: kernel -> its neutral parameters, with provenance),
 which the configuration lookup reads (:mod:`csrc_bindings._configs`): only the parameters listed there may be chosen
 for speed per shape (:mod:`csrc_bindings.pinned.speed_table`); the others stay pinned. ``--list`` prints the cases
-without a GPU. Needs a CUDA GPU and the native extras.
+without a GPU. ``--reuse OLD.json`` takes a case's rows from an earlier report instead of running it again when that
+report ran the same variants of the same case on the same GPU model and versions (the verdict is still computed over
+every case). Needs a CUDA GPU and the native extras.
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 #: (chunk_size, headdim, dstate, nheads, dtypes): the layer shapes whose autotune keys are proven
 PROOF_SHAPES = ((64, 32, 16, 6, ("bfloat16", "float16", "float32")),
                 (256, 64, 128, 24, ("bfloat16", "float16", "float32")),
-                (128, 128, 64, 12, ("bfloat16",)))
+                (128, 128, 64, 12, ("bfloat16",)),
+                (128, 128, 256, 64, ("bfloat16", "float16", "float32")))
 #: the example problem around a key: 2 examples, 2.5 chunks (a partial last chunk), 6 heads in 2 groups
 PROBLEM = {"batch": 2, "chunks": 2.5, "nheads": 6, "ngroups": 2}
 PARAM_ORDER = ("num_warps", "num_stages")
@@ -197,6 +201,40 @@ def proven_keys(keys) -> dict:
     return out
 
 
+def _case_tag(kernel, key, dt) -> tuple:
+    return kernel, json.dumps(key, sort_keys=True), dt
+
+
+def compact_case(case: dict) -> dict:
+    """A case as the report stores it: ``{"key", "dtype", "configs": [{**config, "digest" | "error"}]}``."""
+    return {"key": case["key"], "dtype": case["dtype"],
+            "configs": [{**r["config"], **({"digest": r["digest"]} if "digest" in r else {"error": r["error"]})}
+                        for r in case["rows"]]}
+
+
+def case_rows(case: dict, names) -> list:
+    """The rows (``{"config", "digest" | "error"}``) of a stored case (:func:`compact_case`); ``names``: the
+    kernel's configuration parameters (:func:`params_of`)."""
+    return [{"config": {n: r[n] for n in names},
+             **({"digest": r["digest"]} if "digest" in r else {"error": r["error"]})} for r in case["configs"]]
+
+
+def reusable_cases(report: dict, versions: dict, gpu: str) -> dict:
+    """``{(kernel, key json, dtype): rows}`` of an earlier report's cases that ran to the end (no budget skip or
+    problem error), if it ran on GPU model ``gpu`` with ``versions``; ``{}`` otherwise (nothing is reused)."""
+    if report.get("gpu") != gpu or report.get("versions") != versions:
+        return {}
+    out = {}
+    for kernel, entry in report.get("kernels", {}).items():
+        names = params_of(_registry.KERNELS[kernel])
+        for case in entry.get("evidence", []):
+            rows = case_rows(case, names)
+            if any(r.get("error", "").startswith(("skipped", "problem")) for r in rows):
+                continue
+            out[_case_tag(kernel, case["key"], case["dtype"])] = rows
+    return out
+
+
 def write_module(path, verdicts, meta, arch):
     body = pprint.pformat({k: tuple(v["neutral"]) for k, v in sorted(verdicts.items())}, width=120)
     proven = pprint.pformat({k: v["proven_keys"] for k, v in sorted(verdicts.items()) if v["neutral"]}, width=120)
@@ -217,6 +255,8 @@ def main(argv=None):
     ap.add_argument("--kernels", default="", help="comma list (default: every tuned kernel)")
     ap.add_argument("--report", default=None, help="write every digest here (JSON)")
     ap.add_argument("--out", default=str(NEUTRAL_PATH), help="the generated module (default: beside this file)")
+    ap.add_argument("--reuse", default=None, metavar="REPORT",
+                    help="take the cases an earlier --report ran (same GPU, versions and variants) from it")
     ap.add_argument("--list", action="store_true", help="print the cases and variant counts, then exit (no GPU)")
     ap.add_argument("--worker", nargs=3, metavar=("TASKS", "OUT", "DEADLINE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -238,9 +278,22 @@ def main(argv=None):
     versions = cb.check_native(conv=False)
     t0 = time.time()
     deadline = t0 + args.budget_s
+    by_kernel = {}
+    if args.reuse:
+        reused = reusable_cases(json.loads(Path(args.reuse).read_text()), versions, torch.cuda.get_device_name(0))
+        left = []
+        for t in todo:
+            rows = reused.get(_case_tag(t[0], t[1], t[2]))
+            if rows is not None and [r["config"] for r in rows] == t[3]:
+                by_kernel.setdefault(t[0], []).append({"key": t[1], "dtype": t[2], "rows": rows})
+            else:
+                left.append(t)
+        print(f"reused {len(todo) - len(left)} of {len(todo)} cases from {args.reuse}", flush=True)
+    else:
+        left = todo
     shards = [[] for _ in range(max(1, args.jobs))]
     load = [0] * len(shards)
-    for t in sorted(todo, key=lambda t: -len(t[3])):
+    for t in sorted(left, key=lambda t: -len(t[3])):
         s = load.index(min(load))
         shards[s].append(t)
         load[s] += len(t[3])
@@ -251,7 +304,6 @@ def main(argv=None):
         tf.write_text(json.dumps(shard))
         procs.append((subprocess.Popen([sys.executable, "-m", MODULE, "--worker", str(tf), str(of), str(deadline)],
                                        cwd=str(PACKAGE_PARENT)), of))
-    by_kernel = {}
     for proc, of in procs:
         proc.wait()
         if of.exists():
@@ -276,7 +328,7 @@ def main(argv=None):
         v["variants_run"] = sum(1 for c in got for r in c["rows"] if "digest" in r)
         v["variants_failed"] = sum(1 for c in got for r in c["rows"] if "error" in r)
         verdicts[kernel] = v
-        report["kernels"][kernel] = {**v, "evidence": got}
+        report["kernels"][kernel] = {**v, "evidence": [compact_case(c) for c in got]}
         print(f"{kernel}: neutral {v['neutral']}, order {v['order']} ({v['cases']} cases, {v['variants_run']} "
               f"variants ran, {v['variants_failed']} did not; one-parameter pairs {v['pairs']}; "
               f"differing {sorted(v['violations'])})", flush=True)

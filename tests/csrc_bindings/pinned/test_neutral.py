@@ -174,9 +174,7 @@ def test_the_committed_proof_covers_its_cases():
     assert neutral_params.ARCH == "sm_90"
     for kernel, v in data["kernels"].items():
         names = neutral.params_of(KERNELS[kernel])
-        cases = [[{**({"digest": r["digest"]} if "digest" in r else {"error": r["error"]}),
-                   "config": {n: r[n] for n in names}, "dtype": c["dtype"]} for r in c["configs"]]
-                 for c in v["evidence"]]
+        cases = [[{**r, "dtype": c["dtype"]} for r in neutral.case_rows(c, names)] for c in v["evidence"]]
         got = neutral.neutral_params(KERNELS[kernel], cases)
         assert tuple(got["neutral"]) == neutral_params.NEUTRAL.get(kernel, ()), kernel
         if got["neutral"]:
@@ -194,3 +192,21 @@ def test_verdict_needs_a_pair_in_every_dtype_and_repeatable_configurations():
                      "dtype": "bfloat16"}]
     v = neutral.neutral_params(SPEC, [flaky])
     assert v["neutral"] == [] and "not repeatable" in v["violations"]
+
+
+def test_reused_cases_round_trip_and_only_from_the_same_gpu_and_versions():
+    names = neutral.params_of(KERNELS["chunk_scan_bwd_dz"])
+    config = {n: 1 for n in names}
+    done = {"key": {"chunk_size": 64, "hdim": 32}, "dtype": "bfloat16",
+            "rows": [{"config": config, "digest": "ab"}, {"config": {**config, "num_warps": 8}, "error": "E: x"}]}
+    cut = {"key": {"chunk_size": 256, "hdim": 64}, "dtype": "bfloat16",
+           "rows": [{"config": config, "digest": "ab"}, {"config": config, "error": "skipped: budget"}]}
+    stored = [neutral.compact_case(c) for c in (done, cut)]
+    assert stored[0]["configs"][1] == {**config, "num_warps": 8, "error": "E: x"}
+    assert neutral.case_rows(stored[0], names) == done["rows"]
+    versions = {"mamba_ssm": "2.3.2.post1", "triton": "3.6.0"}
+    report = {"gpu": "G", "versions": versions, "kernels": {"chunk_scan_bwd_dz": {"evidence": stored}}}
+    got = neutral.reusable_cases(report, versions, "G")
+    assert got == {("chunk_scan_bwd_dz", '{"chunk_size": 64, "hdim": 32}', "bfloat16"): done["rows"]}  # not the cut one
+    assert neutral.reusable_cases(report, versions, "H") == {}
+    assert neutral.reusable_cases(report, {**versions, "triton": "3.7.0"}, "G") == {}
