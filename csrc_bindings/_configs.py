@@ -286,8 +286,18 @@ def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -
 
 def launch_config(spec: KernelSpec, args: Mapping, ref, config=None) -> KernelConfig:
     """The configuration of one launch of ``spec``: ``config`` if given, else the pinned one for the autotune key
-    read from the launch arguments ``args`` (:func:`~csrc_bindings._spec.key_of`), at ``ref``'s dtype and device."""
-    return resolve_config(spec, key_of(spec, args), ref.dtype, ref.device, config)
+    read from the launch arguments ``args`` (:func:`~csrc_bindings._spec.key_of`), at ``ref``'s dtype and device.
+
+    Raises:
+        ValueError: as :func:`resolve_config`, or a configuration the kernel computes wrongly
+            (``spec.config_error``), before anything is launched.
+    """
+    cfg = resolve_config(spec, key_of(spec, args), ref.dtype, ref.device, config)
+    if spec.config_error is not None:
+        msg = spec.config_error(dict(cfg.meta))
+        if msg:
+            raise ValueError(msg)
+    return cfg
 
 
 def table_hash() -> str:

@@ -34,6 +34,8 @@ class KernelSpec:
         layer_key_consts: key values that are constants of the Mamba-2 layer rather than sizes (``IS_CAUSAL``).
         layer_dtype: ``"model"`` (keyed on the activations' dtype) or ``"fp32"`` (the inter-chunk states).
         arity: for a C++ op, its number of arguments (read from the pybind signature at first use).
+        config_error: ``config_error(block sizes dict) -> message or None``: a configuration the kernel computes
+            wrongly (the launcher raises ``ValueError(message)`` before launching; the neutrality proof skips it).
         example: ``example(p, config=None)`` runs the launcher on an example problem (:mod:`._examples`) and returns
             its outputs; used by the tuner and the GPU tests.
     """
@@ -48,6 +50,7 @@ class KernelSpec:
     layer_dtype: str = "model"
     arity: int | None = None
     example: Callable | None = None
+    config_error: Callable | None = None
 
     def __post_init__(self):
         if isinstance(self.arg_names, str):

@@ -484,7 +484,9 @@ def launch_chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb, *, config=Non
     Raises:
         ValueError: ``dt``, ``dout``, ``dA_cumsum`` or ``cb`` of another shape, ``nheads`` not a multiple of
             ``ngroups``; a given output buffer of another shape, dtype or device; a ``config`` for another kernel or
-            without exactly its block sizes (the message names the argument, the expected and the actual value).
+            without exactly its block sizes, or with ``BLOCK_SIZE_M`` not a multiple of ``BLOCK_SIZE_N`` (upstream's
+            kernel then races: its zeroing loop writes into the next row tile) (the message names the argument, the
+            expected and the actual value).
         ImportError, RuntimeError: at the first launch, from :func:`csrc_bindings._native.kernel_jit`: triton or
             mamba-ssm missing, another mamba-ssm version, or the kernel's arguments or autotune key changed.
     """
@@ -498,7 +500,7 @@ def launch_chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb, *, config=Non
     check_shape("cb", cb, (batch, nchunks, ngroups, chunk_size, chunk_size), "[B, C, G, cs, cs]")
     args = dict(chunk_size=chunk_size, hdim=headdim, batch=batch, seqlen=seqlen,
                 nheads_ngroups_ratio=nheads // ngroups, BLOCK_SIZE_K=max(next_pow2(headdim), 16))
-    cfg = launch_config(CHUNK_SCAN_BWD_DDACS_STABLE, args, x, config)
+    cfg = launch_config(CHUNK_SCAN_BWD_DDACS_STABLE, args, x, config)  # refuses _ddAcs_config_error's configs
     ntiles = cdiv(chunk_size, cfg["BLOCK_SIZE_M"])
     ddA_partial = out_buffer(ddA_partial, (batch, nheads, nchunks, ntiles, chunk_size), torch.float32, x,
                              "ddA_partial")
@@ -515,6 +517,17 @@ def launch_chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb, *, config=Non
     grid = (ntiles, batch * nchunks, nheads)
     launch(CHUNK_SCAN_BWD_DDACS_STABLE, grid, args, cfg, x)
     return ddA_partial
+
+
+def _ddAcs_config_error(block: dict):
+    """The kernel's zeroing loop starts at ``(pid_m + 1) * BLOCK_SIZE_M`` but at a pointer rounded up to a multiple
+    of ``BLOCK_SIZE_N``: unless ``BLOCK_SIZE_M`` is a multiple of ``BLOCK_SIZE_N`` it writes zeros into the next row
+    tile's entries, a race (the neutrality proof saw other bits from run to run at 32 / 64 on the H200). Upstream's
+    candidates all have ``BLOCK_SIZE_M`` a multiple of ``BLOCK_SIZE_N``."""
+    if block["BLOCK_SIZE_M"] % block["BLOCK_SIZE_N"]:
+        return (f"config: chunk_scan_bwd_ddAcs_stable needs BLOCK_SIZE_M to be a multiple of BLOCK_SIZE_N, got "
+                f"BLOCK_SIZE_M={block['BLOCK_SIZE_M']}, BLOCK_SIZE_N={block['BLOCK_SIZE_N']}")
+    return None
 
 
 def _example_chunk_scan_bwd_ddAcs_stable(p, config=None):
@@ -540,4 +553,5 @@ CHUNK_SCAN_BWD_DDACS_STABLE = KernelSpec(
         ({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128}, 4, 3),
     ),
     example=_example_chunk_scan_bwd_ddAcs_stable,
+    config_error=_ddAcs_config_error,
 )

@@ -90,3 +90,32 @@ def test_errors_name_the_argument_expected_and_got():
         table_key_of(KERNELS["rmsnorm_gated_fwd"], "sm_90", torch.bfloat16, {})
     with pytest.raises(ValueError, match=r"group_size: expected at most 32768 elements .*, got 40000"):
         rmsnorm_heuristic(40000, 2)
+
+
+@pytest.mark.parametrize("block_m, block_n", [(32, 64), (64, 128), (32, 128)])
+def test_ddAcs_refuses_block_n_not_dividing_block_m_before_launching(monkeypatch, block_m, block_n):
+    """``_chunk_scan_bwd_ddAcs_stable_kernel`` races when BLOCK_SIZE_M is not a multiple of BLOCK_SIZE_N (its zeroing
+    loop writes into the next row tile; seen as other bits from run to run on the H200): refused, nothing launched."""
+    from csrc_bindings._examples import make_problem
+    from csrc_bindings.ssd_chunk_scan import launch_chunk_scan_bwd_ddAcs_stable
+    from tests.csrc_bindings.launch_record import fake_cuda_path
+
+    log = []
+    fake_cuda_path(monkeypatch, log)
+    p = make_problem(chunk_size=128, headdim=32, dstate=16, seqlen=300)
+    cfg = {"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "num_warps": 4, "num_stages": 3}
+    with pytest.raises(ValueError, match=f"config: chunk_scan_bwd_ddAcs_stable needs BLOCK_SIZE_M to be a multiple of "
+                                         f"BLOCK_SIZE_N, got BLOCK_SIZE_M={block_m}, BLOCK_SIZE_N={block_n}"):
+        launch_chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"], config=cfg)
+    assert log == []
+    ok = dict(cfg, BLOCK_SIZE_N=block_m)  # a multiple: launched
+    launch_chunk_scan_bwd_ddAcs_stable(p["x"], p["dt"], p["dA_cumsum"], p["dout"], p["CB"], config=ok)
+    assert [e["kernel"] for e in log] == ["chunk_scan_bwd_ddAcs_stable"]
+
+
+def test_every_ddAcs_candidate_and_table_entry_has_block_m_a_multiple_of_block_n():
+    from csrc_bindings.pinned.table import TABLE
+    spec = KERNELS["chunk_scan_bwd_ddAcs_stable"]
+    blocks = [c[0] for c in spec.candidates] + [v for k, v in TABLE.items() if "/chunk_scan_bwd_ddAcs_stable/" in k]
+    assert len(blocks) > len(spec.candidates)
+    assert all(b["BLOCK_SIZE_M"] % b["BLOCK_SIZE_N"] == 0 for b in blocks)
