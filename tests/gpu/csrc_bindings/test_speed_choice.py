@@ -13,8 +13,9 @@ import torch
 from tests.helpers import bits_equal
 
 # (chunk_size, headdim, dstate, nheads): in range, but keys of no proof case (the proof ran 64/32/16, 256/64/128,
-# 128/128/64)
-SHAPES = [(128, 64, 32, 8), (64, 64, 128, 16), (256, 32, 64, 12), (128, 128, 128, 8)]
+# 128/128/64, 128/128/256)
+SHAPES = [(128, 64, 32, 8), (64, 64, 128, 16), (256, 32, 64, 12), (128, 128, 128, 8), (64, 64, 256, 16),
+          (256, 128, 256, 8)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
