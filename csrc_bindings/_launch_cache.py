@@ -7,24 +7,27 @@ compiled kernel's launcher: tens of microseconds of Python per launch, about a q
 time (``docs/performance.md``, "Where the time goes"). A training step launches the same kernels with the same
 arguments, but for the data pointers, at every step. :func:`launch` therefore keeps, per JIT function, the
 ``CompiledKernel`` that Triton's own path returned for an argument key, and launches it directly the next time the key
-comes (``CompiledKernel.run``, the call ``JITFunction.run`` ends with, with the same launch metadata and hooks).
+comes (``CompiledKernel.run``, the call ``JITFunction.run`` ends with, with the same launch metadata and launch
+enter/exit hooks, on the current stream of the current device).
 
 **The key** is finer than Triton's specialisation, so a cached kernel is always the one Triton would have chosen:
 
 * per tensor argument its dtype and whether its data pointer is 16-byte aligned (Triton specialises on both);
 * every other argument by its type and exact value (Triton specialises integers on ``== 1``, divisibility by 16 and
   the 32-bit range, and constexprs on their value: all functions of the value);
-* the device index, ``num_warps`` and ``num_stages``.
+* the current device index (Triton's kernel cache is per current device), ``num_warps`` and ``num_stages``.
 
 A miss (the first launch of a shape) goes through ``jit[grid]`` as before; the returned kernel is kept. Nothing is
-cached off CUDA, under Triton's interpreter, for an argument that cannot be hashed, or for Triton's asynchronous
-compile mode: those launches take ``jit[grid]`` every time. The cache holds at most :data:`MAX_ENTRIES` keys per
+cached off CUDA, under Triton's interpreter, for an argument that cannot be hashed, for arguments that do not cover
+the kernel's signature exactly (defaults left to Triton), or for a kernel with ``pre_run_hooks``: those launches
+take ``jit[grid]`` every time. The cache holds at most :data:`MAX_ENTRIES` keys per
 kernel and is emptied when full (a key is a few hundred bytes; the compiled kernels stay in Triton's own cache).
 What runs on the GPU is the same compiled kernel with the same arguments either way: the cache changes host time,
 never a bit (``tests/gpu/csrc_bindings/test_launch_cache.py`` compares both paths bit for bit).
 
-Not seen by a cached launch: ``TRITON_DEBUG`` switched on after the first launch of a key, and a kernel's global
-variable changed after compiling (Triton raises for that; upstream's kernels have none that change).
+Not seen by a cached launch: ``TRITON_DEBUG``, ``knobs.compilation.instrumentation_mode`` or the JIT function's
+``debug`` changed after the first launch of a key, and a kernel's global variable changed after compiling (Triton
+raises for that; upstream's kernels have none that change).
 """
 from __future__ import annotations
 
@@ -78,11 +81,12 @@ def _cache_of(jit) -> dict:
 
 def cache_key(jit, ref: torch.Tensor, args: tuple, num_warps: int, num_stages):
     """The key of a launch of ``jit`` with positional ``args`` (every argument of the kernel, constexprs included,
-    in its order) on ``ref``'s device; None when such a launch is not cached (off CUDA, Triton's interpreter, an
-    argument that cannot be hashed)."""
-    if not ref.is_cuda or not isinstance(jit, _jit_class()):
+    in its order) on the current device (``ref``: a tensor of the launch; the callers launch under its device
+    guard); None when such a launch is not cached (``ref`` off CUDA, Triton's interpreter, a kernel with
+    ``pre_run_hooks``, an argument that cannot be hashed)."""
+    if not ref.is_cuda or not isinstance(jit, _jit_class()) or jit.pre_run_hooks:
         return None
-    key = (ref.get_device(), num_warps, num_stages, argument_key(args))
+    key = (torch._C._cuda_getDevice(), num_warps, num_stages, argument_key(args))
     try:
         hash(key)
     except TypeError:
@@ -97,7 +101,7 @@ def lookup(jit, key):
 
 def keep(jit, key, compiled) -> None:
     """Keep ``compiled`` (what ``jit[grid](...)`` returned) for ``key``; nothing for a None key, a None result (a
-    user's compile hook skipped the compile) or a future (asynchronous compile mode)."""
+    user's compile hook skipped the compile) or a future (defensive: Triton 3.6's launch path waits for it)."""
     if key is None or compiled is None or hasattr(compiled, "result"):
         return
     cache = _cache_of(jit)
@@ -121,9 +125,12 @@ def run_compiled(compiled, grid, args: tuple, device: int) -> None:
 def positional(jit, args: tuple, kwargs: dict):
     """``args`` followed by ``kwargs`` in ``jit.arg_names`` order (every name after the positional ones must be in
     ``kwargs``, and nothing else); None when they do not cover the signature exactly (such a launch is not cached)."""
+    arg_names = getattr(jit, "arg_names", None)
+    if arg_names is None:  # not a JIT function: never cached
+        return None
     if not kwargs:
-        return tuple(args)
-    names = jit.arg_names[len(args):]
+        return tuple(args) if len(args) == len(arg_names) else None
+    names = arg_names[len(args):]
     if len(names) != len(kwargs):
         return None
     try:

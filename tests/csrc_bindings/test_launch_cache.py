@@ -12,6 +12,7 @@ class FakeJIT:
     """Records ``jit[grid](*args, **kwargs)`` calls; each returns a new stand-in compiled kernel."""
 
     arg_names = ["x_ptr", "n", "flag", "BLOCK"]
+    pre_run_hooks = []
 
     def __init__(self, stages=None):
         self.calls = []
@@ -30,6 +31,8 @@ def fake(monkeypatch):
     """FakeJIT counts as a JIT function, a CUDA ``ref`` stands in, and ``run_compiled`` records instead of launching."""
     runs = []
     monkeypatch.setattr(_launch_cache, "_jit_class", lambda: FakeJIT)
+    # the current device (the ref's, under its device guard); CPU builds of torch lack the function
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
     monkeypatch.setattr(_launch_cache, "run_compiled", lambda compiled, grid, args, device:
                         runs.append((compiled.tag, grid, args, device)))
     _launch_cache.clear()
@@ -63,6 +66,7 @@ def test_positional_covers_the_signature_exactly():
     assert _launch_cache.positional(jit, ("x", 4, False, 64), {}) == ("x", 4, False, 64)
     assert _launch_cache.positional(jit, ("x", 4), {"flag": True}) is None  # BLOCK missing (a default)
     assert _launch_cache.positional(jit, ("x", 4), {"flag": True, "BLOK": 1}) is None  # another name
+    assert _launch_cache.positional(jit, ("x", 4, False), {}) is None  # BLOCK left to its default
 
 
 def test_no_key_off_cuda_or_for_other_functions(fake):
@@ -149,3 +153,44 @@ def test_launch_fitting_keeps_the_fitted_stage_count(fake, monkeypatch):
         assert got == 2
     assert fits == [1] and len(jit.calls) == 1
     assert [r[0] for r in fake.runs] == [1, 1]
+
+
+def test_kernel_with_pre_run_hooks_is_not_cached(fake):
+    jit, x = FakeJIT(), torch.zeros(4)
+    jit.pre_run_hooks = [lambda *a, **k: None]
+    for _ in range(2):
+        _launch_cache.launch(jit, (1,), (x, 1, True, 8), {}, fake.ref, num_warps=4)
+    assert len(jit.calls) == 2 and fake.runs == []
+
+
+def test_explicit_config_never_runs_a_kernel_fitted_for_a_pinned_launch(fake, monkeypatch):
+    """A pinned launch that ran at fewer stages keeps that kernel; an explicit launch of the same configuration must
+    not run it (an explicit configuration is never changed): it takes Triton's path, which refuses it."""
+    class OutOfResources(Exception):
+        name = "shared memory"
+
+    jit = FakeJIT()
+    real_getitem = FakeJIT.__getitem__
+
+    def refuse_three(self, grid):
+        call = real_getitem(self, grid)
+
+        def run(*args, **kwargs):
+            if kwargs["num_stages"] == 3:
+                raise OutOfResources()
+            return call(*args, **kwargs)
+        return run
+    monkeypatch.setattr(FakeJIT, "__getitem__", refuse_three)
+
+    def fit(*a, explicit=False, **k):
+        if explicit:
+            raise ValueError("k: configuration ... does not fit")
+        return 2
+    monkeypatch.setattr(_resources, "fit_launch", fit)
+    x, config = torch.zeros(8), {"num_warps": 4, "num_stages": 3}
+    assert _resources.launch_fitting("k", jit, (1,), (x, 1, True, 8), {}, config, fake.ref) == 2
+    with pytest.raises(ValueError, match="does not fit"):
+        _resources.launch_fitting("k", jit, (1,), (x, 1, True, 8), {}, config, fake.ref, explicit=True)
+    assert fake.runs == []
+    assert _resources.launch_fitting("k", jit, (1,), (x, 1, True, 8), {}, config, fake.ref) == 2
+    assert [r[0] for r in fake.runs] == [1]  # the pinned launch still gets its kept kernel

@@ -62,10 +62,11 @@ def _p512_fp32(kernel):
 
 
 def test_an_explicit_config_that_does_not_fit_raises_before_launching(monkeypatch):
-    from csrc_bindings import _resources
+    from csrc_bindings import _launch_cache, _resources
     from csrc_bindings._registry import pinned_config
 
     monkeypatch.setattr(_resources, "_verdicts", {})
+    monkeypatch.setattr(_launch_cache, "_caches", {})  # no kernel kept by an earlier test
     key, p = _p512_fp32("chunk_state_bwd_db")
     cfg = pinned_config("chunk_state_bwd_db", key, torch.float32, "sm_90")
     limit = _resources.shared_memory_limit("cuda")
@@ -82,7 +83,7 @@ def test_an_explicit_config_that_does_not_fit_raises_before_launching(monkeypatc
 def test_a_pinned_config_runs_at_fewer_stages_with_the_same_bits(monkeypatch):
     """Triton refuses the pinned 3-stage kernel (262,400 bytes at headdim 512 in fp32 on sm_90; a limit faked
     below 200,000 bytes elsewhere); the launch runs it at 2 stages, with the bits of an explicit 2-stage launch."""
-    from csrc_bindings import _resources
+    from csrc_bindings import _launch_cache, _resources
     from csrc_bindings._registry import pinned_config
 
     key, p = _p512_fp32("chunk_scan_bwd_dC")
@@ -90,6 +91,7 @@ def test_a_pinned_config_runs_at_fewer_stages_with_the_same_bits(monkeypatch):
     assert cfg.source != "explicit" and cfg.num_stages >= 3
     want = _outputs("chunk_scan_bwd_dC", p, dataclasses.replace(cfg, num_stages=2, source="explicit"))
     monkeypatch.setattr(_resources, "_verdicts", {})
+    monkeypatch.setattr(_launch_cache, "_caches", {})  # a kept kernel would skip the fitting this test watches
     real = _resources.shared_memory_limit("cuda")
     monkeypatch.setattr(_resources, "shared_memory_limit", lambda device: min(real, 200000))
     got = _outputs("chunk_scan_bwd_dC", p, None)
