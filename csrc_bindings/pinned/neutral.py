@@ -24,8 +24,9 @@ and ``num_warps`` too, so the split is measured, never assumed:
 which the configuration lookup reads (:mod:`csrc_bindings._configs`): only the parameters listed there may be chosen
 for speed per shape (:mod:`csrc_bindings.pinned.speed_table`); the others stay pinned. ``--list`` prints the cases
 without a GPU. ``--reuse OLD.json`` takes a case's rows from an earlier report instead of running it again when that
-report ran the same variants of the same case on the same GPU model and versions (the verdict is still computed over
-every case). Needs a CUDA GPU and the native extras.
+report ran the same variants of the same case on the same GPU model, triton and mamba-ssm versions and example
+problem (the verdict is still computed over every case; a change of the launchers needs a run without it). Needs
+a CUDA GPU and the native extras.
 """
 from __future__ import annotations
 
@@ -221,15 +222,23 @@ def case_rows(case: dict, names) -> list:
              **({"digest": r["digest"]} if "digest" in r else {"error": r["error"]})} for r in case["configs"]]
 
 
-def reusable_cases(report: dict, versions: dict, gpu: str) -> dict:
+def reusable_cases(report: dict, versions: dict, gpu: str, problem: dict = PROBLEM) -> dict:
     """``{(kernel, key json, dtype): rows}`` of an earlier report's cases that ran to the end (no budget skip or
-    problem error), if it ran on GPU model ``gpu`` with ``versions``; ``{}`` otherwise (nothing is reused)."""
-    if report.get("gpu") != gpu or report.get("versions") != versions:
+    problem error), if it ran on GPU model ``gpu`` with ``versions`` and the example ``problem``; ``{}`` otherwise
+    (nothing is reused). A kernel the registry no longer has, or a case stored with other parameters than the
+    kernel's, is left out. (The report records triton and mamba-ssm, not torch or this package's launchers: a
+    launcher change that changes what runs needs a run without ``--reuse``.)"""
+    if report.get("gpu") != gpu or report.get("versions") != versions or report.get("problem") != problem:
         return {}
     out = {}
     for kernel, entry in report.get("kernels", {}).items():
-        names = params_of(_registry.KERNELS[kernel])
+        spec = _registry.KERNELS.get(kernel)
+        if spec is None:
+            continue
+        names = params_of(spec)
         for case in entry.get("evidence", []):
+            if any(set(r) - {"digest", "error"} != set(names) for r in case["configs"]):
+                continue
             rows = case_rows(case, names)
             if any(r.get("error", "").startswith(("skipped", "problem")) for r in rows):
                 continue
@@ -311,7 +320,8 @@ def main(argv=None):
         if of.exists():
             for kernel, key, dt, rows in json.loads(of.read_text()):
                 by_kernel.setdefault(kernel, []).append({"key": key, "dtype": dt, "rows": rows})
-    verdicts, report = {}, {"versions": versions, "gpu": torch.cuda.get_device_name(0), "kernels": {}}
+    verdicts, report = {}, {"versions": versions, "gpu": torch.cuda.get_device_name(0), "problem": PROBLEM,
+                            "kernels": {}}
     expected = {}
     for k, key, dt, _ in todo:
         expected[k] = expected.get(k, 0) + 1

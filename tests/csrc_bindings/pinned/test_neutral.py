@@ -205,8 +205,14 @@ def test_reused_cases_round_trip_and_only_from_the_same_gpu_and_versions():
     assert stored[0]["configs"][1] == {**config, "num_warps": 8, "error": "E: x"}
     assert neutral.case_rows(stored[0], names) == done["rows"]
     versions = {"mamba_ssm": "2.3.2.post1", "triton": "3.6.0"}
-    report = {"gpu": "G", "versions": versions, "kernels": {"chunk_scan_bwd_dz": {"evidence": stored}}}
+    odd = {"key": {"chunk_size": 128, "hdim": 32}, "dtype": "bfloat16",
+           "configs": [{"BLOCK_SIZE_M": 32, "BLOCK_SIZE_Q": 1, "num_warps": 4, "num_stages": 3, "digest": "ab"}]}
+    report = {"gpu": "G", "versions": versions, "problem": neutral.PROBLEM,
+              "kernels": {"chunk_scan_bwd_dz": {"evidence": stored + [odd]}, "no_such_kernel": {"evidence": stored}}}
     got = neutral.reusable_cases(report, versions, "G")
-    assert got == {("chunk_scan_bwd_dz", '{"chunk_size": 64, "hdim": 32}', "bfloat16"): done["rows"]}  # not the cut one
+    # not the cut one, not the one with other parameters, nothing of an unknown kernel
+    assert got == {("chunk_scan_bwd_dz", '{"chunk_size": 64, "hdim": 32}', "bfloat16"): done["rows"]}
     assert neutral.reusable_cases(report, versions, "H") == {}
     assert neutral.reusable_cases(report, {**versions, "triton": "3.7.0"}, "G") == {}
+    assert neutral.reusable_cases({**report, "problem": {**neutral.PROBLEM, "batch": 3}}, versions, "G") == {}
+    assert neutral.reusable_cases({k: v for k, v in report.items() if k != "problem"}, versions, "G") == {}
