@@ -134,3 +134,50 @@ def test_the_table_written_reads_back_with_the_same_header(tmp_path):
     path = tmp_path / "table.py"
     tuner.write_table(path, dict(table.TABLE), table.META, merge=False)
     assert path.read_text() == tuner.TABLE_PATH.read_text()
+
+
+def _list_jobs(*extra):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "csrc_bindings.pinned.tune", "--list-jobs", *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tuner.PACKAGE_PARENT)
+    return res, res.stdout.strip().splitlines()[:-1]
+
+
+def test_key_space_shapes_and_shards_split_the_jobs():
+    """``--shapes key-space`` is chunk 64/128/256 x headdim 32/64/128 x d_state 16..256 (45 layer shapes);
+    ``--shard I/N`` gives disjoint parts whose union is the whole list, in its order."""
+    assert len(tuner.KEY_SPACE) == 45 and "128x128x256" in tuner.KEY_SPACE and "64x32x16" in tuner.KEY_SPACE
+    kernels = ["--kernels", "chunk_scan_bwd_dz,chunk_state_bwd_db", "--dtypes", "bfloat16"]
+    res, whole = _list_jobs("--shapes", "key-space", *kernels)
+    assert res.returncode == 0, res.stderr
+    # dz is keyed by (chunk, hdim): 9 keys; db by (chunk, dstate, hdim): 45 keys
+    assert sum(ln.startswith("chunk_scan_bwd_dz ") for ln in whole) == 9
+    assert sum(ln.startswith("chunk_state_bwd_db ") for ln in whole) == 45
+    parts = [_list_jobs("--shapes", "key-space", *kernels, "--shard", f"{i}/3")[1] for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(whole) and sum(map(len, parts)) == len(whole)
+    assert parts[1] == whole[1::3]
+    for bad in ("3/3", "-1/2", "1", "a/b"):
+        res, _ = _list_jobs(f"--shard={bad}")
+        assert res.returncode == 2 and "--shard: expected I/N with 0 <= I < N" in res.stderr, (bad, res.stderr)
+
+
+def test_merge_from_combines_shard_tables(tmp_path):
+    """``--merge-from``: the shards' entries merged into --out, its own other entries kept, later sources winning,
+    their META kept; a module of the other kind is refused."""
+    k1, k2, k3 = ("sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=32", "sm_90/bfloat16/chunk_scan_bwd_dz/"
+                  "chunk_size=64,hdim=64", "sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=128,hdim=32")
+    cfg = {"BLOCK_SIZE_M": 32, "num_stages": 3, "num_warps": 4}
+    out, a, b = tmp_path / "table.py", tmp_path / "a.py", tmp_path / "b.py"
+    tuner.write_table(out, {k1: cfg}, {"run": "old"}, merge=False)
+    tuner.write_table(a, {k2: cfg, k3: cfg}, {"run": "a"}, merge=False)
+    tuner.write_table(b, {k3: {**cfg, "BLOCK_SIZE_M": 64}}, {"run": "b"}, merge=False)
+    assert tuner.merge_tables(out, [a, b]) == 3
+    ns = {}
+    exec(out.read_text(), ns)
+    assert ns["TABLE"] == {k1: cfg, k2: cfg, k3: {**cfg, "BLOCK_SIZE_M": 64}}
+    assert [m["run"] for m in ns["META"]["merged"]] == ["a", "b"] and ns["META"]["earlier"] == {"run": "old"}
+    import pytest
+    with pytest.raises(ValueError, match="--merge-from: expected a module with SPEED"):
+        tuner.merge_tables(tmp_path / "speed.py", [a], speed=True)
