@@ -134,3 +134,31 @@ def test_cuda_compositions_launch_the_same_through_the_twin_and_the_custom_op(mo
             op_name, op = record(fn, args, kw)
         assert twin_name.startswith("Eager_") and op_name.startswith("GeneratedBackwardFor_")
         assert len(twin) > 10 and twin == op
+
+
+def test_twin_forward_calls_setup_context_with_every_argument_and_apply_binds_nothing():
+    """The twin's forward runs the body then ``setup_context(ctx, args, output)``, the arguments completed from the
+    body's defaults when fewer are given; it declares no ``setup_context`` of its own, so ``Function.apply`` does not
+    build ``inspect.signature`` at every call (the reason for the design)."""
+    from torch.autograd.function import _is_setup_context_defined
+
+    from ordered_ssd.ops import causal_conv1d, elementwise, layernorm_gated, linear, ssd_combined, ssd_split_conv1d
+
+    seen = []
+
+    def body(a, b, c=3, d=None):
+        return a * b + c
+
+    def setup(ctx, inputs, output):
+        seen.append((inputs, output))
+    fwd = common._forward_with_context(body, setup)
+    assert fwd(None, 2, 5) == 13 and seen[-1] == ((2, 5, 3, None), 13)
+    assert fwd(None, 2, 5, 1, "x") == 11 and seen[-1] == ((2, 5, 1, "x"), 11)
+    with pytest.raises(TypeError):
+        fwd(None, 2)  # b has no default: as torch's own binding would
+    mods = (causal_conv1d, elementwise, layernorm_gated, linear, ssd_combined, ssd_split_conv1d)
+    twins = [v for mod in mods for v in vars(mod).values()
+             if isinstance(v, type) and issubclass(v, torch.autograd.Function) and v.__name__.startswith("Eager_")]
+    assert len(twins) == 7
+    for twin in twins:
+        assert not _is_setup_context_defined(twin.setup_context), twin.__name__
