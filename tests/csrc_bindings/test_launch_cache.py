@@ -26,6 +26,28 @@ class FakeJIT:
         return call
 
 
+class OutOfResources(Exception):
+    """Stands for triton's ``OutOfResources`` for shared memory (launch_fitting matches the class name)."""
+    name = "shared memory"
+
+
+def _refusing_three_stages(monkeypatch) -> FakeJIT:
+    """A FakeJIT whose launches at 3 stages raise ``OutOfResources`` for shared memory (as Triton does before
+    launching a kernel that does not fit), at fewer stages run."""
+    real_getitem = FakeJIT.__getitem__
+
+    def refuse_three(self, grid):
+        call = real_getitem(self, grid)
+
+        def run(*args, **kwargs):
+            if kwargs["num_stages"] == 3:
+                raise OutOfResources()
+            return call(*args, **kwargs)
+        return run
+    monkeypatch.setattr(FakeJIT, "__getitem__", refuse_three)
+    return FakeJIT()
+
+
 @pytest.fixture
 def fake(monkeypatch):
     """FakeJIT counts as a JIT function, a CUDA ``ref`` stands in, and ``run_compiled`` records instead of launching."""
@@ -130,21 +152,7 @@ def test_keep_skips_futures_and_none_and_empties_when_full(fake, monkeypatch):
 
 def test_launch_fitting_keeps_the_fitted_stage_count(fake, monkeypatch):
     """A key that needed fewer stages once launches its kept kernel (at those stages) without refitting."""
-    class OutOfResources(Exception):
-        name = "shared memory"
-
-    jit = FakeJIT()
-    real_getitem = FakeJIT.__getitem__
-
-    def refuse_three(self, grid):
-        call = real_getitem(self, grid)
-
-        def run(*args, **kwargs):
-            if kwargs["num_stages"] == 3:
-                raise OutOfResources()
-            return call(*args, **kwargs)
-        return run
-    monkeypatch.setattr(FakeJIT, "__getitem__", refuse_three)
+    jit = _refusing_three_stages(monkeypatch)
     fits = []
     monkeypatch.setattr(_resources, "fit_launch", lambda *a, **k: fits.append(1) or 2)
     x, config = torch.zeros(8), {"num_warps": 4, "num_stages": 3}
@@ -166,21 +174,7 @@ def test_kernel_with_pre_run_hooks_is_not_cached(fake):
 def test_explicit_config_never_runs_a_kernel_fitted_for_a_pinned_launch(fake, monkeypatch):
     """A pinned launch that ran at fewer stages keeps that kernel; an explicit launch of the same configuration must
     not run it (an explicit configuration is never changed): it takes Triton's path, which refuses it."""
-    class OutOfResources(Exception):
-        name = "shared memory"
-
-    jit = FakeJIT()
-    real_getitem = FakeJIT.__getitem__
-
-    def refuse_three(self, grid):
-        call = real_getitem(self, grid)
-
-        def run(*args, **kwargs):
-            if kwargs["num_stages"] == 3:
-                raise OutOfResources()
-            return call(*args, **kwargs)
-        return run
-    monkeypatch.setattr(FakeJIT, "__getitem__", refuse_three)
+    jit = _refusing_three_stages(monkeypatch)
 
     def fit(*a, explicit=False, **k):
         if explicit:
