@@ -139,13 +139,21 @@ def positional(jit, args: tuple, kwargs: dict):
         return None
 
 
+def find(jit, args: tuple, kwargs: dict, ref: torch.Tensor, num_warps: int, num_stages):
+    """``(positional args, key, kept kernel)`` of a launch of ``jit``: the arguments in signature order
+    (:func:`positional`), its :func:`cache_key` and the kernel kept for it; ``(None, None, None)`` for a launch
+    that is not cached (``ref`` off CUDA, arguments short of the signature, ...), ``(pos, key, None)`` for a key
+    not launched yet."""
+    pos = positional(jit, args, kwargs) if ref.is_cuda else None
+    key = None if pos is None else cache_key(jit, ref, pos, num_warps, num_stages)
+    return pos, key, lookup(jit, key)
+
+
 def launch(jit, grid, args: tuple, kwargs: dict, ref: torch.Tensor, *, num_warps: int, num_stages=None):
     """``jit[grid](*args, **kwargs, num_warps=num_warps)`` (and ``num_stages=`` unless None: Triton's default),
     through the compiled kernel kept for this launch's key when there is one (the same kernel, arguments and
     stream). Returns the compiled kernel (None where Triton returns none)."""
-    pos = positional(jit, args, kwargs) if ref.is_cuda else None
-    key = None if pos is None else cache_key(jit, ref, pos, num_warps, num_stages)
-    compiled = lookup(jit, key)
+    pos, key, compiled = find(jit, args, kwargs, ref, num_warps, num_stages)
     if compiled is not None:
         run_compiled(compiled, grid, pos, key[0])
         return compiled

@@ -200,9 +200,7 @@ def launch_fitting(kernel: str, jit, grid, args: tuple, kwargs: Mapping, config:
             numbers); nothing of this kernel has run.
     """
     warps, stages = int(config["num_warps"]), int(config["num_stages"])
-    pos = _launch_cache.positional(jit, args, kwargs) if ref.is_cuda else None
-    key = None if pos is None else _launch_cache.cache_key(jit, ref, pos, warps, stages)
-    kept = _launch_cache.lookup(jit, key)
+    pos, key, kept = _launch_cache.find(jit, args, kwargs, ref, warps, stages)
     if kept is not None and explicit and int(kept.metadata.num_stages) != stages:
         kept = None  # fitted for a pinned launch: an explicit configuration is never changed (Triton's path refuses)
     if kept is not None:  # this key launched before: its compiled kernel (at the stage count that fitted)
