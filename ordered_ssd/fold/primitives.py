@@ -263,7 +263,7 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
         scan_kernel = kernels.scan_kernel
         out = torch.empty(R, N, dtype=torch.float32, device=t.device)
         BLOCK = 128
-        with torch.cuda.device(t.device):
+        with device_guard(x2):
             _launch_cache.launch(scan_kernel, (-(-R // BLOCK),), (x2, out, R, N), dict(REVERSE=reverse, BLOCK=BLOCK),
                                  x2, num_warps=4)
     else:
