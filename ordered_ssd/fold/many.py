@@ -13,6 +13,7 @@ the launch own which outputs (bit-neutral) is all that differs. Off CUDA (or for
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .primitives import LexicalFold, fold_dims, normalize_dims
+from .primitives import LexicalFold, fold_axes, fold_dims, normalize_dims
 from .settings import accumulation_dtype
 
 __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
@@ -58,14 +59,8 @@ def _layout(t: torch.Tensor, dims: Tuple[int, ...]):
     """``(t_or_copy, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape)``: the fold of ``t`` over ``dims`` as at most
     two runs of partials and two runs of outputs (a copy in ``fold_dims``'s ``[K, M]`` layout when either side
     needs more: the same values in the same order)."""
-    keep = [d for d in range(t.dim()) if d not in dims]
-    out_shape = [t.shape[d] for d in keep]
-    K = 1
-    for d in dims:
-        K *= t.shape[d]
-    M = 1
-    for n in out_shape:
-        M *= n
+    keep, out_shape, K = fold_axes(t, dims)
+    M = math.prod(out_shape)
     krun = _runs([t.shape[d] for d in dims], [t.stride(d) for d in dims])
     mrun = _runs(out_shape, [t.stride(d) for d in keep])
     if len(krun) > 2 or len(mrun) > 2:

@@ -2,6 +2,7 @@
 :mod:`ordered_ssd.fold` for the order they implement)."""
 from __future__ import annotations
 
+import math
 from typing import Iterable, Optional
 
 import torch
@@ -207,6 +208,13 @@ def normalize_dims(t: torch.Tensor, dims) -> tuple:
     return dims
 
 
+def fold_axes(t: torch.Tensor, dims: tuple) -> tuple:
+    """``(keep, out_shape, K)`` of a fold of ``t`` over the normalized axes ``dims`` (:func:`normalize_dims`): the
+    axes kept, in order, their sizes (the result's shape) and the number of partials folded into each output."""
+    keep = [d for d in range(t.dim()) if d not in dims]
+    return keep, [t.shape[d] for d in keep], math.prod(t.shape[d] for d in dims)
+
+
 def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
               init: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fold ``t`` over the axes ``dims``, in lexical order of those axes (the first listed is the slowest).
@@ -229,12 +237,7 @@ def fold_dims(t: torch.Tensor, dims, dtype: Optional[torch.dtype] = None,
         ValueError: ``dims`` names an axis twice. IndexError: an axis out of range.
     """
     dims = normalize_dims(t, dims)
-    nd = t.dim()
-    keep = [d for d in range(nd) if d not in dims]
-    out_shape = [t.shape[d] for d in keep]
-    K = 1
-    for d in dims:
-        K *= t.shape[d]
+    keep, out_shape, K = fold_axes(t, dims)
     p2d = t.permute(*dims, *keep).reshape(K, -1)
     dtype = t.dtype if dtype is None else dtype
     acc = _fold_rows(p2d, None if init is None else init.reshape(-1), accumulation_dtype(dtype))
