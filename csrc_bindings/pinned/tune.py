@@ -359,26 +359,31 @@ def merge_tables(out: Path, sources, speed: bool = False) -> int:
     name = "SPEED" if speed else "TABLE"
     table, metas = {}, []
     for path in sources:
-        ns = {}
-        exec(compile(Path(path).read_text(), str(path), "exec"), ns)
+        ns = _read_module(path)
         if not isinstance(ns.get(name), dict):
             raise ValueError(f"--merge-from: expected a module with {name} (from tune{' --speed' if speed else ''}),"
                              f" got {path}")
         table.update(ns[name])
         metas.append(ns.get("META", {}))
     meta = {"generated_by": f"python -m {MODULE} --merge-from", "merged": metas}
-    write_table(out, table, meta, merge=True, speed=speed)
+    return write_table(out, table, meta, merge=True, speed=speed)
+
+
+def _read_module(path) -> dict:
+    """The namespace of a generated table module (``TABLE`` or ``SPEED``, ``META``), executed from its file."""
     ns = {}
-    exec(compile(out.read_text(), str(out), "exec"), ns)
-    return len(ns[name])
+    exec(compile(Path(path).read_text(), str(path), "exec"), ns)
+    return ns
 
 
-def write_table(path, table, meta, merge=True, speed=False):
+def write_table(path, table, meta, merge=True, speed=False) -> int:
+    """Write ``table`` (``TABLE``, or ``SPEED`` with ``speed``) and ``meta`` as the module ``path``, merged with
+    the entries already there unless ``merge`` is False (``table``'s win; the old ``META`` is kept under
+    ``"earlier"`` when old entries stay). Returns the number of entries written."""
     old = {}
     name = "SPEED" if speed else "TABLE"
     if merge and path.exists():
-        ns = {}
-        exec(compile(path.read_text(), str(path), "exec"), ns)
+        ns = _read_module(path)
         old = dict(ns.get(name, {}))
         if set(old) - set(table) and ns.get("META"):  # entries kept from earlier runs keep their run's META
             meta = {**meta, "earlier": ns["META"]}
@@ -391,6 +396,7 @@ def write_table(path, table, meta, merge=True, speed=False):
            ':mod:`csrc_bindings._configs`).\n"""\n\n')
     text = doc + f"META = {pprint.pformat(meta, width=120)}\n\n{name} = {body}\n"
     path.write_text(text)
+    return len(old)
 
 
 def main():
@@ -448,8 +454,8 @@ def main():
         if not 0 <= i < n:
             ap.error(f"--shard: expected I/N with 0 <= I < N, got {args.shard!r}")
         shard = (i, n)
+    out = Path(args.out or (SPEED_PATH if args.speed else TABLE_PATH))
     if args.merge_from:
-        out = Path(args.out or (SPEED_PATH if args.speed else TABLE_PATH))
         merged = merge_tables(out, [Path(p) for p in args.merge_from], speed=args.speed)
         _log(f"merged {len(args.merge_from)} module(s) into {out}: {merged} entries")
         return
@@ -497,7 +503,6 @@ def main():
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
             "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
-    out = Path(args.out or (SPEED_PATH if args.speed else TABLE_PATH))
     write_table(out, table, meta, merge=not args.replace, speed=args.speed)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
