@@ -412,16 +412,14 @@ class OrderedMamba2(nn.Module):
         return out
 
     def _forward_cuda(self, u, seq_idx, cache=None, cu_seqlens=None):
-        from einops import rearrange
-
         from .. import ops
 
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous() if cu_seqlens is not None else None
         zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
         A = ops.ordered_A_from_log(self.A_log)  # -exp(A_log.float()), opaque to inductor (eager bits when compiled)
-        D = rearrange(self.D, "(h p) -> h p", p=self.headdim) if self.D_has_hdim else self.D
-        conv_w = rearrange(self.conv1d.weight, "d 1 w -> d w")
+        D = self.D.reshape(self.nheads, self.headdim) if self.D_has_hdim else self.D
+        conv_w = self.conv1d.weight.reshape(self.conv1d.weight.shape[0], self.conv1d.weight.shape[2])
         if self.use_mem_eff_path and cache is None:
             return ops.ordered_mamba_split_conv1d_scan_combined(
                 zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
@@ -439,17 +437,17 @@ class OrderedMamba2(nn.Module):
                                        activation=self.activation).transpose(1, 2)
         x, B, C = torch.split(xBC, [self.d_ssm, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         y = ops.ordered_mamba_chunk_scan_combined(
-            rearrange(x, "b l (h p) -> b l h p", p=self.headdim), dt, A,
-            rearrange(B, "b l (g n) -> b l g n", g=self.ngroups), rearrange(C, "b l (g n) -> b l g n", g=self.ngroups),
+            x.reshape(*x.shape[:-1], self.nheads, self.headdim), dt, A,
+            B.reshape(*B.shape[:-1], self.ngroups, self.d_state), C.reshape(*C.shape[:-1], self.ngroups, self.d_state),
             chunk_size=self.chunk_size, D=D,
-            z=None if self.rmsnorm else rearrange(z, "b l (h p) -> b l h p", p=self.headdim),
+            z=None if self.rmsnorm else z.reshape(*z.shape[:-1], self.nheads, self.headdim),
             dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx, dt_limit=self.dt_limit, literal=self.literal,
             cu_seqlens=cu_seqlens if cache is not None else None, return_final_states=cache is not None,
             return_varlen_states=cache is not None and cu_seqlens is not None)
         if cache is not None:
             y, last_state, *rest = y
             cache[1].copy_((rest[0] if cu_seqlens is not None else last_state).detach())
-        y = rearrange(y, "b l h p -> b l (h p)")
+        y = y.reshape(*y.shape[:-2], self.d_ssm)
         if self.rmsnorm:
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.norm.group_size,
                                          norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)

@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from einops import rearrange
 
 import csrc_bindings
 
@@ -40,6 +39,16 @@ __all__ = ["ordered_mamba_chunk_scan_combined_fwd", "ordered_mamba_chunk_scan_co
            "ordered_mamba_chunk_scan_combined"]
 
 # ------------------------------------------------------------------------------------------ composition: SSD
+def _flat_state(t):
+    """A state ``[..., P, N]`` as ``[..., P * N]``, the layout of the state-passing kernels (``reshape``)."""
+    return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
+
+
+def _split_state(t, N):
+    """``[..., P * N]`` back to ``[..., P, N]`` (``reshape``)."""
+    return t.reshape(*t.shape[:-1], t.shape[-1] // N, N)
+
+
 def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None, z=None, dt_bias=None,
                                           dt_softplus=False, dt_limit=NO_LIMIT, seq_idx=None, initial_states=None,
                                           cu_seqlens=None):
@@ -70,12 +79,12 @@ def ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, *, D=None,
     dA_cumsum, dt_out = csrc_bindings.launch_chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias,
                                                               dt_softplus=dt_softplus, dt_limit=dt_limit)
     states = csrc_bindings.launch_chunk_state_fwd(B, x, dt_out, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
-    init = rearrange(initial_states, "... p n -> ... (p n)") if initial_states is not None else None
+    init = _flat_state(initial_states) if initial_states is not None else None
     states, final_states = csrc_bindings.launch_state_passing_fwd(
-        rearrange(states, "... p n -> ... (p n)"), dA_cumsum[:, :, :, -1], initial_states=init, seq_idx=seq_idx,
+        _flat_state(states), dA_cumsum[:, :, :, -1], initial_states=init, seq_idx=seq_idx,
         chunk_size=chunk_size, out_dtype=C.dtype)
-    states = rearrange(states, "... (p n) -> ... p n", n=N)
-    final_states = rearrange(final_states, "... (p n) -> ... p n", n=N)
+    states = _split_state(states, N)
+    final_states = _split_state(final_states, N)
     CB = csrc_bindings.launch_bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     out, out_x = csrc_bindings.launch_chunk_scan_fwd(CB, x, dt_out, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
     if cu_seqlens is None:
@@ -111,11 +120,11 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
                                                               dt_softplus=dt_softplus, dt_limit=dt_limit)
     CB = csrc_bindings.launch_bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     states = csrc_bindings.launch_chunk_state_fwd(B, x, dt_out, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
-    init = rearrange(initial_states, "... p n -> ... (p n)") if initial_states is not None else None
-    states, _ = csrc_bindings.launch_state_passing_fwd(rearrange(states, "... p n -> ... (p n)"),
+    init = _flat_state(initial_states) if initial_states is not None else None
+    states, _ = csrc_bindings.launch_state_passing_fwd(_flat_state(states),
                                                        dA_cumsum[:, :, :, -1], initial_states=init, seq_idx=seq_idx,
                                                        chunk_size=chunk_size)
-    states = rearrange(states, "... (p n) -> ... p n", n=N)
+    states = _split_state(states, N)
     dD_partial = None
     outz = None
     if z is not None:
@@ -125,13 +134,13 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
             outz = None
     dstates = csrc_bindings.launch_chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
     dstates, ddA_chunk_partial, dinit, states = csrc_bindings.launch_state_passing_bwd(
-        rearrange(states, "... p n -> ... (p n)"), dA_cumsum[:, :, :, -1], rearrange(dstates, "... p n -> ... (p n)"),
-        dfinal_states=rearrange(dfinal_states, "... p n -> ... (p n)") if dfinal_states is not None else None,
+        _flat_state(states), dA_cumsum[:, :, :, -1], _flat_state(dstates),
+        dfinal_states=_flat_state(dfinal_states) if dfinal_states is not None else None,
         seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype, states_dtype=x.dtype,
         chunk_size=chunk_size)
-    dinit = rearrange(dinit, "... (p n) -> ... p n", n=N) if dinit is not None else None
-    states = rearrange(states, "... (p n) -> ... p n", n=N)
-    dstates = rearrange(dstates, "... (p n) -> ... p n", n=N)
+    dinit = _split_state(dinit, N) if dinit is not None else None
+    states = _split_state(states, N)
+    dstates = _split_state(dstates, N)
     dx, ddt_partial, dD_from_x = csrc_bindings.launch_chunk_scan_chunk_state_bwd_dx(
         x, dt_out, dA_cumsum, B, CB, dout, dstates, D=D, seq_idx=seq_idx, dx=dx)
     dB_partial, ddA_next_partial = csrc_bindings.launch_chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, B=B,
@@ -152,7 +161,7 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
         (ddA_stable_partial, 3)])
     dCB = dCB.to(CB.dtype)
     csrc_bindings.launch_bmm_chunk_bwd(C, dCB, residual=dB_fold, out=dB)
-    csrc_bindings.launch_bmm_chunk_bwd(B, rearrange(dCB, "... l s -> ... s l"), residual=dC_fold, out=dC)
+    csrc_bindings.launch_bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC_fold, out=dC)
     if z is None:
         dD_partial = dD_from_x
     # dA_cumsum gradient, as upstream assembles it, with every tile sum and scan done in a fixed order.

@@ -25,7 +25,6 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 
 import csrc_bindings
 
@@ -55,17 +54,22 @@ def _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups):
     return nheads, headdim, dstate, d_nonssm
 
 
+def _split_last(t, parts):
+    """``t`` [..., parts * k] as [..., parts, k] (``reshape``: a view where the strides allow, as einops'
+    ``"b l (h p) -> b l h p"``)."""
+    return t.reshape(*t.shape[:-1], parts, t.shape[-1] // parts)
+
+
 def _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, silu, nheads, ngroups, dstate):
     """causal-conv1d forward (+ SiLU) of ``xBC`` [B, L, d_ssm + 2 G N], split into x [B, L, H, P] and
     B, C [B, L, G, N] (views of one buffer)."""
     if xBC.stride(-2) % 8 != 0:  # causal-conv1d's channel-last kernel needs strides that are multiples of 8
         xBC = xBC.contiguous()
-    xBC_conv = rearrange(ordered_causal_conv1d_fwd(rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias,
-                                                   seq_idx=seq_idx, silu=silu), "b d s -> b s d")
+    xBC_conv = ordered_causal_conv1d_fwd(xBC.permute(0, 2, 1), conv1d_weight, conv1d_bias, seq_idx=seq_idx,
+                                         silu=silu).permute(0, 2, 1)
     dim = xBC.shape[-1] - 2 * ngroups * dstate
     x, B, C = torch.split(xBC_conv, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    return (rearrange(x, "b l (h p) -> b l h p", h=nheads), rearrange(B, "b l (g n) -> b l g n", g=ngroups),
-            rearrange(C, "b l (g n) -> b l g n", g=ngroups))
+    return _split_last(x, nheads), _split_last(B, ngroups), _split_last(C, ngroups)
 
 
 def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, *,
@@ -86,30 +90,30 @@ def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_b
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     x, B, C = _conv_split(xBC, conv1d_weight, conv1d_bias, seq_idx, activation in ("silu", "swish"), nheads,
                           ngroups, dstate)
-    z_heads = rearrange(z, "b l (h p) -> b l h p", h=nheads)
+    z_heads = _split_last(z, nheads)
     rstd = None
     ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx,
                   initial_states=initial_states)
     if rmsnorm_weight is None:
         out, out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=z_heads,
                                                                              **ssd_kw)
-        out = rearrange(out, "b s h p -> b s (h p)")
+        out = out.reshape(batch, seqlen, dim)
         if d_nonssm > 0:
             out = torch.cat([csrc_bindings.launch_swiglu_fwd(zx0), out], dim=-1)
     else:
         out_x, *_, final_states = ordered_mamba_chunk_scan_combined_fwd(x, dt, A, B, C, chunk_size, z=None, **ssd_kw)
-        x_rms = rearrange(out_x, "b s h p -> (b s) (h p)")
-        z_rms = rearrange(z_heads, "b s h p -> (b s) (h p)")
+        x_rms = out_x.reshape(batch * seqlen, dim)
+        z_rms = z_heads.reshape(batch * seqlen, dim)
         if d_nonssm == 0:
             out_buf = None
         else:
             out01 = torch.empty((batch, seqlen, d_nonssm + dim), dtype=x_rms.dtype, device=x_rms.device)
-            out_buf = rearrange(out01[..., d_nonssm:], "b s d -> (b s) d")
+            out_buf = out01[..., d_nonssm:].reshape(batch * seqlen, dim)
             csrc_bindings.launch_swiglu_fwd(zx0, out=out01[..., :d_nonssm])
         out, rstd = ordered_rmsnorm_gated_fwd(x_rms, rmsnorm_weight.contiguous(), rmsnorm_eps, z=z_rms,
                                               group_size=dim // ngroups, norm_before_gate=norm_before_gate,
                                               out=out_buf)
-        out = rearrange(out, "(b s) d -> b s d", b=batch) if d_nonssm == 0 else out01
+        out = out.reshape(batch, seqlen, out.shape[-1]) if d_nonssm == 0 else out01
     if outproj_weight is not None:
         out = ordered_linear_fwd(out, outproj_weight, outproj_bias)[0]
     saved = dict(out_x=out_x, rstd=rstd, headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate,
@@ -147,10 +151,8 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
                                                   dim=-1)
     dxBC = torch.empty_like(xBC)
     dx, dB, dC = torch.split(dxBC, [dim, ngroups * dstate, ngroups * dstate], dim=-1)
-    z_heads = rearrange(z, "b l (h p) -> b l h p", h=nheads)
-    dx = rearrange(dx, "b l (h p) -> b l h p", h=nheads)
-    dB = rearrange(dB, "b l (g n) -> b l g n", g=ngroups)
-    dC = rearrange(dC, "b l (g n) -> b l g n", g=ngroups)
+    z_heads, dx, dB, dC = _split_last(z, nheads), _split_last(dx, nheads), _split_last(dB, ngroups), _split_last(
+        dC, ngroups)
     dout_og = dout
     if outproj_weight is not None:
         dout = F.linear(dout, outproj_weight.to(dout.dtype).t())
@@ -158,33 +160,33 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
         dout0, dout = dout.split([d_nonssm, dim], dim=-1)
         csrc_bindings.launch_swiglu_bwd(zx0, dout0, dxy=dzx0, recompute_output=recompute_output,
                                         out=out0_recompute if recompute_output else None)
-    dout = rearrange(dout, "b s (h p) -> b s h p", p=headdim)
+    dout = _split_last(dout, nheads)
     drmsnorm_weight = None
     partials: Dict[str, torch.Tensor] = {}
     ssd_kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit, seq_idx=seq_idx, dx=dx, ddt=ddt_given,
                   dB=dB, dC=dC, literal=literal, return_partials=True, initial_states=initial_states,
                   dfinal_states=dfinal_states, fold=False)
     if rmsnorm_weight is None:
-        dz_heads = rearrange(dz, "b l (h p) -> b l h p", h=nheads)
+        dz_heads = _split_last(dz, nheads)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, outz), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout, x, dt, A, B, C, out_x, chunk_size, z=z_heads, dz=dz_heads, recompute_output=recompute_output,
             **ssd_kw)
-        out_for_linear = rearrange(outz, "b s h p -> b s (h p)") if recompute_output else None
+        out_for_linear = outz.reshape(batch, seqlen, dim) if recompute_output else None
         if recompute_output and d_nonssm > 0:
             out1_recompute.copy_(out_for_linear)
             out_for_linear = out_recompute
     else:
         dout_ssd, drmsnorm_weight, _, _, dw_partial = ordered_rmsnorm_gated_bwd(
-            rearrange(dout, "b s h p -> (b s) (h p)"), rearrange(out_x, "b s h p -> (b s) (h p)"), rmsnorm_weight,
+            dout.reshape(batch * seqlen, dim), out_x.reshape(batch * seqlen, dim), rmsnorm_weight,
             rmsnorm_eps, rstd, rows_per_program=rmsnorm_rows_per_program(seqlen, chunk_size),
-            z=rearrange(z_heads, "b s h p -> (b s) (h p)"), group_size=dim // ngroups,
+            z=z_heads.reshape(batch * seqlen, dim), group_size=dim // ngroups,
             norm_before_gate=norm_before_gate, recompute_output=recompute_output,
-            dz=rearrange(dz, "b l d -> (b l) d"),
-            out=rearrange(out1_recompute, "b s d -> (b s) d") if recompute_output else None,
+            dz=dz.reshape(batch * seqlen, dim),
+            out=out1_recompute.reshape(batch * seqlen, dim) if recompute_output else None,
             examples=batch if literal else None, fold=False)
         partials["drmsnorm_weight"] = dw_partial.view(batch, -1, dw_partial.shape[-1])
         out_for_linear = out_recompute if recompute_output else None
-        dout_ssd = rearrange(dout_ssd, "(b s) (h p) -> b s h p", b=batch, p=headdim)
+        dout_ssd = dout_ssd.reshape(batch, seqlen, nheads, headdim)
         (_, _, dA, _, _, dD, _, ddt_bias, dinit, _), ssd_parts = ordered_mamba_chunk_scan_combined_bwd(
             dout_ssd, x, dt, A, B, C, out_x, chunk_size, z=None, **ssd_kw)
     partials.update(ssd_parts)
@@ -194,8 +196,8 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
             dout_og, out_for_linear.to(dout_og.dtype), outproj_weight.dtype,
             outproj_bias.dtype if outproj_bias is not None else None)
     _, _, _, dw_part, db_part = ordered_causal_conv1d_bwd(
-        rearrange(xBC, "b s d -> b d s"), conv1d_weight, conv1d_bias, rearrange(dxBC, "b s d -> b d s"),
-        seq_idx=seq_idx, silu=silu, dx=rearrange(dxBC_given, "b s d -> b d s"), literal=literal, fold=False)
+        xBC.permute(0, 2, 1), conv1d_weight, conv1d_bias, dxBC.permute(0, 2, 1), seq_idx=seq_idx, silu=silu,
+        dx=dxBC_given.permute(0, 2, 1), literal=literal, fold=False)
     partials["dconv1d_weight"] = dw_part
     partials["dconv1d_bias"] = db_part
     # Every parameter gradient of the layer but the projections' in one fold launch: each the fp32 fold of
