@@ -11,7 +11,8 @@ configuration of the kernel's own upstream autotuner (``kernel.configs``, read, 
 Phase 1 compiles every candidate in parallel worker processes (filling Triton's on-disk cache), phase 2 times them
 one by one in this process (warm-up first, CUDA events, best of 3 trials of 10 launches). The result is written as
 a Python dict module (default ``csrc_bindings/pinned/table.py``, beside this file), merged with the entries already
-there for other keys; ``--report`` writes every timing as JSON.
+there for other keys; ``--report`` writes every timing as JSON. Writing the package's table drops the speed
+table's entries at the keys written (:func:`prune_speed`).
 
 This script changes no environment variable and no mamba-ssm state. It refuses to run if the live autotuner lists
 differ from the copies in the kernels' specs (``candidates``, beside each launcher; e.g. mamba-ssm's deterministic
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -348,10 +350,11 @@ def shard_jobs(jobs: list, shard) -> list:
     return list(jobs) if shard is None else list(jobs[shard[0]::shard[1]])
 
 
-def merge_tables(out: Path, sources, speed: bool = False) -> int:
+def merge_tables(out: Path, sources, speed: bool = False, speed_path: Optional[Path] = None) -> int:
     """``--merge-from``: the entries of the generated modules ``sources`` (``TABLE``, or ``SPEED`` with ``speed``)
     merged into the module ``out`` (its own entries kept unless a source has the key; later sources win), the
-    sources' ``META`` kept under ``"merged"``. Returns the number of entries written.
+    sources' ``META`` kept under ``"merged"``; with ``speed_path`` (pinned tables only), the speed table's entries at
+    the merged keys are dropped (:func:`prune_speed`). Returns the number of entries written.
 
     Raises:
         ValueError: a source without the dict (another kind of module).
@@ -366,7 +369,36 @@ def merge_tables(out: Path, sources, speed: bool = False) -> int:
         table.update(ns[name])
         metas.append(ns.get("META", {}))
     meta = {"generated_by": f"python -m {MODULE} --merge-from", "merged": metas}
-    return write_table(out, table, meta, merge=True, speed=speed)
+    written = write_table(out, table, meta, merge=True, speed=speed)
+    if speed_path is not None and not speed:
+        prune_speed(table, speed_path)
+    return written
+
+
+def prune_speed(keys, path: Path = SPEED_PATH) -> list:
+    """Drop the speed table's entries (module ``path``) at ``keys``, the keys a pinned-table run just wrote, and
+    return them (sorted). A speed entry holds bit-neutral values timed with the order parameters pinned when it was
+    tuned; once the pinned table has a (new) entry there, that entry's own values were timed with its order
+    parameters, and the old speed entry would override them. The speed table's ``META["pruned"]`` records each
+    pruning. Changes no bit (neutral parameters only); the speed hash changes."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    ns = _read_module(path)
+    speed = dict(ns.get("SPEED", {}))
+    gone = sorted(k for k in keys if k in speed)
+    if not gone:
+        return []
+    for k in gone:
+        del speed[k]
+    meta = dict(ns.get("META", {}))
+    meta["pruned"] = list(meta.get("pruned", [])) + [
+        {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "entries": gone,
+         "why": "pinned entries written at these keys (their bit-neutral values were timed with their order "
+                "parameters)"}]
+    write_table(path, speed, meta, merge=False, speed=True)
+    _log(f"dropped {len(gone)} speed-table entries at keys the pinned table now has: {', '.join(gone)}")
+    return gone
 
 
 def _read_module(path) -> dict:
@@ -456,7 +488,8 @@ def main():
         shard = (i, n)
     out = Path(args.out or (SPEED_PATH if args.speed else TABLE_PATH))
     if args.merge_from:
-        merged = merge_tables(out, [Path(p) for p in args.merge_from], speed=args.speed)
+        merged = merge_tables(out, [Path(p) for p in args.merge_from], speed=args.speed,
+                              speed_path=SPEED_PATH if out.resolve() == TABLE_PATH else None)
         _log(f"merged {len(args.merge_from)} module(s) into {out}: {merged} entries")
         return
     for name in ("batch", "seqlen_chunks", "problem_nheads", "ngroups"):
@@ -504,6 +537,8 @@ def main():
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
             "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
     write_table(out, table, meta, merge=not args.replace, speed=args.speed)
+    if not args.speed and out.resolve() == TABLE_PATH:
+        prune_speed(table)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib

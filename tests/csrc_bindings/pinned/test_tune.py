@@ -181,3 +181,42 @@ def test_merge_from_combines_shard_tables(tmp_path):
     import pytest
     with pytest.raises(ValueError, match="--merge-from: expected a module with SPEED"):
         tuner.merge_tables(tmp_path / "speed.py", [a], speed=True)
+
+
+def test_pinned_writes_drop_the_speed_entries_at_their_keys(tmp_path):
+    """A pinned entry written at a key drops the speed table's entry there (its neutral values were timed with other
+    order parameters); other speed entries, the speed META and the pinned merge itself are kept, the pruning is
+    recorded in META, and a key the speed table lacks changes nothing."""
+    k1, k2, k3 = ("sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=32", "sm_90/bfloat16/chunk_scan_bwd_dz/"
+                  "chunk_size=64,hdim=64", "sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=128,hdim=32")
+    speed, out, a = tmp_path / "speed.py", tmp_path / "table.py", tmp_path / "a.py"
+    tuner.write_table(speed, {k1: {"num_stages": 1}, k2: {"num_stages": 2}}, {"run": "speed"}, merge=False,
+                      speed=True)
+    cfg = {"BLOCK_SIZE_M": 32, "num_stages": 3, "num_warps": 4}
+    tuner.write_table(a, {k1: cfg, k3: cfg}, {"run": "a"}, merge=False)
+    before = speed.read_text()
+    assert tuner.prune_speed([k3], speed) == [] and speed.read_text() == before  # no speed entry there
+    assert tuner.merge_tables(out, [a], speed_path=speed) == 2
+    ns = {}
+    exec(speed.read_text(), ns)
+    assert ns["SPEED"] == {k2: {"num_stages": 2}} and ns["META"]["run"] == "speed"
+    assert ns["META"]["pruned"][0]["entries"] == [k1]
+    assert speed.read_text().startswith('"""Bit-neutral parameters chosen for speed')
+    ns = {}
+    exec(out.read_text(), ns)
+    assert ns["TABLE"] == {k1: cfg, k3: cfg}
+    assert tuner.prune_speed([k2], speed) == [k2]
+    ns = {}
+    exec(speed.read_text(), ns)
+    assert ns["SPEED"] == {} and [len(p["entries"]) for p in ns["META"]["pruned"]] == [1, 1]
+    assert tuner.prune_speed([k1], tmp_path / "missing.py") == []
+
+
+def test_the_package_speed_table_has_no_entry_at_a_key_of_the_pinned_table_it_was_not_tuned_with():
+    """The package's speed table has no entry left at a key it was pruned at (``tune`` drops them when it writes a
+    pinned entry there), and every pruned key is a key of the pinned table."""
+    from csrc_bindings._configs import _speed, _table
+    from csrc_bindings.pinned import speed_table
+    pruned = {k for p in speed_table.META.get("pruned", []) for k in p["entries"]}
+    assert pruned and not pruned & set(_speed())
+    assert pruned <= set(_table())
