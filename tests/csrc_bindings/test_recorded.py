@@ -13,7 +13,7 @@ import csrc_bindings as cb
 from tests.csrc_bindings.launch_record import record_all, record_layers
 
 DATA = pathlib.Path(__file__).with_name("data")
-TABLE_HASH = "83ed2244b67d0fbd"  # the pinned table as tuned on the H200 (see docs/bindings.md)
+TABLE_HASH = "6202d5f865936130"  # the pinned table as tuned on the H200 (see docs/bindings.md)
 
 
 def test_table_hash_is_pinned():
@@ -34,8 +34,9 @@ def test_layer_keys_and_describe_launch_match_the_record():
         assert g == w, where
         assert sorted(gk) == sorted(wk), where
         for kernel, want_row in wk.items():
-            row = dict(gk[kernel])
+            row, want_row = dict(gk[kernel]), dict(want_row)
             speed = row.pop("speed", None)
+            want_row.pop("speed", None)  # a speed choice of the record's time: bit-neutral, may differ
             neutral = _neutral().get(kernel, ())
             order = {n: v for n, v in row.get("config", {}).items() if n not in neutral}
             assert order == {n: v for n, v in want_row.get("config", {}).items() if n not in neutral}, (where, kernel)
