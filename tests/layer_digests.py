@@ -8,7 +8,11 @@ the output, the input gradient and every parameter gradient. Only the public API
 The committed fixture ``tests/data/layer_digests.json``: the CPU entries were recorded before the first move of the
 renovation (this machine kind, one thread); the CUDA entries (the H200 of the GPU gate) were re-recorded for
 reduction version 3 (the conv1d backward, 2026-11-30), where only ``conv1d.*.grad``, ``in_proj.*.grad`` and
-``u.grad`` changed, after the same digests of the tree before that change matched the previous entries. Re-record with
+``u.grad`` changed, after the same digests of the tree before that change matched the previous entries; and again for
+the key-space pinned table (table hash 6202d5f865936130, 2026-12-01), whose ``state_passing_bwd`` entry at ``dim``
+512 is this layer's key: only the three fp32-parameter configurations changed (``A_log.grad``, ``dt_bias.grad``, and
+in two of them ``in_proj.*.grad`` and ``u.grad``; in bf16/fp16 the fp32 difference rounds away), after the same
+digests with the previous table matched the previous entries (the same call, 12 passed). Re-record with
 ``python -m tests.layer_digests --device cpu|cuda --out FILE`` only when a change is meant to alter bits (and then
 bump the reduction version, see docs/native.md).
 """
