@@ -108,8 +108,10 @@ def format_table(results: dict, heading: bool = True) -> str:
         for src in meta["sources"]:
             pre = (f"; precompile {src['precompile_wall_s']} s, {src['precompile_failed']} failed"
                    if src.get("precompile_wall_s") is not None else "")
+            fp = (f"; pinned `{src['pinned_configs']}`" if "pinned_configs" in meta.get("sources_differ_in", ())
+                  and src.get("pinned_configs") else "")
             lines.append(f"- {', '.join(src['shapes'])}: `{src['command']}` ({src.get('commit') or '?'}, "
-                         f"{src.get('date') or '?'}{pre})")
+                         f"{src.get('date') or '?'}{pre}{fp})")
         if meta.get("sources_differ_in"):
             lines.append(f"- **the runs differ in {', '.join(meta['sources_differ_in'])}**")
     elif meta.get("command"):
@@ -228,12 +230,15 @@ def write_results(out_dir: str, results: dict, plot: bool = True) -> dict:
 
 def merge_results(paths: Sequence[str]) -> dict:
     """The results of several ``bench.json`` files as one (``--merge``): shapes in first-seen order, a later file's
-    result for a shape replacing an earlier one's, the first file's meta.
+    result for a shape replacing an earlier one's, the first file's meta. ``meta["sources"]`` lists the runs the
+    shapes come from, each with only the shapes it still contributes, its command, commit, date, versions and pinned
+    fingerprint; a file that is itself a merge contributes its own sources. ``meta["sources_differ_in"]`` names what
+    the runs differ in among the GPU, the versions and the pinned fingerprint (``pinned_configs``).
 
     Raises:
         BenchError: a file cannot be read, is not JSON, or is not a bench.json.
     """
-    merged, order, meta, sources = {}, [], None, []
+    merged, order, meta, sources, owner = {}, [], None, [], {}
     for p in paths:
         try:
             with open(p) as fh:
@@ -245,17 +250,29 @@ def merge_results(paths: Sequence[str]) -> dict:
         meta = meta or dict(r.get("meta", {}))
         m = r.get("meta", {})
         pre = r.get("precompile") or {}
-        sources.append({"path": os.path.abspath(p), "command": m.get("command"), "date": m.get("date"),
-                        "commit": m.get("commit"), "elapsed_s": m.get("elapsed_s"), "gpu": m.get("gpu"),
-                        "versions": m.get("versions"), "precompile_wall_s": pre.get("wall_s"),
-                        "precompile_failed": pre.get("failed"), "shapes": [s["name"] for s in r["shapes"]]})
+        own = {"path": os.path.abspath(p), "command": m.get("command"), "date": m.get("date"),
+               "commit": m.get("commit"), "elapsed_s": m.get("elapsed_s"), "gpu": m.get("gpu"),
+               "versions": m.get("versions"), "pinned_configs": m.get("pinned_configs"),
+               "precompile_wall_s": pre.get("wall_s"), "precompile_failed": pre.get("failed"),
+               "shapes": [s["name"] for s in r["shapes"]]}
+        earlier = m.get("sources") if isinstance(m.get("sources"), list) else []
+        # an earlier merge: its own runs (the run's fingerprint where a source of an older format has none)
+        file_sources = ([{**{"pinned_configs": m.get("pinned_configs")}, **src} for src in earlier] if earlier
+                        else [own])
+        sources.extend(file_sources)
         for shape_result in r["shapes"]:
-            if shape_result["name"] not in merged:
-                order.append(shape_result["name"])
-            merged[shape_result["name"]] = shape_result
+            name = shape_result["name"]
+            if name not in merged:
+                order.append(name)
+            merged[name] = shape_result
+            owner[name] = next((src for src in file_sources if name in src.get("shapes", ())), file_sources[-1])
+    for src in sources:  # the shapes each run still contributes
+        src["shapes"] = [n for n in order if owner[n] is src]
+    sources = [src for src in sources if src["shapes"]]
     meta["merged_from"] = [s["path"] for s in sources]
     meta["sources"] = sources
-    differ = [k for k in ("gpu", "versions") if len({json.dumps(s[k], sort_keys=True) for s in sources}) > 1]
+    differ = [k for k in ("gpu", "versions", "pinned_configs")
+              if len({json.dumps(s.get(k), sort_keys=True) for s in sources}) > 1]
     if differ:
         meta["sources_differ_in"] = differ
     return {"meta": meta, "shapes": [merged[n] for n in order]}

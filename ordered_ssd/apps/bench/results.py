@@ -78,6 +78,8 @@ def render_run(run: dict) -> str:
     title = f"### {gpu}, {meta.get('date', '?')}" + (f" (commit {meta['commit']})" if meta.get("commit") else "")
     fingerprint = meta.get("pinned_configs")
     setup = [f"Pinned table fingerprint: `{fingerprint}`."] if isinstance(fingerprint, str) else []
+    if "pinned_configs" in meta.get("sources_differ_in", ()):
+        setup = ["Pinned table fingerprints: the merged runs differ, each is named under \"Merged from\"."]
     return "\n".join([title, ""] + setup + ([""] if setup else []) + [format_table(run, heading=False)])
 
 

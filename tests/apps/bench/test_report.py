@@ -116,6 +116,38 @@ def test_merge(tmp_path, capsys):
     assert bench.main(["--merge", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
 
 
+def test_merge_of_a_merge_names_each_run_its_shapes_and_a_different_pinned_table(tmp_path, capsys):
+    """A merged file contributes its own runs; each run lists only the shapes it still contributes after later
+    files replaced some; runs with different pinned fingerprints are flagged and each one's is printed."""
+    a, b, c = _synthetic(), _synthetic(), _synthetic()
+    b["shapes"] = [dict(b["shapes"][2], dims="from b")]  # G1
+    c["shapes"] = [dict(c["shapes"][1], dims="from c")]  # S2
+    for run, cmd, fp in ((a, "bench a", "table=aaa"), (b, "bench b", "table=aaa"), (c, "bench c", "table=ccc")):
+        run["meta"]["command"], run["meta"]["pinned_configs"] = cmd, fp
+    for name, run in (("a", a), ("b", b), ("c", c)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    ab = tmp_path / "ab"
+    assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(ab)]) == 0
+    m = json.loads((ab / "bench.json").read_text())
+    assert [(src["command"], src["shapes"]) for src in m["meta"]["sources"]] == [("bench a", ["S1", "S2"]),
+                                                                                 ("bench b", ["G1"])]
+    assert "sources_differ_in" not in m["meta"]
+    capsys.readouterr()
+    abc = tmp_path / "abc"
+    assert bench.main(["--merge", str(ab / "bench.json"), str(tmp_path / "c.json"), "--out", str(abc),
+                       "--results-json", str(tmp_path / "results.json")]) == 0
+    m = json.loads((abc / "bench.json").read_text())
+    assert [s["dims"] for s in m["shapes"]][1:] == ["from c", "from b"]
+    assert [(src["command"], src["shapes"], src["pinned_configs"]) for src in m["meta"]["sources"]] == [
+        ("bench a", ["S1"], "table=aaa"), ("bench b", ["G1"], "table=aaa"), ("bench c", ["S2"], "table=ccc")]
+    assert m["meta"]["sources_differ_in"] == ["pinned_configs"]
+    printed = capsys.readouterr().out
+    assert "- S1: `bench a`" in printed and "- S2: `bench c`" in printed and "pinned `table=ccc`" in printed
+    assert "**the runs differ in pinned_configs**" in printed
+    section = bench.render(str(tmp_path / "results.json"))
+    assert "the merged runs differ" in section and "Pinned table fingerprint: `table=aaa`" not in section
+
+
 def test_results_file_merge_keeps_earlier_runs_newest_first_and_renders(tmp_path, capsys):
     """--results-json: a run goes first, earlier runs stay in their order, writing the same run again replaces its
     entry (the suite rewrites it after every shape), per-parameter digests are left out; --render prints a run
