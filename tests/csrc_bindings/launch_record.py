@@ -130,6 +130,56 @@ def record_layers():
     return json.loads(json.dumps(out))
 
 
+#: ``OrderedMamba2`` constructions of ``data/layer_launches.json`` (d_model 64, d_state 16, headdim 16, chunk 16;
+#: each stepped on 2 examples of 40 positions, without and with ``seq_idx``)
+LAYER_STEPS = {
+    "base": {},
+    "ngroups2-D_has_hdim": dict(ngroups=2, D_has_hdim=True),
+    "no-rmsnorm-bias": dict(rmsnorm=False, bias=True),
+    "gated-mlp": dict(d_ssm=96),
+    "no-mem-eff-path": dict(use_mem_eff_path=False),
+    "no-mem-eff-path-gated-mlp-no-rmsnorm": dict(use_mem_eff_path=False, d_ssm=96, rmsnorm=False),
+}
+
+
+def record_layer_steps(monkeypatch):
+    """``{config/seq_idx: [launch, ...]}``: every native launch of one ``OrderedMamba2`` training step (forward,
+    backward of ``sum(out)``) on the CUDA path's compositions, run on the CPU with the natives faked
+    (:func:`fake_cuda_path`). A launch is its kernel, grid, ``num_warps``/``num_stages`` and arguments; a tensor
+    argument is ``["T", storage, offset, shape, strides, dtype]``, ``storage`` numbering the storages in the order
+    first seen (the log keeps every argument alive, so two live storages never share an address). The folds run
+    their CPU code and are not in the log."""
+    from ordered_ssd import OrderedMamba2
+    log = []
+    fake_cuda_path(monkeypatch, log, layer=True)
+    out = {}
+    for name, kw in LAYER_STEPS.items():
+        for with_seq_idx in (False, True):
+            torch.manual_seed(0)
+            layer = OrderedMamba2(d_model=64, d_state=16, headdim=16, chunk_size=16, **kw)
+            u = torch.randn(2, 40, 64, requires_grad=True)
+            seq_idx = torch.tensor([[0] * 20 + [1] * 20, [0] * 40], dtype=torch.int32) if with_seq_idx else None
+            log.clear()
+            layer(u, seq_idx=seq_idx).sum().backward()
+            ids = {}
+
+            def describe(v):
+                if isinstance(v, torch.Tensor):
+                    key = v.untyped_storage().data_ptr()
+                    ids.setdefault(key, len(ids))
+                    return ["T", ids[key], v.storage_offset(), list(v.shape), list(v.stride()), str(v.dtype)]
+                if isinstance(v, float) and v != v:
+                    return "nan"
+                if isinstance(v, float) and v in (float("inf"), -float("inf")):
+                    return str(v)
+                return v if isinstance(v, (int, float, str, bool, type(None))) else type(v).__name__
+
+            out[f"{name}/{'seq_idx' if with_seq_idx else 'no-seq_idx'}"] = [
+                {k: ([describe(a) for a in v] if k == "args" else v) for k, v in entry.items()} for entry in log]
+    log.clear()
+    return json.loads(json.dumps(out))
+
+
 if __name__ == "__main__":  # regenerate the records: python -m tests.csrc_bindings.launch_record (only on purpose)
     import pathlib
 
@@ -142,3 +192,9 @@ if __name__ == "__main__":  # regenerate the records: python -m tests.csrc_bindi
         mp.undo()
     (data / "launch_record.json").write_text(json.dumps(launches, indent=0, sort_keys=True))
     (data / "layer_configs.json").write_text(json.dumps(record_layers(), sort_keys=True, separators=(",", ":")))
+    mp = pytest.MonkeyPatch()
+    try:
+        steps = record_layer_steps(mp)
+    finally:
+        mp.undo()
+    (data / "layer_launches.json").write_text(json.dumps(steps, sort_keys=True, separators=(",", ":")))
