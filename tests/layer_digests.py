@@ -10,8 +10,10 @@ renovation (this machine kind, one thread); the CUDA entries (the H200 of the GP
 reduction version 3 (the conv1d backward, 2026-11-30), where only ``conv1d.*.grad``, ``in_proj.*.grad`` and
 ``u.grad`` changed, after the same digests of the tree before that change matched the previous entries; and again for
 the key-space pinned table (table hash 6202d5f865936130, 2026-12-01), whose ``state_passing_bwd`` entry at ``dim``
-512 is this layer's key: only the three fp32-parameter configurations changed (``A_log.grad``, ``dt_bias.grad``, and
-in two of them ``in_proj.*.grad`` and ``u.grad``; in bf16/fp16 the fp32 difference rounds away), after the same
+512 is this layer's key: only the three fp32-parameter configurations changed (``cuda-fp32``: ``A_log``, ``dt_bias``,
+``in_proj.weight`` and ``u`` gradients; ``cuda-fp32-autocast-bf16-bias``: ``A_log``, ``dt_bias``;
+``cuda-fp32-gated-mlp-bias-no-mem-eff``: ``A_log``, ``in_proj.bias``, ``in_proj.weight``, ``u``; in bf16/fp16 the
+fp32 difference rounds away), after the same
 digests with the previous table matched the previous entries (the same call, 12 passed). Re-record with
 ``python -m tests.layer_digests --device cpu|cuda --out FILE`` only when a change is meant to alter bits (and then
 bump the reduction version, see docs/native.md).

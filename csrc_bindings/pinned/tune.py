@@ -12,7 +12,7 @@ Phase 1 compiles every candidate in parallel worker processes (filling Triton's 
 one by one in this process (warm-up first, CUDA events, best of 3 trials of 10 launches). The result is written as
 a Python dict module (default ``csrc_bindings/pinned/table.py``, beside this file), merged with the entries already
 there for other keys; ``--report`` writes every timing as JSON. Writing the package's table drops the speed
-table's entries at the keys written (:func:`prune_speed`).
+table's entries at the keys whose entry it added or changed (:func:`prune_speed`).
 
 This script changes no environment variable and no mamba-ssm state. It refuses to run if the live autotuner lists
 differ from the copies in the kernels' specs (``candidates``, beside each launcher; e.g. mamba-ssm's deterministic
@@ -354,7 +354,8 @@ def merge_tables(out: Path, sources, speed: bool = False, speed_path: Optional[P
     """``--merge-from``: the entries of the generated modules ``sources`` (``TABLE``, or ``SPEED`` with ``speed``)
     merged into the module ``out`` (its own entries kept unless a source has the key; later sources win), the
     sources' ``META`` kept under ``"merged"``; with ``speed_path`` (pinned tables only), the speed table's entries at
-    the merged keys are dropped (:func:`prune_speed`). Returns the number of entries written.
+    the keys whose entry the merge added or changed are dropped (:func:`prune_speed`). Returns the number of entries
+    written.
 
     Raises:
         ValueError: a source without the dict (another kind of module).
@@ -369,18 +370,31 @@ def merge_tables(out: Path, sources, speed: bool = False, speed_path: Optional[P
         table.update(ns[name])
         metas.append(ns.get("META", {}))
     meta = {"generated_by": f"python -m {MODULE} --merge-from", "merged": metas}
+    before = _entries(out, name)
     written = write_table(out, table, meta, merge=True, speed=speed)
     if speed_path is not None and not speed:
-        prune_speed(table, speed_path)
+        prune_speed(changed_keys(before, table), speed_path)
     return written
 
 
+def _entries(path, name: str) -> dict:
+    """The ``name`` dict (``TABLE`` or ``SPEED``) of the generated module ``path``, {} if there is none."""
+    path = Path(path)
+    return dict(_read_module(path).get(name, {})) if path.exists() else {}
+
+
+def changed_keys(before: dict, written: dict) -> list:
+    """The keys of ``written`` whose entry is new or differs from ``before``'s (sorted): where a pinned-table write
+    changed the order configuration, hence where the speed table's entries are stale."""
+    return sorted(k for k, v in written.items() if before.get(k) != v)
+
+
 def prune_speed(keys, path: Path = SPEED_PATH) -> list:
-    """Drop the speed table's entries (module ``path``) at ``keys``, the keys a pinned-table run just wrote, and
-    return them (sorted). A speed entry holds bit-neutral values timed with the order parameters pinned when it was
-    tuned; once the pinned table has a (new) entry there, that entry's own values were timed with its order
-    parameters, and the old speed entry would override them. The speed table's ``META["pruned"]`` records each
-    pruning. Changes no bit (neutral parameters only); the speed hash changes."""
+    """Drop the speed table's entries (module ``path``) at ``keys``, the keys where a pinned-table run just added or
+    changed an entry (:func:`changed_keys`), and return them (sorted). A speed entry holds bit-neutral values timed
+    with the order parameters pinned when it was tuned; once the pinned table has a new entry there, that entry's own
+    values were timed with its order parameters, and the old speed entry would override them. The speed table's
+    ``META["pruned"]`` records each pruning. Changes no bit (neutral parameters only); the speed hash changes."""
     path = Path(path)
     if not path.exists():
         return []
@@ -538,16 +552,18 @@ def main():
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
             "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
+    before = _entries(out, "SPEED" if args.speed else "TABLE")
     write_table(out, table, meta, merge=not args.replace, speed=args.speed)
-    if not args.speed and out.resolve() == TABLE_PATH:
-        prune_speed(table)
+    if not args.speed and out.resolve() == TABLE_PATH:  # --replace: the keys left to the rule are stale too
+        prune_speed(changed_keys(before, table) + (sorted(set(before) - set(table)) if args.replace else []))
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib
 
     from . import speed_table as speed_module
     from . import table as table_module
-    importlib.reload(speed_module if args.speed else table_module)
+    importlib.reload(speed_module)  # prune_speed may have rewritten it too
+    importlib.reload(table_module)
     _log(f"wrote {len(table)} entries to {out} in {time.time() - t0:.0f} s; table hash {cb.table_hash()}")
     _log("fingerprint:", cb.fingerprint())
 

@@ -110,7 +110,8 @@ def format_table(results: dict, heading: bool = True) -> str:
                    if src.get("precompile_wall_s") is not None else "")
             fp = (f"; pinned `{src['pinned_configs']}`" if "pinned_configs" in meta.get("sources_differ_in", ())
                   and src.get("pinned_configs") else "")
-            lines.append(f"- {', '.join(src['shapes'])}: `{src['command']}` ({src.get('commit') or '?'}, "
+            tree = f", tree {src['tree'][:8]}" if src.get("tree") else ""
+            lines.append(f"- {', '.join(src['shapes'])}: `{src['command']}` ({src.get('commit') or '?'}{tree}, "
                          f"{src.get('date') or '?'}{pre}{fp})")
         if meta.get("sources_differ_in"):
             lines.append(f"- **the runs differ in {', '.join(meta['sources_differ_in'])}**")
@@ -228,16 +229,25 @@ def write_results(out_dir: str, results: dict, plot: bool = True) -> dict:
     return {"md": md_path, "json": json_path, "png": None if note else png, "png_note": note}
 
 
+#: what ``meta`` of a merge takes from the newest run that still contributes a shape (the rest, the harness's
+#: settings, from the first file)
+_RUN_META = ("command", "date", "commit", "tree", "gpu", "versions", "pinned_configs")
+
+
 def merge_results(paths: Sequence[str]) -> dict:
     """The results of several ``bench.json`` files as one (``--merge``): shapes in first-seen order, a later file's
-    result for a shape replacing an earlier one's, the first file's meta. ``meta["sources"]`` lists the runs the
-    shapes come from, each with only the shapes it still contributes, its command, commit, date, versions and pinned
-    fingerprint; a file that is itself a merge contributes its own sources. ``meta["sources_differ_in"]`` names what
-    the runs differ in among the GPU, the versions and the pinned fingerprint (``pinned_configs``).
+    result for a shape replacing an earlier one's. ``meta["sources"]`` lists the runs the shapes come from, in file
+    order, each with only the shapes it still contributes, its command, commit, tree, date, versions and pinned
+    fingerprint; a file that is itself a merge contributes its own runs. ``meta`` is the first file's, with
+    :data:`_RUN_META` (date, commit, fingerprint, ...) from the last run in ``sources``; ``meta["sources_differ_in"]``
+    names what the runs differ in among the GPU, the versions and the pinned fingerprint (``pinned_configs``).
 
     Raises:
+        ValueError: ``paths`` is empty.
         BenchError: a file cannot be read, is not JSON, or is not a bench.json.
     """
+    if not paths:
+        raise ValueError("paths: expected at least one bench.json path, got none")
     merged, order, meta, sources, owner = {}, [], None, [], {}
     for p in paths:
         try:
@@ -247,17 +257,15 @@ def merge_results(paths: Sequence[str]) -> dict:
             raise BenchError(f"--merge: cannot read {p}: {e}") from None
         if not isinstance(r, dict) or not isinstance(r.get("shapes"), list):
             raise BenchError(f"--merge: {p} is not a bench.json (no 'shapes' list)")
-        meta = meta or dict(r.get("meta", {}))
         m = r.get("meta", {})
+        meta = meta if meta is not None else dict(m)
         pre = r.get("precompile") or {}
-        own = {"path": os.path.abspath(p), "command": m.get("command"), "date": m.get("date"),
-               "commit": m.get("commit"), "elapsed_s": m.get("elapsed_s"), "gpu": m.get("gpu"),
-               "versions": m.get("versions"), "pinned_configs": m.get("pinned_configs"),
+        own = {"path": os.path.abspath(p), **{k: m.get(k) for k in _RUN_META}, "elapsed_s": m.get("elapsed_s"),
                "precompile_wall_s": pre.get("wall_s"), "precompile_failed": pre.get("failed"),
                "shapes": [s["name"] for s in r["shapes"]]}
         earlier = m.get("sources") if isinstance(m.get("sources"), list) else []
-        # an earlier merge: its own runs (the run's fingerprint where a source of an older format has none)
-        file_sources = ([{**{"pinned_configs": m.get("pinned_configs")}, **src} for src in earlier] if earlier
+        # an earlier merge: its own runs (the file's fingerprint where a source of an older format has none)
+        file_sources = ([{"pinned_configs": m.get("pinned_configs"), **src} for src in earlier] if earlier
                         else [own])
         sources.extend(file_sources)
         for shape_result in r["shapes"]:
@@ -265,10 +273,19 @@ def merge_results(paths: Sequence[str]) -> dict:
             if name not in merged:
                 order.append(name)
             merged[name] = shape_result
-            owner[name] = next((src for src in file_sources if name in src.get("shapes", ())), file_sources[-1])
+            # within a merged file, the last of its runs that lists the shape (a later run replaced earlier ones)
+            owner[name] = next((src for src in reversed(file_sources) if name in src.get("shapes", ())),
+                               file_sources[-1])
     for src in sources:  # the shapes each run still contributes
         src["shapes"] = [n for n in order if owner[n] is src]
     sources = [src for src in sources if src["shapes"]]
+    for key in ("sources_differ_in", "merged_from", "sources"):
+        meta.pop(key, None)
+    for k in _RUN_META if sources else ():
+        if sources[-1].get(k) is not None:
+            meta[k] = sources[-1][k]
+        else:
+            meta.pop(k, None)
     meta["merged_from"] = [s["path"] for s in sources]
     meta["sources"] = sources
     differ = [k for k in ("gpu", "versions", "pinned_configs")

@@ -72,7 +72,9 @@ def merge_run(path: str, results: dict) -> List[dict]:
 
 def render_run(run: dict) -> str:
     """The markdown section of one run for ``docs/performance.md`` (section "Results", newest first): a ``###``
-    heading with the GPU, the date and the commit, then :func:`report.format_table` without its title."""
+    heading with the GPU, the date and the commit (of a merge: its newest run's), the pinned fingerprint (or, when
+    the merged runs differ in it, a line saying so; each run's is under "Merged from"), then
+    :func:`report.format_table` without its title."""
     meta = run.get("meta", {})
     gpu = (meta.get("gpu") or meta.get("device") or "?").split(" (")[0]
     title = f"### {gpu}, {meta.get('date', '?')}" + (f" (commit {meta['commit']})" if meta.get("commit") else "")

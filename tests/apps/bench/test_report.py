@@ -187,3 +187,34 @@ def test_results_file_merge_keeps_earlier_runs_newest_first_and_renders(tmp_path
         bench.merge_run(str(tmp_path / "other.json"), runs[0])
     with pytest.raises(bench.BenchError, match="run_id"):
         bench.merge_run(path, {"meta": {}})
+
+
+def test_merge_edge_cases_owner_stale_flag_header_and_no_paths(tmp_path):
+    """An older merge file whose runs all list a shape: the shape belongs to its last run; a differing-fingerprint
+    flag of an input merge is recomputed (gone once the differing run contributes nothing); the merged meta's date,
+    commit, tree and fingerprint are the newest contributing run's; a file without shapes contributes no run; no
+    paths is a ValueError naming the argument."""
+    from ordered_ssd.apps.bench.report import merge_results
+    a = _synthetic()
+    a["meta"].update(command="bench a+b", commit="aaa", date="2026-01-01", pinned_configs="table=old")
+    a["meta"]["sources"] = [  # an older-format merge: each run lists every shape it had, no fingerprint
+        {"path": "/x/a", "command": "bench a", "commit": "aaa", "date": "2026-01-01", "shapes": ["S1", "S2", "G1"]},
+        {"path": "/x/b", "command": "bench b", "commit": "bbb", "date": "2026-01-02", "shapes": ["S2"]}]
+    a["meta"]["sources_differ_in"] = ["pinned_configs"]
+    c = _synthetic()
+    c["shapes"] = [c["shapes"][0], c["shapes"][1], c["shapes"][2]]
+    c["meta"].update(command="bench c", commit="ccc", tree="f" * 40, date="2026-01-03", pinned_configs="table=new")
+    empty = _synthetic()
+    empty["shapes"] = []
+    for name, run in (("a", a), ("c", c), ("empty", empty)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    m = merge_results([str(tmp_path / "a.json")])
+    assert [(s["command"], s["shapes"]) for s in m["meta"]["sources"]] == [("bench a", ["S1", "G1"]),
+                                                                           ("bench b", ["S2"])]
+    assert "sources_differ_in" not in m["meta"]  # both runs carry the file's fingerprint
+    assert m["meta"]["commit"] == "bbb" and m["meta"]["date"] == "2026-01-02"
+    m = merge_results([str(tmp_path / p) for p in ("a.json", "c.json", "empty.json")])
+    assert [s["command"] for s in m["meta"]["sources"]] == ["bench c"] and "sources_differ_in" not in m["meta"]
+    assert (m["meta"]["commit"], m["meta"]["tree"], m["meta"]["pinned_configs"]) == ("ccc", "f" * 40, "table=new")
+    with pytest.raises(ValueError, match="paths: expected at least one"):
+        merge_results([])

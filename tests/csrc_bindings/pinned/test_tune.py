@@ -212,11 +212,44 @@ def test_pinned_writes_drop_the_speed_entries_at_their_keys(tmp_path):
     assert tuner.prune_speed([k1], tmp_path / "missing.py") == []
 
 
-def test_the_package_speed_table_has_no_entry_at_a_key_of_the_pinned_table_it_was_not_tuned_with():
-    """The package's speed table has no entry left at a key it was pruned at (``tune`` drops them when it writes a
-    pinned entry there), and every pruned key is a key of the pinned table."""
-    from csrc_bindings._configs import _speed, _table
-    from csrc_bindings.pinned import speed_table
-    pruned = {k for p in speed_table.META.get("pruned", []) for k in p["entries"]}
-    assert pruned and not pruned & set(_speed())
-    assert pruned <= set(_table())
+
+def test_only_the_package_table_prunes_and_only_at_keys_whose_entry_changed(tmp_path, monkeypatch):
+    """``--merge-from`` into the package's table (paths monkeypatched to temporary files) drops the speed entries
+    at the keys whose pinned entry it added or changed; merging the same entries again drops nothing; into another
+    ``--out``, or with ``--speed``, nothing is pruned."""
+    import sys
+    k1, k2 = ("sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=32",
+              "sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=64")
+    cfg = {"BLOCK_SIZE_M": 32, "num_stages": 3, "num_warps": 4}
+    table, speed, other, a, b = (tmp_path / n for n in ("table.py", "speed.py", "other.py", "a.py", "b.py"))
+    monkeypatch.setattr(tuner, "TABLE_PATH", table)
+    monkeypatch.setattr(tuner, "SPEED_PATH", speed)
+    tuner.write_table(table, {k1: cfg}, {"run": "old"}, merge=False)
+    tuner.write_table(a, {k1: cfg, k2: cfg}, {"run": "a"}, merge=False)
+    tuner.write_table(b, {k1: {**cfg, "BLOCK_SIZE_M": 64}}, {"run": "b"}, merge=False)
+
+    def speed_keys():
+        ns = {}
+        exec(speed.read_text(), ns)
+        return sorted(ns["SPEED"])
+
+    def main(*argv):
+        monkeypatch.setattr(sys, "argv", ["tune", *argv])
+        tuner.main()
+
+    tuner.write_table(speed, {k1: {"num_stages": 1}, k2: {"num_stages": 2}}, {"run": "speed"}, merge=False,
+                      speed=True)
+    main("--merge-from", str(a), "--out", str(other))  # another module: the package's speed table is kept
+    assert speed_keys() == [k1, k2]
+    main("--merge-from", str(a))  # k1 unchanged, k2 new
+    assert speed_keys() == [k1]
+    main("--merge-from", str(a))  # the same entries again
+    assert speed_keys() == [k1]
+    main("--merge-from", str(b))  # k1's order configuration changed
+    assert speed_keys() == []
+    s = tmp_path / "s.py"
+    tuner.write_table(s, {k2: {"num_stages": 4}}, {"run": "s"}, merge=False, speed=True)
+    main("--merge-from", str(s), "--speed")  # a speed merge writes the speed table and prunes nothing
+    assert speed_keys() == [k2]
+    main("--merge-from", str(b))  # k1 again the same: nothing pruned
+    assert speed_keys() == [k2]
