@@ -370,10 +370,18 @@ def merge_tables(out: Path, sources, speed: bool = False, speed_path: Optional[P
         table.update(ns[name])
         metas.append(ns.get("META", {}))
     meta = {"generated_by": f"python -m {MODULE} --merge-from", "merged": metas}
-    before = _entries(out, name)
-    written = write_table(out, table, meta, merge=True, speed=speed)
-    if speed_path is not None and not speed:
-        prune_speed(changed_keys(before, table), speed_path)
+    if speed or speed_path is None:
+        return write_table(out, table, meta, merge=True, speed=speed)
+    return write_pinned_table(out, table, meta, merge=True, speed_path=speed_path)
+
+
+def write_pinned_table(path, table, meta, *, merge: bool, speed_path) -> int:
+    """:func:`write_table` of a pinned table, then :func:`prune_speed` of the speed table ``speed_path`` at the keys
+    whose entry the write added or changed (:func:`changed_keys`) and, without ``merge``, at the keys it left to the
+    rule. Returns the number of entries written."""
+    before = _entries(path, "TABLE")
+    written = write_table(path, table, meta, merge=merge)
+    prune_speed(changed_keys(before, table) + ([] if merge else sorted(set(before) - set(table))), speed_path)
     return written
 
 
@@ -389,13 +397,14 @@ def changed_keys(before: dict, written: dict) -> list:
     return sorted(k for k, v in written.items() if before.get(k) != v)
 
 
-def prune_speed(keys, path: Path = SPEED_PATH) -> list:
+def prune_speed(keys, path: Optional[Path] = None) -> list:
     """Drop the speed table's entries (module ``path``) at ``keys``, the keys where a pinned-table run just added or
     changed an entry (:func:`changed_keys`), and return them (sorted). A speed entry holds bit-neutral values timed
     with the order parameters pinned when it was tuned; once the pinned table has a new entry there, that entry's own
     values were timed with its order parameters, and the old speed entry would override them. The speed table's
-    ``META["pruned"]`` records each pruning. Changes no bit (neutral parameters only); the speed hash changes."""
-    path = Path(path)
+    ``META["pruned"]`` records each pruning (``path`` None: the package's speed table). Changes no bit (neutral
+    parameters only); the speed hash changes."""
+    path = Path(path) if path is not None else SPEED_PATH
     if not path.exists():
         return []
     ns = _read_module(path)
@@ -552,10 +561,10 @@ def main():
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
             "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
-    before = _entries(out, "SPEED" if args.speed else "TABLE")
-    write_table(out, table, meta, merge=not args.replace, speed=args.speed)
-    if not args.speed and out.resolve() == TABLE_PATH:  # --replace: the keys left to the rule are stale too
-        prune_speed(changed_keys(before, table) + (sorted(set(before) - set(table)) if args.replace else []))
+    if not args.speed and out.resolve() == TABLE_PATH:
+        write_pinned_table(out, table, meta, merge=not args.replace, speed_path=SPEED_PATH)
+    else:
+        write_table(out, table, meta, merge=not args.replace, speed=args.speed)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     import importlib
