@@ -281,11 +281,13 @@ def merge_results(paths: Sequence[str]) -> dict:
     sources = [src for src in sources if src["shapes"]]
     for key in ("sources_differ_in", "merged_from", "sources"):
         meta.pop(key, None)
-    for k in _RUN_META if sources else ():
-        if sources[-1].get(k) is not None:
-            meta[k] = sources[-1][k]
-        else:
-            meta.pop(k, None)
+    if sources:  # the newest contributing run's date, commit, tree, fingerprint, ...
+        newest = sources[-1]
+        for k in _RUN_META:
+            if newest.get(k) is not None:
+                meta[k] = newest[k]
+            else:
+                meta.pop(k, None)
     meta["merged_from"] = [s["path"] for s in sources]
     meta["sources"] = sources
     differ = [k for k in ("gpu", "versions", "pinned_configs")
