@@ -125,17 +125,10 @@ ORDER_KERNELS = ("chunk_scan_chunk_state_bwd_dx", "chunk_state_bwd_db", "chunk_s
                  "chunk_scan_bwd_ddAcs_stable", "chunk_scan_bwd_dz", "state_passing_bwd")
 
 
-def _left_to_the_rule(key):
-    """The keys the 2026-12-01 key-space runs did not reach (budget): chunk 256 with headdim 128, and chunk 256 /
-    headdim 64 / d_state 256 (docs/bindings.md)."""
-    return key.get("chunk_size") == 256 and (key.get("hdim") == 128 or (key.get("hdim") == 64
-                                                                         and key.get("dstate") == 256))
-
-
 def test_the_pinned_table_covers_the_key_space_of_the_order_kernels():
     """On sm_90, every (kernel, key, dtype) of the six kernels with order parameters over the key space (chunk
-    64/128/256, headdim 32/64/128, d_state 16-256; bf16, fp16, fp32) has a pinned entry, except the documented gap,
-    which the mincost-v1 rule serves; every entry's configuration is one of the kernel's native candidates."""
+    64/128/256, headdim 32/64/128, d_state 16-256; bf16, fp16, fp32) has a pinned entry (none is left to the
+    mincost-v1 rule); every entry's configuration is one of the kernel's native candidates."""
     from types import SimpleNamespace
 
     from csrc_bindings.pinned import tune
@@ -145,10 +138,9 @@ def test_the_pinned_table_covers_the_key_space_of_the_order_kernels():
     assert len(jobs) == 466
     table = _table()
     missing = [(k, key, dt) for k, key, dt in jobs if table_key("sm_90", DT[dt], k, key) not in table]
-    assert all(_left_to_the_rule(key) for _, key, _ in missing), [m for m in missing if not _left_to_the_rule(m[1])]
-    assert len(missing) == 58 and len(jobs) - len(missing) == 408
-    for k, key, dt in missing:
-        assert order_config(k, key, DT[dt], "sm_90").source == "rule"
+    assert missing == []
+    for k, key, dt in jobs:
+        assert order_config(k, key, DT[dt], "sm_90").source == "table", (k, key, dt)
     for k, key, dt in jobs:
         tk = table_key("sm_90", DT[dt], k, key)
         if tk in table:
