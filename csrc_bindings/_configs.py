@@ -24,6 +24,20 @@ A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the sp
   those of the order configuration. A shape-only choice as well, so every run launches the same configuration,
   but one that tuning may change without changing a bit.
 
+**Kernels whose every parameter is bit-neutral** (``NEUTRAL`` lists every block size, ``num_warps`` and
+``num_stages`` of the kernel) and that write their outputs with plain stores only
+(:attr:`~csrc_bindings._spec.KernelSpec.timing_outputs`: ``chunk_scan_fwd``, ``chunk_state_fwd``,
+``chunk_state_varlen``, ``bmm_chunk_fwd``, ``bmm_chunk_bwd``, ``chunk_scan_bwd_dstates``, ``state_passing_fwd``)
+take, by the rule ``native-autotune-v1``, the configuration upstream's own autotuner times for the key: at the
+first launch of a (device arch, dtype, kernel, key) in the process, on the arch of the proof and within its key
+range, the launch goes through the kernel's ``triton.autotune`` object (which times every native candidate on the
+launch's own arguments, synchronising, exactly as a native ``Mamba2`` layer's first step does) and the chosen
+configuration is kept for every later launch of that key, which goes through the JIT function like any other.
+Any candidate gives the same bits (the proof), so which one the timing picks changes speed only: the choice may
+differ between processes, never a bit. Not timed: during CUDA-graph capture (the static choice above launches,
+and the next launch outside a capture times), when an output's storage is that of another argument, and for an
+explicit ``config``.
+
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure
 function of ``group_size`` and the element size, :func:`csrc_bindings.layernorm_gated.rmsnorm_heuristic`), reported
 with source ``"heuristic"``.
@@ -42,12 +56,18 @@ from typing import Mapping
 
 import torch
 
-from ._native import installed_version
+from ._native import installed_version, set_timed_recorder
 from ._resources import FIT_RULE
 from ._spec import KernelSpec, key_of
 
 RULE_NAME = "mincost-v1"
 SPEED_RULE = "nearest-speed-v1"
+#: The rule by which a kernel whose every parameter is bit-neutral takes upstream's autotuned choice (docstring).
+TIMED_RULE = "native-autotune-v1"
+#: ``KernelConfig.speed`` of a launch that is to time the key (:func:`csrc_bindings._native.launch`).
+TIMING_PENDING = TIMED_RULE + ":pending"
+#: Whether :func:`launch_config` may ask for ``native-autotune-v1`` (a test hook: False launches the static choice).
+NATIVE_TIMING = True
 #: Bump when a launcher changes what it launches for the same config (part of the fingerprint).
 BINDINGS_ABI = 1
 
@@ -58,7 +78,9 @@ class KernelConfig:
 
     ``source`` says where its order parameters came from: ``"table"``, ``"rule"``, ``"explicit"`` (passed by the
     caller) or ``"heuristic"`` (gated RMSNorm, upstream's formula). ``speed`` says where its bit-neutral parameters
-    came from: ``""`` (the same place), ``"speed-table"`` or ``"nearest:<table key>"`` (rule ``nearest-speed-v1``).
+    came from: ``""`` (the same place), ``"speed-table"``, ``"nearest:<table key>"`` (rule ``nearest-speed-v1``)
+    or ``"native-autotune-v1"`` (upstream's autotuner timed it in this process); ``"native-autotune-v1:pending"``
+    marks a launch that is to time its key.
     """
     kernel: str
     meta: tuple  # ((name, value), ...) in a fixed order
@@ -286,18 +308,97 @@ def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -
 
 def launch_config(spec: KernelSpec, args: Mapping, ref, config=None) -> KernelConfig:
     """The configuration of one launch of ``spec``: ``config`` if given, else the pinned one for the autotune key
-    read from the launch arguments ``args`` (:func:`~csrc_bindings._spec.key_of`), at ``ref``'s dtype and device.
+    read from the launch arguments ``args`` (:func:`~csrc_bindings._spec.key_of`), at ``ref``'s dtype and device;
+    for a kernel that ``native-autotune-v1`` covers, the configuration upstream's autotuner chose for the key in
+    this process, or a configuration marked :data:`TIMING_PENDING` when the key is still to be timed (see the
+    module docstring).
 
     Raises:
         ValueError: as :func:`resolve_config`, or a configuration the kernel computes wrongly
             (``spec.config_error``), before anything is launched.
     """
-    cfg = resolve_config(spec, key_of(spec, args), ref.dtype, ref.device, config)
+    key = key_of(spec, args)
+    if config is None and spec.timing_outputs and _on_cuda(ref):
+        cfg = _timed_or_pinned(spec, key, ref)
+    else:
+        cfg = resolve_config(spec, key, ref.dtype, ref.device, config)
     if spec.config_error is not None:
         msg = spec.config_error(dict(cfg.meta))
         if msg:
             raise ValueError(msg)
     return cfg
+
+
+def _on_cuda(ref) -> bool:  # a seam for the CPU tests of native-autotune-v1
+    return ref.is_cuda
+
+
+_timed: dict = {}  # (arch, dtype, kernel name, key items) -> KernelConfig timed by upstream's autotuner
+_timed_names: dict = {}  # the same keys -> their table key
+
+
+@functools.lru_cache(maxsize=None)
+def _all_neutral(spec: KernelSpec) -> bool:
+    """Whether every parameter of ``spec``'s configurations (block sizes, ``num_warps``, ``num_stages``) is
+    bit-neutral by the proof (``NEUTRAL``)."""
+    if not spec.candidates:
+        return False
+    names = set(spec.candidates[0][0]) | {"num_warps", "num_stages"}
+    return names <= set(_neutral().get(spec.name, ()))
+
+
+def _timed_or_pinned(spec: KernelSpec, key: Mapping, ref) -> KernelConfig:
+    arch = device_arch(ref.device)
+    items = _key_items(key)
+    hit = _timed.get((arch, ref.dtype, spec.name, items))
+    if hit is not None:
+        return hit
+    base = _pinned(spec, items, ref.dtype, arch)
+    if (NATIVE_TIMING and _all_neutral(spec) and _proven(spec.name, key, arch)
+            and not torch.cuda.is_current_stream_capturing()):
+        return dataclasses.replace(base, speed=TIMING_PENDING)
+    return base
+
+
+def record_timed(spec: KernelSpec, key: Mapping, ref, best) -> KernelConfig:
+    """Keep ``best`` (a ``triton.Config`` that upstream's autotuner chose for ``spec`` at ``key``) for later launches
+    of the key at ``ref``'s device arch and dtype; returns the kept :class:`KernelConfig`.
+
+    Raises:
+        RuntimeError: ``best`` is not one of ``spec``'s native candidates (another mamba-ssm than the one checked).
+    """
+    cand = (dict(best.kwargs), int(best.num_warps), int(best.num_stages))
+    if cand not in [(dict(c[0]), c[1], c[2]) for c in spec.candidates]:
+        raise RuntimeError(f"{spec.name}: upstream's autotuner chose {cand}, not one of the candidates "
+                           f"csrc_bindings knows for it")
+    arch = device_arch(ref.device)
+    items = _key_items(key)
+    base = _pinned(spec, items, ref.dtype, arch)
+    cfg = dataclasses.replace(base, meta=tuple((n, int(cand[0][n])) for n, _ in base.meta), num_warps=cand[1],
+                              num_stages=cand[2], speed=TIMED_RULE)
+    _timed[(arch, ref.dtype, spec.name, items)] = cfg
+    _timed_names[(arch, ref.dtype, spec.name, items)] = table_key_of(spec, arch, ref.dtype, key)
+    return cfg
+
+
+set_timed_recorder(record_timed)
+
+
+def timed_of(spec: KernelSpec, key: Mapping, dtype, arch: str):
+    """The :class:`KernelConfig` timed for ``spec`` at ``key`` (``dtype``, ``arch``) in this process, or None."""
+    return _timed.get((arch, dtype, spec.name, _key_items(key)))
+
+
+def timed_configs() -> dict:
+    """``{"{arch}/{dtype}/{kernel}/{key}": config dict}`` of every key ``native-autotune-v1`` timed in this
+    process (what :func:`describe_launch` and the bench report)."""
+    return {_timed_names[k]: cfg.as_dict() for k, cfg in sorted(_timed.items(), key=lambda kv: _timed_names[kv[0]])}
+
+
+def forget_timed() -> None:
+    """Forget every timed choice (the next launch of each key times again; for tests)."""
+    _timed.clear()
+    _timed_names.clear()
 
 
 def table_hash() -> str:

@@ -257,7 +257,8 @@ def _positional(names: tuple):
 
 
 def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
-    """Launch native kernel ``spec`` through its JIT function (never its autotuner).
+    """Launch native kernel ``spec`` through its JIT function (through its autotuner only for a configuration marked
+    ``native-autotune-v1:pending``, see :func:`_launch_timed`).
 
     ``args`` maps *every* argument name of the kernel (pointers, sizes, strides and constexprs, including the
     config's block sizes, which are merged in here) to its value; the call is positional in ``arg_names`` order, with
@@ -265,7 +266,8 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
     name raises RuntimeError before launching. A launch that Triton refuses for shared memory (before launching)
     runs at fewer ``num_stages`` (:func:`csrc_bindings._resources.launch_fitting`, rule ``fit-stages-v1``), else
     ``ValueError`` names the kernel, the configuration, the bytes, the limit and the layer sizes; a configuration
-    with ``source == "explicit"`` is never changed.
+    with ``source == "explicit"`` is never changed. ``grid``: a tuple, or a function of the configuration's block
+    sizes (``{"BLOCK_SIZE_M": .., ...}``) returning one (needed by the kernels that ``native-autotune-v1`` times).
     """
     jit = kernel_jit(spec)
     name, names = spec.name, spec.arg_names
@@ -284,7 +286,53 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
 
+    if cfg.speed == _TIMING_PENDING and _launch_timed(spec, grid, args, ref):
+        return
+    if callable(grid):
+        grid = grid(dict(cfg.meta))
+
     def sizes():
         return layer_sizes(full, dict(cfg.meta))
     with device_guard(ref):
         launch_fitting(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit", sizes=sizes)
+
+
+_TIMING_PENDING = "native-autotune-v1:pending"  # csrc_bindings._configs.TIMING_PENDING (that module imports this one)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
+    """Launch ``spec`` through upstream's autotuner (rule ``native-autotune-v1``, :mod:`csrc_bindings._configs`):
+    it times every native candidate on these arguments (synchronising) and launches the fastest; the choice is kept
+    for the key's later launches. ``grid``: a function of the configuration's block sizes. Returns False, having
+    launched nothing, when an output's storage is that of another tensor argument (the timing's repeated launches
+    would then change an input): the caller launches the static configuration instead.
+
+    Raises:
+        RuntimeError: the autotuner chose a configuration that is not one of ``spec.candidates``.
+    """
+    if not callable(grid) or _record_timed is None:
+        return False
+    tensors = [(n, v) for n, v in args.items() if isinstance(v, torch.Tensor)]
+    for name in spec.timing_outputs:
+        o = args.get(name)
+        if o is not None and any(_shares_storage(o, t) for n, t in tensors if n != name):
+            return False
+    tuner = native().kernels[spec.name]  # the triton.autotune object (kernel_jit checked it)
+    with device_guard(ref):
+        tuner[lambda meta: grid(meta)](**args)
+    _record_timed(spec, {n: args[n] for n in spec.autotune_key}, ref, tuner.best_config)
+    return True
+
+
+_record_timed = None  # csrc_bindings._configs.record_timed, registered by that module (which imports this one)
+
+
+def set_timed_recorder(record) -> None:
+    """Register ``record(spec, key, ref, best_config)``, called after each timing of :func:`_launch_timed`
+    (:mod:`csrc_bindings._configs` registers its ``record_timed`` when imported)."""
+    global _record_timed
+    _record_timed = record

@@ -15,7 +15,8 @@ import torch
 
 from . import (causal_conv1d, k_activations, layernorm_gated, selective_state_update, ssd_bmm, ssd_chunk_scan,
                ssd_chunk_state, ssd_combined, ssd_state_passing)
-from ._configs import KernelConfig, device_arch, dtype_name, fingerprint, order_of, pinned_of, rule_of, table_key_of
+from ._configs import (KernelConfig, device_arch, dtype_name, fingerprint, order_of, pinned_of, rule_of, table_key_of,
+                       timed_of)
 from ._spec import KernelSpec, key_of
 from .layernorm_gated import rmsnorm_heuristic
 
@@ -75,6 +76,12 @@ def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
         KeyError: as :func:`table_key`.
     """
     return pinned_of(_tuned(kernel), key, dtype, arch)
+
+
+def timed_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig | None:
+    """The configuration upstream's autotuner chose for ``kernel`` at ``key`` in this process (rule
+    ``native-autotune-v1``), or None when it has not timed that key (or never times this kernel)."""
+    return timed_of(_tuned(kernel), key, dtype, arch)
 
 
 def order_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
@@ -138,7 +145,10 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
         ``{"fingerprint": str, "arch": str, "dtype": str, "kernels": {name: {"key": {...}, "dtype": str,
         "config": {...}, "source": "table" | "rule" | "heuristic"[, "speed": where the bit-neutral parameters came
         from]}}}``; a group too wide for the gated RMSNorm
-        gives ``"rmsnorm_gated": {"error": message}`` instead of raising.
+        gives ``"rmsnorm_gated": {"error": message}`` instead of raising. A kernel that upstream's autotuner has
+        timed at this key in this process (rule ``native-autotune-v1``, :mod:`csrc_bindings._configs`) shows that
+        choice, with ``"speed": "native-autotune-v1"``; before its first launch, the static choice it would launch
+        during a CUDA-graph capture.
 
     Raises:
         RuntimeError / AssertionError: from torch, when neither ``arch`` nor ``device`` is given and CUDA is not
@@ -150,7 +160,7 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
     for kernel, key, role in layer_keys(chunk_size=chunk_size, headdim=headdim, dstate=dstate, nheads=nheads,
                                         d_nonssm=d_nonssm):
         kdt = dtype if role == "model" else torch.float32
-        cfg = pinned_config(kernel, key, kdt, arch)
+        cfg = timed_config(kernel, key, kdt, arch) or pinned_config(kernel, key, kdt, arch)
         out["kernels"][kernel] = {"key": dict(key), "dtype": dtype_name(kdt), "config": cfg.as_dict(),
                                   "source": cfg.source, **({"speed": cfg.speed} if cfg.speed else {})}
     group = (nheads * headdim) // ngroups

@@ -38,6 +38,11 @@ class KernelSpec:
             wrongly (the launcher raises ``ValueError(message)`` before launching; the neutrality proof skips it).
         example: ``example(p, config=None)`` runs the launcher on an example problem (:mod:`._examples`) and returns
             its outputs; used by the tuner and the GPU tests.
+        timing_outputs: the pointer arguments the kernel writes, for a kernel that writes each of them with plain
+            stores only (no atomics, no read-modify-write of an output), read from its code: upstream's autotuner
+            may then run it repeatedly on a launch's own arguments (rule ``native-autotune-v1``,
+            :mod:`csrc_bindings._configs`) when every output's storage is apart from every other argument's.
+            Empty: never timed at run time.
     """
     name: str
     module: str
@@ -51,6 +56,7 @@ class KernelSpec:
     arity: int | None = None
     example: Callable | None = None
     config_error: Callable | None = None
+    timing_outputs: tuple = ()
 
     def __post_init__(self):
         if isinstance(self.arg_names, str):

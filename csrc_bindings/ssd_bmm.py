@@ -68,7 +68,8 @@ def launch_bmm_chunk_fwd(a, b, chunk_size, *, seq_idx=None, causal=False, output
                 stride_out_head=out.stride(2) if has_groups else 0, stride_outm=out.stride(-2),
                 stride_outn=out.stride(-1))
     args.update(strides("stride_seq_idx_batch stride_seq_idx_seqlen", seq_idx, (0, 1)))
-    grid = (cdiv(chunk_size, cfg["BLOCK_SIZE_M"]) * cdiv(chunk_size, cfg["BLOCK_SIZE_N"]), batch, nchunks * ngroups)
+    def grid(m):
+        return (cdiv(chunk_size, m["BLOCK_SIZE_M"]) * cdiv(chunk_size, m["BLOCK_SIZE_N"]), batch, nchunks * ngroups)
     launch(BMM_CHUNK_FWD, grid, args, cfg, a)
     return out
 
@@ -97,6 +98,7 @@ BMM_CHUNK_FWD = KernelSpec(
     ),
     layer_key_consts={"IS_CAUSAL": False},
     example=_example_bmm_chunk_fwd,
+    timing_outputs=('out_ptr',),
 )
 
 
@@ -151,7 +153,8 @@ def launch_bmm_chunk_bwd(a, dout, *, residual=None, config=None, out=None):
                     stride_res_head=residual.stride(g) if g else 0, stride_res_k=residual.stride(-1))
     else:
         args.update(stride_res_batch=0, stride_res_seqlen=0, stride_res_head=0, stride_res_k=0)
-    grid = (cdiv(chunk_size, cfg["BLOCK_SIZE_M"]) * cdiv(k, cfg["BLOCK_SIZE_N"]), batch, nchunks * ngroups)
+    def grid(m):
+        return (cdiv(chunk_size, m["BLOCK_SIZE_M"]) * cdiv(k, m["BLOCK_SIZE_N"]), batch, nchunks * ngroups)
     launch(BMM_CHUNK_BWD, grid, args, cfg, a)
     return out
 
@@ -179,4 +182,5 @@ BMM_CHUNK_BWD = KernelSpec(
         ({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_CS": 32}, 2, 4),
     ),
     example=_example_bmm_chunk_bwd,
+    timing_outputs=('db_ptr',),
 )

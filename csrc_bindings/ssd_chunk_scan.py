@@ -83,7 +83,8 @@ def launch_chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, *, D=None, z=None, se
     args.update(strides("stride_C_batch stride_C_seqlen stride_C_head stride_C_dstate", C, (0, 1, 2, 3)))
     args.update(strides("stride_states_batch stride_states_chunk stride_states_head stride_states_hdim "
                         "stride_states_dstate", states, (0, 1, 2, 3, 4)))
-    grid = (cdiv(chunk_size, cfg["BLOCK_SIZE_M"]) * cdiv(headdim, cfg["BLOCK_SIZE_N"]), batch * nchunks, nheads)
+    def grid(m):
+        return (cdiv(chunk_size, m["BLOCK_SIZE_M"]) * cdiv(headdim, m["BLOCK_SIZE_N"]), batch * nchunks, nheads)
     launch(CHUNK_SCAN_FWD, grid, args, cfg, x)
     return out, out_x
 
@@ -121,6 +122,7 @@ CHUNK_SCAN_FWD = KernelSpec(
     ),
     layer_key_consts={"IS_CAUSAL": True},
     example=_example_chunk_scan_fwd,
+    timing_outputs=('out_ptr', 'out_x_ptr'),
 )
 
 
@@ -257,7 +259,8 @@ def launch_chunk_scan_bwd_dstates(C, dA_cumsum, dout, *, seq_idx=None, dtype=Non
     args.update(strides("stride_dA_cs_batch stride_dA_cs_chunk stride_dA_cs_head stride_dA_cs_csize", dA_cumsum,
                         (0, 2, 1, 3)))
     args.update(strides("stride_seq_idx_batch stride_seq_idx_seqlen", seq_idx, (0, 1)))
-    grid = (cdiv(headdim, cfg["BLOCK_SIZE_M"]) * cdiv(dstate, cfg["BLOCK_SIZE_N"]), batch * nchunks, nheads)
+    def grid(m):
+        return (cdiv(headdim, m["BLOCK_SIZE_M"]) * cdiv(dstate, m["BLOCK_SIZE_N"]), batch * nchunks, nheads)
     launch(CHUNK_SCAN_BWD_DSTATES, grid, args, cfg, dout)
     return dprev_states
 
@@ -287,6 +290,7 @@ CHUNK_SCAN_BWD_DSTATES = KernelSpec(
         ({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, 2, 4),
     ),
     example=_example_chunk_scan_bwd_dstates,
+    timing_outputs=('dprev_states_ptr',),
 )
 
 

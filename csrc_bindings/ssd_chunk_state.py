@@ -226,7 +226,8 @@ def launch_chunk_state_fwd(B, x, dt, dA_cumsum, *, seq_idx=None, states_in_fp32=
     args.update(strides("stride_dA_cs_batch stride_dA_cs_chunk stride_dA_cs_head stride_dA_cs_csize", dA_cumsum,
                         (0, 2, 1, 3)))
     args.update(strides("stride_seq_idx_batch stride_seq_idx_seqlen", seq_idx, (0, 1)))
-    grid = (cdiv(headdim, cfg["BLOCK_SIZE_M"]) * cdiv(dstate, cfg["BLOCK_SIZE_N"]), batch * nchunks, nheads)
+    def grid(m):
+        return (cdiv(headdim, m["BLOCK_SIZE_M"]) * cdiv(dstate, m["BLOCK_SIZE_N"]), batch * nchunks, nheads)
     launch(CHUNK_STATE_FWD, grid, args, cfg, x)
     return states
 
@@ -257,6 +258,7 @@ CHUNK_STATE_FWD = KernelSpec(
         ({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32}, 2, 4),
     ),
     example=_example_chunk_state_fwd,
+    timing_outputs=('states_ptr',),
 )
 
 
@@ -410,7 +412,8 @@ def launch_chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, *, 
                         "stride_chunk_states_dstate", chunk_states, (0, 1, 2, 3)))
     args.update(strides("stride_states_batch stride_states_head stride_states_hdim stride_states_dstate", states,
                         (0, 1, 2, 3)))
-    grid = (cdiv(headdim, cfg["BLOCK_SIZE_M"]) * cdiv(dstate, cfg["BLOCK_SIZE_N"]), batch, nheads)
+    def grid(m):
+        return (cdiv(headdim, m["BLOCK_SIZE_M"]) * cdiv(dstate, m["BLOCK_SIZE_N"]), batch, nheads)
     launch(CHUNK_STATE_VARLEN, grid, args, cfg, x)
     return states
 
@@ -439,4 +442,5 @@ CHUNK_STATE_VARLEN = KernelSpec(
     autotune_key=("hdim", "dstate", "chunk_size"),
     candidates=CHUNK_STATE_FWD.candidates,  # upstream lists the same nine configurations for both kernels
     example=_example_chunk_state_varlen,
+    timing_outputs=('states_ptr',),
 )

@@ -63,7 +63,8 @@ def launch_state_passing_fwd(states, dA_chunk_cumsum, *, initial_states=None, se
     args.update(strides("stride_initstates_batch stride_initstates_head stride_initstates_dim", initial_states,
                         (0, 1, 2)))
     args.update(strides("stride_seq_idx_batch stride_seq_idx_seqlen", seq_idx, (0, 1)))
-    grid = (cdiv(dim, cfg["BLOCK_SIZE"]), batch, nheads)
+    def grid(m):
+        return (cdiv(dim, m["BLOCK_SIZE"]), batch, nheads)
     launch(STATE_PASSING_FWD, grid, args, cfg, states)
     return out, final_states
 
@@ -92,6 +93,7 @@ STATE_PASSING_FWD = KernelSpec(
     ),
     layer_dtype="fp32",
     example=_example_state_passing_fwd,
+    timing_outputs=('out_ptr', 'final_states_ptr'),
 )
 
 

@@ -1,0 +1,56 @@
+"""GPU: rule ``native-autotune-v1`` changes no bit. A training step of ``OrderedMamba2`` at keys inside the neutrality
+proof's range with every kernel at its static choice (the timing off), then the first step with the timing on
+(upstream's autotuners time the all-neutral kernels on the step's own arguments), then two steps at the timed
+choices: the same SHA-256 of the output, the input gradient and every parameter gradient, and the timed kernels are
+the ones the rule covers.
+"""
+import pytest
+import torch
+
+from csrc_bindings import _configs
+from ordered_ssd import OrderedMamba2
+from ordered_ssd.digest import tensor_sha256
+
+# (chunk_size, headdim, d_state, ngroups, dtype): keys of the proof's cases and between them
+SHAPES = [(64, 32, 16, 1, torch.bfloat16), (128, 64, 64, 2, torch.float16), (256, 128, 128, 1, torch.bfloat16)]
+# the kernels of a training step that the rule times (chunk_state_varlen runs only with cu_seqlens)
+STEP_KERNELS = {"bmm_chunk_fwd", "bmm_chunk_bwd", "chunk_state_fwd", "chunk_scan_fwd", "chunk_scan_bwd_dstates",
+                "state_passing_fwd"}
+
+
+def _step(layer, u, dout, dtype):
+    layer.zero_grad(set_to_none=True)
+    uu = u.clone().requires_grad_(True)
+    with torch.autocast("cuda", dtype=dtype):
+        out = layer(uu)
+    out.backward(dout)
+    digests = {"out": tensor_sha256(out.detach()), "u": tensor_sha256(uu.grad)}
+    digests.update({n: tensor_sha256(p.grad) for n, p in layer.named_parameters()})
+    return digests
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"cs{s[0]}-P{s[1]}-N{s[2]}-G{s[3]}-{str(s[4])[6:]}")
+def test_timed_choices_give_the_static_choices_bits(shape, monkeypatch):
+    chunk_size, headdim, d_state, ngroups, dtype = shape
+    torch.manual_seed(0)
+    layer = OrderedMamba2(d_model=256, d_state=d_state, headdim=headdim, ngroups=ngroups, chunk_size=chunk_size,
+                          device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    L = 2 * chunk_size + chunk_size // 2  # a partial last chunk
+    u = torch.randn(3, L, 256, device="cuda", generator=g).to(dtype)
+    dout = torch.randn(3, L, 256, device="cuda", generator=g).to(dtype)
+    _configs.forget_timed()
+    try:
+        monkeypatch.setattr(_configs, "NATIVE_TIMING", False)
+        static = _step(layer, u, dout, dtype)
+        assert _configs.timed_configs() == {}
+        monkeypatch.setattr(_configs, "NATIVE_TIMING", True)
+        first = _step(layer, u, dout, dtype)
+        timed = _configs.timed_configs()
+        assert {k.split("/")[2] for k in timed} == STEP_KERNELS, sorted(timed)
+        later = [_step(layer, u, dout, dtype) for _ in range(2)]
+        assert first == static
+        assert all(d == static for d in later)
+        assert _configs.timed_configs() == timed  # nothing timed again
+    finally:
+        _configs.forget_timed()
