@@ -4,15 +4,17 @@ This is the only part of ordered-ssd that touches mamba-ssm 2.3.2.post1 and caus
 
 * One plain Python launcher per native kernel (``launch_*``), each taking tensors, an explicit configuration (or
   ``None`` for the pinned one) and optional output/workspace buffers; it launches the kernel's JIT function /
-  C++ op directly under the device guard, never the autotuner.
+  C++ op directly under the device guard; only the first launch of a key of the seven kernels whose every parameter
+  is bit-neutral goes through upstream's autotuner (rule ``native-autotune-v1``, :mod:`._configs`).
 * No atomics reach a result: ``DETERMINISTIC_REDUCTION=True`` with per-tile workspaces where a kernel has it;
   causal-conv1d's backward is used for ``dx`` only (its atomic weight/bias gradients are discarded; ordered-ssd
   computes those itself, :func:`ordered_ssd.fold.conv1d_grad_partials`). Partials come back raw (fp32) with
   documented layouts; folding them is the caller's job (``ordered_ssd``).
 * No global state: importing or using this package never patches a module attribute, never reads or writes
   ``MAMBA_DETERMINISTIC`` / ``CAUSAL_CONV1D_DETERMINISTIC`` / ``TRITON_*``, never toggles
-  ``torch.use_deterministic_algorithms`` and leaves the mamba-ssm kernel objects (``configs``, ``cache``, hooks)
-  untouched; a native ``Mamba2`` in the same process behaves as before.
+  ``torch.use_deterministic_algorithms`` and leaves the mamba-ssm kernel objects (``configs``, ``cache``, hooks) as
+  they were (an autotuner it calls gets its ``cache`` and its record of the run back); a native ``Mamba2`` in the
+  same process behaves as before.
 * ``import csrc_bindings`` imports neither triton nor mamba-ssm nor causal-conv1d; the first launcher call does,
   and checks versions and kernel signatures (:func:`check_native`).
 

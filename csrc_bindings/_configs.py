@@ -35,8 +35,11 @@ launch's own arguments, synchronising, exactly as a native ``Mamba2`` layer's fi
 configuration is kept for every later launch of that key, which goes through the JIT function like any other.
 Any candidate gives the same bits (the proof), so which one the timing picks changes speed only: the choice may
 differ between processes, never a bit. Not timed: during CUDA-graph capture (the static choice above launches,
-and the next launch outside a capture times), when an output's storage is that of another argument, and for an
-explicit ``config``.
+and the next launch outside a capture times), when an output's bytes overlap another argument's, for an explicit
+``config``, and (the key then keeps its static choice for the process) when the live autotuner's configurations
+are not the spec's candidates (mamba-ssm's deterministic mode cuts them to one) or it runs out of memory while
+timing. The autotuner object gets its ``cache`` and its record of the run back (:func:`csrc_bindings._native.
+_launch_timed`).
 
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure
 function of ``group_size`` and the element size, :func:`csrc_bindings.layernorm_gated.rmsnorm_heuristic`), reported
@@ -58,14 +61,12 @@ import torch
 
 from ._native import installed_version, set_timed_recorder
 from ._resources import FIT_RULE
-from ._spec import KernelSpec, key_of
+from ._spec import TIMING_PENDING, KernelSpec, key_of
 
 RULE_NAME = "mincost-v1"
 SPEED_RULE = "nearest-speed-v1"
 #: The rule by which a kernel whose every parameter is bit-neutral takes upstream's autotuned choice (docstring).
 TIMED_RULE = "native-autotune-v1"
-#: ``KernelConfig.speed`` of a launch that is to time the key (:func:`csrc_bindings._native.launch`).
-TIMING_PENDING = TIMED_RULE + ":pending"
 #: Whether :func:`launch_config` may ask for ``native-autotune-v1`` (a test hook: False launches the static choice).
 NATIVE_TIMING = True
 #: Bump when a launcher changes what it launches for the same config (part of the fingerprint).
@@ -334,7 +335,7 @@ def _on_cuda(ref) -> bool:  # a seam for the CPU tests of native-autotune-v1
 
 
 _timed: dict = {}  # (arch, dtype, kernel name, key items) -> KernelConfig timed by upstream's autotuner
-_timed_names: dict = {}  # the same keys -> their table key
+_timed_names: dict = {}  # the timed keys -> (their table key, candidates timed)
 
 
 @functools.lru_cache(maxsize=None)
@@ -360,24 +361,30 @@ def _timed_or_pinned(spec: KernelSpec, key: Mapping, ref) -> KernelConfig:
     return base
 
 
-def record_timed(spec: KernelSpec, key: Mapping, ref, best) -> KernelConfig:
-    """Keep ``best`` (a ``triton.Config`` that upstream's autotuner chose for ``spec`` at ``key``) for later launches
-    of the key at ``ref``'s device arch and dtype; returns the kept :class:`KernelConfig`.
+def record_timed(spec: KernelSpec, key: Mapping, ref, best, timed: int = 0) -> KernelConfig:
+    """Keep ``best`` (a ``triton.Config`` that upstream's autotuner chose for ``spec`` at ``key``; ``timed``
+    candidates were timed for it, 0 when the autotuner's cache already held the key) for later launches of the key
+    at ``ref``'s device arch and dtype; with ``best`` None, keep the static choice for the key instead (it is never
+    timed in this process). Returns the kept :class:`KernelConfig`.
 
     Raises:
         RuntimeError: ``best`` is not one of ``spec``'s native candidates (another mamba-ssm than the one checked).
     """
+    arch = device_arch(ref.device)
+    items = _key_items(key)
+    base = _pinned(spec, items, ref.dtype, arch)
+    tk = (arch, ref.dtype, spec.name, items)
+    if best is None:
+        _timed[tk] = base
+        return base
     cand = (dict(best.kwargs), int(best.num_warps), int(best.num_stages))
     if cand not in [(dict(c[0]), c[1], c[2]) for c in spec.candidates]:
         raise RuntimeError(f"{spec.name}: upstream's autotuner chose {cand}, not one of the candidates "
                            f"csrc_bindings knows for it")
-    arch = device_arch(ref.device)
-    items = _key_items(key)
-    base = _pinned(spec, items, ref.dtype, arch)
     cfg = dataclasses.replace(base, meta=tuple((n, int(cand[0][n])) for n, _ in base.meta), num_warps=cand[1],
                               num_stages=cand[2], speed=TIMED_RULE)
-    _timed[(arch, ref.dtype, spec.name, items)] = cfg
-    _timed_names[(arch, ref.dtype, spec.name, items)] = table_key_of(spec, arch, ref.dtype, key)
+    _timed[tk] = cfg
+    _timed_names[tk] = (table_key_of(spec, arch, ref.dtype, key), timed)
     return cfg
 
 
@@ -386,13 +393,20 @@ set_timed_recorder(record_timed)
 
 def timed_of(spec: KernelSpec, key: Mapping, dtype, arch: str):
     """The :class:`KernelConfig` timed for ``spec`` at ``key`` (``dtype``, ``arch``) in this process, or None."""
-    return _timed.get((arch, dtype, spec.name, _key_items(key)))
+    cfg = _timed.get((arch, dtype, spec.name, _key_items(key)))
+    return cfg if cfg is not None and cfg.speed == TIMED_RULE else None
 
 
 def timed_configs() -> dict:
     """``{"{arch}/{dtype}/{kernel}/{key}": config dict}`` of every key ``native-autotune-v1`` timed in this
-    process (what :func:`describe_launch` and the bench report)."""
-    return {_timed_names[k]: cfg.as_dict() for k, cfg in sorted(_timed.items(), key=lambda kv: _timed_names[kv[0]])}
+    process (:func:`~csrc_bindings.describe_launch` shows them too)."""
+    return {name: _timed[k].as_dict() for k, (name, _) in sorted(_timed_names.items(), key=lambda kv: kv[1][0])}
+
+
+def timing_counts() -> dict:
+    """``{table key: candidates timed}`` of the keys of :func:`timed_configs` (0: upstream's autotuner already held
+    the key, from a native layer's launch in this process)."""
+    return {name: n for name, n in sorted(_timed_names.values())}
 
 
 def forget_timed() -> None:

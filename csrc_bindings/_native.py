@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from ._resources import launch_fitting, layer_sizes
+from ._spec import TIMING_PENDING
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
@@ -286,7 +287,7 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
 
-    if cfg.speed == _TIMING_PENDING and _launch_timed(spec, grid, args, ref):
+    if cfg.speed == TIMING_PENDING and _launch_timed(spec, grid, args, ref):
         return
     if callable(grid):
         grid = grid(dict(cfg.meta))
@@ -297,19 +298,46 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         launch_fitting(name, jit, grid, pos, {}, cfg.as_dict(), ref, explicit=cfg.source == "explicit", sizes=sizes)
 
 
-_TIMING_PENDING = "native-autotune-v1:pending"  # csrc_bindings._configs.TIMING_PENDING (that module imports this one)
+#: what upstream's autotuner object holds about its last run and its choices, put back after a timing
+_TUNER_STATE = ("best_config", "configs_timings", "bench_time", "nargs")
 
 
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+def _byte_range(t: torch.Tensor):
+    """``[first byte, past the last byte)`` that ``t`` may touch (torch strides are never negative); None if empty."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    return start, start + t.element_size() * (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the bytes ``a`` may touch and the bytes ``b`` may touch intersect (extents, not exact elements)."""
+    ra, rb = _byte_range(a), _byte_range(b)
+    return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
+
+
+def _live_is_spec(tuner, spec) -> bool:
+    """Whether the live autotuner times exactly ``spec.candidates`` without hooks (mamba-ssm's deterministic mode,
+    read at its import, cuts the list to one configuration: nothing would be timed)."""
+    configs = getattr(tuner, "configs", None)
+    if not configs or getattr(tuner, "reset_to_zero", None) or getattr(tuner, "restore_value", None):
+        return False
+    live = [(dict(c.kwargs), c.num_warps, c.num_stages) for c in configs if c.pre_hook is None]
+    return live == [(dict(k), w, st) for k, w, st in spec.candidates]
 
 
 def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
     """Launch ``spec`` through upstream's autotuner (rule ``native-autotune-v1``, :mod:`csrc_bindings._configs`):
     it times every native candidate on these arguments (synchronising) and launches the fastest; the choice is kept
-    for the key's later launches. ``grid``: a function of the configuration's block sizes. Returns False, having
-    launched nothing, when an output's storage is that of another tensor argument (the timing's repeated launches
-    would then change an input): the caller launches the static configuration instead.
+    for the key's later launches, and the autotuner object is left as it was (its ``cache`` and its record of the
+    run put back: a native ``Mamba2`` in the process times its own keys as before). ``grid``: a function of the
+    configuration's block sizes.
+
+    Returns False, having launched nothing (the caller launches the static configuration): during a CUDA-graph
+    capture on ``ref``'s device; when an output's bytes overlap another tensor argument's (the timing's repeated
+    launches would change an input); when the live autotuner's configurations are not ``spec.candidates`` (mamba-ssm's
+    deterministic mode, or a hook) or it runs out of memory while timing (a warning): the key then keeps its static
+    choice for the process.
 
     Raises:
         RuntimeError: the autotuner chose a configuration that is not one of ``spec.candidates``.
@@ -319,20 +347,46 @@ def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
     tensors = [(n, v) for n, v in args.items() if isinstance(v, torch.Tensor)]
     for name in spec.timing_outputs:
         o = args.get(name)
-        if o is not None and any(_shares_storage(o, t) for n, t in tensors if n != name):
+        if o is not None and any(_overlap(o, t) for n, t in tensors if n != name):
             return False
+    key = {n: args[n] for n in spec.autotune_key}
     tuner = native().kernels[spec.name]  # the triton.autotune object (kernel_jit checked it)
+    if not _live_is_spec(tuner, spec):
+        _record_timed(spec, key, ref, None, 0)
+        return False
     with device_guard(ref):
-        tuner[lambda meta: grid(meta)](**args)
-    _record_timed(spec, {n: args[n] for n in spec.autotune_key}, ref, tuner.best_config)
-    return True
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        cache = dict(tuner.cache)
+        state = {a: getattr(tuner, a) for a in _TUNER_STATE if hasattr(tuner, a)}
+        try:
+            tuner[lambda meta: grid(meta)](**args)
+            best = tuner.best_config
+            timed = len(getattr(tuner, "configs_timings", None) or ()) if len(tuner.cache) > len(cache) else 0
+        except torch.OutOfMemoryError as exc:
+            import warnings
+            warnings.warn(f"{spec.name}: out of memory while upstream's autotuner timed the key {key} "
+                          f"({str(exc).splitlines()[0] if str(exc) else 'OutOfMemoryError'}); the key keeps its "
+                          f"static configuration (the same bits)", RuntimeWarning, stacklevel=3)
+            best = None
+        finally:
+            tuner.cache.clear()
+            tuner.cache.update(cache)
+            for a in _TUNER_STATE:
+                if a in state:
+                    setattr(tuner, a, state[a])
+                elif hasattr(tuner, a):
+                    delattr(tuner, a)
+    _record_timed(spec, key, ref, best, timed if best is not None else 0)
+    return best is not None
 
 
 _record_timed = None  # csrc_bindings._configs.record_timed, registered by that module (which imports this one)
 
 
 def set_timed_recorder(record) -> None:
-    """Register ``record(spec, key, ref, best_config)``, called after each timing of :func:`_launch_timed`
-    (:mod:`csrc_bindings._configs` registers its ``record_timed`` when imported)."""
+    """Register ``record(spec, key, ref, best_config or None, candidates timed)``, called by :func:`_launch_timed`
+    (None: the key keeps its static choice). :mod:`csrc_bindings._configs` registers its ``record_timed`` when
+    imported."""
     global _record_timed
     _record_timed = record

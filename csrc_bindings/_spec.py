@@ -63,6 +63,11 @@ class KernelSpec:
             object.__setattr__(self, "arg_names", tuple(self.arg_names.split()))
 
 
+#: ``KernelConfig.speed`` of a launch that is to time its key with upstream's autotuner (rule ``native-autotune-v1``,
+#: :mod:`csrc_bindings._configs`; :func:`csrc_bindings._native.launch` acts on it).
+TIMING_PENDING = "native-autotune-v1:pending"
+
+
 def key_of(spec: KernelSpec, args: Mapping) -> dict:
     """The kernel's autotune-key values, ``{name: args[name]}`` for the names of ``spec.autotune_key``, taken from
     the launch arguments (upstream's autotuner reads its key from the same arguments)."""

@@ -2,7 +2,8 @@
 proof's range with every kernel at its static choice (the timing off), then the first step with the timing on
 (upstream's autotuners time the all-neutral kernels on the step's own arguments), then two steps at the timed
 choices: the same SHA-256 of the output, the input gradient and every parameter gradient, and the timed kernels are
-the ones the rule covers.
+the ones the rule covers, each timed over all its candidates (upstream's autotuner caches emptied for the test,
+so no native layer's earlier choice is reused), and the autotuner objects are left as they were.
 """
 import pytest
 import torch
@@ -39,18 +40,30 @@ def test_timed_choices_give_the_static_choices_bits(shape, monkeypatch):
     L = 2 * chunk_size + chunk_size // 2  # a partial last chunk
     u = torch.randn(3, L, 256, device="cuda", generator=g).to(dtype)
     dout = torch.randn(3, L, 256, device="cuda", generator=g).to(dtype)
+    from csrc_bindings._native import native
+    from csrc_bindings._registry import KERNELS
     _configs.forget_timed()
+    monkeypatch.setattr(_configs, "NATIVE_TIMING", False)
+    static = _step(layer, u, dout, dtype)
+    tuners = {k: native().kernels[k] for k in STEP_KERNELS}
+    saved = {k: dict(t.cache) for k, t in tuners.items()}
+    for t in tuners.values():
+        t.cache.clear()
     try:
-        monkeypatch.setattr(_configs, "NATIVE_TIMING", False)
-        static = _step(layer, u, dout, dtype)
         assert _configs.timed_configs() == {}
         monkeypatch.setattr(_configs, "NATIVE_TIMING", True)
         first = _step(layer, u, dout, dtype)
         timed = _configs.timed_configs()
         assert {k.split("/")[2] for k in timed} == STEP_KERNELS, sorted(timed)
+        counts = _configs.timing_counts()
+        assert all(counts[k] == len(KERNELS[k.split("/")[2]].candidates) for k in timed), counts
+        assert all(t.cache == {} for t in tuners.values())  # the autotuners are left as they were
         later = [_step(layer, u, dout, dtype) for _ in range(2)]
         assert first == static
         assert all(d == static for d in later)
         assert _configs.timed_configs() == timed  # nothing timed again
     finally:
         _configs.forget_timed()
+        for k, t in tuners.items():
+            t.cache.clear()
+            t.cache.update(saved[k])
