@@ -103,7 +103,9 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
         launch = csrc_bindings.describe_launch(chunk_size=shape.chunk, headdim=shape.headdim, dstate=shape.N,
                                           nheads=shape.nheads, ngroups=shape.G, dtype=torch_dtype(shape.dtype),
                                           device=device)
-        return {k: {"config": v.get("config"), "source": v.get("source")} for k, v in launch["kernels"].items()}
+        return {k: {"config": v.get("config"), "source": v.get("source"), **({"speed": v["speed"]} if v.get("speed")
+                                                                               else {})}
+                for k, v in launch["kernels"].items()}
     except Exception as e:  # noqa: BLE001
         return {"error": error_text(e)}
 
@@ -212,6 +214,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
             measured = bench_shape(s, in_modes, shape_settings(s, settings), device, log=log)
             by_name[s.name]["rows"].update(measured["rows"])
             by_name[s.name]["settings"] = measured["settings"]
+            by_name[s.name]["pinned"] = _pinned(s, device)  # with the choices native-autotune-v1 timed in the run
             save()
         _launch_phase(shapes, in_modes, settings, device, by_name, over_in_process, log)
         save()

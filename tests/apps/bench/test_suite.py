@@ -193,3 +193,27 @@ def test_tree_is_the_tree_a_commit_of_the_checkout_would_have(tmp_path):
     git("commit", "-qam", "second")
     assert tree == git("rev-parse", "HEAD^{tree}")
     assert suite._tree(str(tmp_path / "no-such-dir")) is None
+
+
+def test_pinned_records_each_kernels_configuration_source_and_speed(monkeypatch):
+    """``bench.json``'s per-shape ``pinned``: describe_launch's config and source per kernel, and ``speed`` only
+    where the bit-neutral parameters were chosen for speed (e.g. ``native-autotune-v1``); None off CUDA."""
+    import csrc_bindings
+
+    from ordered_ssd.apps.bench import suite
+    from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
+    seen = {}
+
+    def describe(**kw):
+        seen.update(kw)
+        return {"kernels": {"chunk_scan_fwd": {"config": {"BLOCK_SIZE_M": 64}, "source": "table",
+                                               "speed": "native-autotune-v1"},
+                            "chunk_state_bwd_db": {"config": {"BLOCK_SIZE_M": 32}, "source": "rule"}}}
+    monkeypatch.setattr(csrc_bindings, "describe_launch", describe)
+    shape = named_or_parsed_shape("G11")
+    got = suite._pinned(shape, torch.device("cuda"))
+    assert got == {"chunk_scan_fwd": {"config": {"BLOCK_SIZE_M": 64}, "source": "table", "speed": "native-autotune-v1"},
+                   "chunk_state_bwd_db": {"config": {"BLOCK_SIZE_M": 32}, "source": "rule"}}
+    assert (seen["chunk_size"], seen["headdim"], seen["dstate"], seen["ngroups"]) == (64, 128, 64, 8)
+    assert seen["dtype"] == torch.float16
+    assert suite._pinned(shape, torch.device("cpu")) is None
