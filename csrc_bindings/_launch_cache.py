@@ -12,9 +12,10 @@ enter/exit hooks, on the current stream of the current device).
 
 **The key** is finer than Triton's specialisation, so a cached kernel is always the one Triton would have chosen:
 
-* per tensor argument its dtype and whether its data pointer is 16-byte aligned (Triton specialises on both);
-* every other argument by its type and exact value (Triton specialises integers on ``== 1``, divisibility by 16 and
-  the 32-bit range, and constexprs on their value: all functions of the value);
+* every argument's type; per tensor argument its dtype and whether its data pointer is 16-byte aligned (Triton
+  specialises on both);
+* every other argument's exact value (Triton specialises integers on ``== 1``, divisibility by 16 and the 32-bit
+  range, and constexprs on their value: all functions of the value);
 * the current device index (Triton's kernel cache is per current device), ``num_warps`` and ``num_stages``.
 
 A miss (the first launch of a shape) goes through ``jit[grid]`` as before; the returned kernel is kept. Nothing is
@@ -31,6 +32,7 @@ raises for that; upstream's kernels have none that change).
 """
 from __future__ import annotations
 
+import operator
 import threading
 
 import torch
@@ -64,9 +66,41 @@ def _jit_class():
 
 
 def argument_key(args) -> tuple:
-    """The part of the cache key that comes from the arguments: ``(dtype, aligned)`` per tensor (``aligned``: data
-    pointer divisible by 16), ``(type, value)`` per other argument."""
-    return tuple((a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else (a.__class__, a) for a in args)
+    """The part of the cache key that comes from the arguments: ``(types, values, tensors)``, where ``types`` is
+    the type of every argument, ``values`` every non-tensor argument (in order) and ``tensors`` ``(dtype,
+    aligned)`` per tensor argument (``aligned``: data pointer divisible by 16). The same information as a
+    ``(dtype, aligned)`` or ``(type, value)`` pair per argument, gathered with one C-level ``itemgetter`` per kind
+    (a plan kept per ``types``) instead of a Python test per argument: about half the host time."""
+    types = tuple(map(type, args))
+    plan = _plans.get(types)
+    if plan is None:
+        plan = _plan(types)
+    tensors, values = plan
+    return types, values(args), tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(args)])
+
+
+_plans: dict = {}  # argument types -> (tensor getter, value getter); one per launch site and optional-argument mix
+
+
+def _getter(idx: list):
+    if not idx:
+        return lambda a: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda a: (a[i],)
+    return operator.itemgetter(*idx)
+
+
+def _plan(types: tuple):
+    """``(tensor getter, value getter)`` for arguments of these types (kept; emptied past :data:`MAX_ENTRIES`)."""
+    tensors = [i for i, t in enumerate(types) if issubclass(t, _Tensor)]
+    values = [i for i, t in enumerate(types) if not issubclass(t, _Tensor)]
+    plan = (_getter(tensors), _getter(values))
+    with _lock:
+        if len(_plans) >= MAX_ENTRIES:
+            _plans.clear()
+        _plans[types] = plan
+    return plan
 
 
 def _cache_of(jit) -> dict:

@@ -67,19 +67,32 @@ def test_argument_key_tensor_dtype_and_alignment():
     assert base.data_ptr() % 16 == 0
     aligned, misaligned, shifted8 = base[8:], base[1:], base[4:]  # 16, 2 and 8 bytes past the base
     key = _launch_cache.argument_key
-    assert key((base,)) == ((torch.float16, True),)
-    assert key((aligned,)) == ((torch.float16, True),)
-    assert key((misaligned,)) == ((torch.float16, False),)
-    assert key((shifted8,)) == ((torch.float16, False),)
-    assert key((base.float(),)) == ((torch.float32, True),)
+    assert key((base,)) == ((torch.Tensor,), (), ((torch.float16, True),))
+    assert key((aligned,)) == key((base,))
+    assert key((misaligned,)) == ((torch.Tensor,), (), ((torch.float16, False),)) == key((shifted8,))
+    assert key((base.float(),)) == ((torch.Tensor,), (), ((torch.float32, True),))
+    # a tensor's place among the other arguments is part of the key
+    assert key((base, 3)) != key((3, base))
+    assert key((base, 3, base[1:])) == ((torch.Tensor, int, torch.Tensor), (3,), ((torch.float16, True),
+                                                                                   (torch.float16, False)))
 
 
 def test_argument_key_values_with_their_types():
     key = _launch_cache.argument_key
-    assert key((1, True, 1.0, None)) == ((int, 1), (bool, True), (float, 1.0), (type(None), None))
+    assert key((1, True, 1.0, None)) == ((int, bool, float, type(None)), (1, True, 1.0, None), ())
     # 1, True and 1.0 compare equal in Python: their keys must not
     assert len({key((1,)), key((True,)), key((1.0,))}) == 3
     assert key((16,)) != key((32,))
+    assert key((16, 8)) != key((16, 9)) and key((16, 8)) == key((16, 8))
+
+
+def test_argument_key_plans_are_bounded(monkeypatch):
+    monkeypatch.setattr(_launch_cache, "MAX_ENTRIES", 3)
+    _launch_cache._plans.clear()
+    for args in ((1,), (1.0,), (True,), (None,), ("s",)):
+        _launch_cache.argument_key(args)
+    assert 1 <= len(_launch_cache._plans) <= 3
+    assert _launch_cache.argument_key((2,)) == ((int,), (2,), ())
 
 
 def test_positional_covers_the_signature_exactly():
@@ -97,7 +110,7 @@ def test_no_key_off_cuda_or_for_other_functions(fake):
     assert _launch_cache.cache_key(object(), fake.ref, (cpu, 1, True, 8), 4, 3) is None
     assert _launch_cache.cache_key(FakeJIT(), fake.ref, (cpu, [1], True, 8), 4, 3) is None  # unhashable
     assert _launch_cache.cache_key(FakeJIT(), fake.ref, (cpu, 1, True, 8), 4, 3) == (
-        3, 4, 3, ((torch.float32, True), (int, 1), (bool, True), (int, 8)))
+        3, 4, 3, ((torch.Tensor, int, bool, int), (1, True, 8), ((torch.float32, True),)))
 
 
 def test_second_launch_of_a_key_runs_the_kept_kernel(fake):
