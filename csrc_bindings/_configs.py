@@ -378,7 +378,7 @@ def record_timed(spec: KernelSpec, key: Mapping, ref, best, timed: int = 0) -> K
         _timed[tk] = base
         return base
     cand = (dict(best.kwargs), int(best.num_warps), int(best.num_stages))
-    if cand not in [(dict(c[0]), c[1], c[2]) for c in spec.candidates]:
+    if cand not in spec.candidates:
         raise RuntimeError(f"{spec.name}: upstream's autotuner chose {cand}, not one of the candidates "
                            f"csrc_bindings knows for it")
     cfg = dataclasses.replace(base, meta=tuple((n, int(cand[0][n])) for n, _ in base.meta), num_warps=cand[1],

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from ._resources import launch_fitting, layer_sizes
-from ._spec import TIMING_PENDING
+from ._spec import TIMING_PENDING, key_of
 
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
@@ -316,14 +316,20 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
 
 
+def live_configs(tuner) -> tuple:
+    """An upstream autotuner object's own configurations as ``(block kwargs, num_warps, num_stages)``, the form of
+    ``KernelSpec.candidates``."""
+    return tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in tuner.configs)
+
+
 def _live_is_spec(tuner, spec) -> bool:
     """Whether the live autotuner times exactly ``spec.candidates`` without hooks (mamba-ssm's deterministic mode,
     read at its import, cuts the list to one configuration: nothing would be timed)."""
     configs = getattr(tuner, "configs", None)
-    if not configs or getattr(tuner, "reset_to_zero", None) or getattr(tuner, "restore_value", None):
+    if (not configs or getattr(tuner, "reset_to_zero", None) or getattr(tuner, "restore_value", None)
+            or any(c.pre_hook is not None for c in configs)):
         return False
-    live = [(dict(c.kwargs), c.num_warps, c.num_stages) for c in configs if c.pre_hook is None]
-    return live == [(dict(k), w, st) for k, w, st in spec.candidates]
+    return live_configs(tuner) == spec.candidates
 
 
 def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
@@ -349,7 +355,7 @@ def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
         o = args.get(name)
         if o is not None and any(_overlap(o, t) for n, t in tensors if n != name):
             return False
-    key = {n: args[n] for n in spec.autotune_key}
+    key = key_of(spec, args)
     tuner = native().kernels[spec.name]  # the triton.autotune object (kernel_jit checked it)
     if not _live_is_spec(tuner, spec):
         _record_timed(spec, key, ref, None, 0)

@@ -109,7 +109,7 @@ def live_candidates():
         if spec.candidates is None:
             continue
         _native.kernel_jit(spec)  # checks the kernel and fills ns.kernels
-        live = tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in ns.kernels[name].configs)
+        live = _native.live_configs(ns.kernels[name])
         if live != spec.candidates:
             raise SystemExit(f"{name}: the live autotuner lists {len(live)} configs that differ from the "
                              f"{len(spec.candidates)} upstream ones (is MAMBA_DETERMINISTIC or "
