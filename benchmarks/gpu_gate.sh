@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU gate in one device call, the test files split over four parallel pytest processes (the GPU is mostly idle:
+# The GPU gate in one device call, the test files split over seven parallel pytest processes (the GPU is mostly idle:
 # the tests are launch-bound), every log under $OUT.
 #
 #   bash benchmarks/gpu_gate.sh tests    the GPU test suite
@@ -18,7 +18,7 @@ set -u
 OUT=${OUT:-./gpu-gate-out}
 mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/ordered-ssd-gate-triton}
-PYTEST=(python -m pytest -q -rs -p no:cacheprovider --durations=10)
+PYTEST=(python -m pytest -v -rfEs -p no:cacheprovider --durations=10)
 status=0
 
 job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.log, append its exit status
@@ -30,15 +30,21 @@ job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.lo
 case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
-    job gpu-grid "$t" "${PYTEST[@]}" tests/gpu/modules/test_mamba2_cuda.py -k test_cuda_path_bitwise_repeatable &
+    # Seven processes: the first step of every new key times all candidates of the native-autotune-v1 kernels
+    # (tens of seconds per key and process), so the bitwise grid is split in two by chunk size.
+    grid=tests/gpu/modules/test_mamba2_cuda.py
+    job gpu-grid-a "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and cs64" &
+    job gpu-grid-b "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and not cs64" &
     job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
       tests/gpu/modules/test_parity_with_mamba2.py &
+    job gpu-compile "$t" "${PYTEST[@]}" tests/gpu/modules/test_compile.py &
     job gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules --ignore=tests/gpu/modules/test_parity_with_mamba2.py \
-      -k "not test_cuda_path_bitwise_repeatable" &
-    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules \
-      --ignore=tests/gpu/csrc_bindings/test_bindings.py &
+      --ignore=tests/gpu/modules/test_compile.py -k "not test_cuda_path_bitwise_repeatable" &
+    job gpu-ops "$t" "${PYTEST[@]}" tests/gpu/ops tests/gpu/fold &
+    job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules --ignore=tests/gpu/ops \
+      --ignore=tests/gpu/fold --ignore=tests/gpu/csrc_bindings/test_bindings.py &
     wait
-    logs="gpu-grid gpu-bindings gpu-modules gpu-rest" ;;
+    logs="gpu-grid-a gpu-grid-b gpu-bindings gpu-compile gpu-modules gpu-ops gpu-rest" ;;
   bench)
     job bench "${T_BENCH:-560}" python -m ordered_ssd bench --breakdown --no-native-child \
       --time-budget $(( ${T_BENCH:-560} - 160 )) --out "$OUT/bench"

@@ -14,11 +14,15 @@ CUDA = [name for name, cfg in CONFIGS.items() if cfg[0] == "cuda"]
 @pytest.mark.parametrize("name", CUDA)
 def test_cached_layer_step_gives_triton_paths_bits(name, monkeypatch):
     """One training step with every launch through ``jit[grid]`` (the cache never consulted), then steps with every
-    launch a hit: the same digests of the output and every gradient, and no launch left to Triton's path."""
+    launch a hit: the same digests of the output and every gradient, and no launch left to Triton's path. A first
+    step keeps every launch configuration of the step (a ``native-autotune-v1`` choice is timed at the first launch
+    of its key, through upstream's autotuner, not through the cache) and gives the same digests."""
+    first = step_digests(name)
     real_lookup = _launch_cache.lookup
     monkeypatch.setattr(_launch_cache, "lookup", lambda jit, key: None)
     triton_path = step_digests(name)
     monkeypatch.setattr(_launch_cache, "lookup", real_lookup)
+    assert triton_path == first
 
     hits, kept = [], []
     real_run, real_keep = _launch_cache.run_compiled, _launch_cache.keep

@@ -12,6 +12,8 @@ from csrc_bindings import _configs
 from ordered_ssd import OrderedMamba2
 from ordered_ssd.digest import tensor_sha256
 
+pytestmark = pytest.mark.native_timing  # the rule's timing is what this file tests
+
 # (chunk_size, headdim, d_state, ngroups, dtype): keys of the proof's cases and between them
 SHAPES = [(64, 32, 16, 1, torch.bfloat16), (128, 64, 64, 2, torch.float16), (256, 128, 128, 1, torch.bfloat16)]
 # the kernels of a training step that the rule times (chunk_state_varlen runs only with cu_seqlens)

@@ -26,6 +26,8 @@ import torch
 from ordered_ssd import OrderedMamba2
 from tests.helpers import bits_equal
 
+pytestmark = pytest.mark.native_timing  # compile and CUDA-graph capture with the rule's timing on, as users run them
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))  # the repository root
 B, L = 3, 200
 BASE = dict(d_model=256, d_state=64, headdim=64, chunk_size=64)
