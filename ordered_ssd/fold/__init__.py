@@ -26,10 +26,11 @@ over a partition axis. Importing this package does not import triton.
 """
 from .conv1d import conv1d_grad_partials, conv1d_grad_partials_torch
 from .many import FOLD_MANY_MAX, fold_example_sums, fold_many
-from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped, lexical_cumsum,
-                         lexical_fold, tree_fold)
+from .primitives import (LexicalFold, fold_dims, fold_example_gemms, fold_example_gemms_grouped,
+                         gemm_fold_timed_choices, lexical_cumsum, lexical_fold, tree_fold)
 from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RULE, GEMM_FOLD_CONFIGS,
-                       GEMM_FOLD_FIT_RULE, GEMM_FOLD_PROGRAMS_PER_SM, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES,
+                       GEMM_FOLD_FIT_RULE, GEMM_FOLD_PROGRAMS_PER_SM, GEMM_FOLD_TIMED_RULE, GEMM_FOLD_VARIANTS,
+                       GEMM_FOLD_WORKSPACE_BYTES, LINEAR_FUSED_BELOW_L, LINEAR_GROUP_BYTES,
                        REDUCTION_VERSION, accumulation_dtype,
                        gemm_fold_config, gemm_fold_configs_for, gemm_fold_examples_per_program,
                        gemm_fold_shared_bytes, linear_weight_grad_is_fused, reduction_fingerprint,
@@ -42,4 +43,5 @@ __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "fold_many",
            "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",
            "gemm_fold_shared_bytes", "LINEAR_FUSED_BELOW_L", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION",
            "reduction_fingerprint", "linear_weight_grad_is_fused", "rmsnorm_rows_per_program",
-           "GEMM_FOLD_CHAIN_RULE", "GEMM_FOLD_PROGRAMS_PER_SM", "gemm_fold_examples_per_program"]
+           "GEMM_FOLD_CHAIN_RULE", "GEMM_FOLD_PROGRAMS_PER_SM", "gemm_fold_examples_per_program",
+           "GEMM_FOLD_TIMED_RULE", "GEMM_FOLD_VARIANTS", "GEMM_FOLD_WORKSPACE_BYTES", "gemm_fold_timed_choices"]

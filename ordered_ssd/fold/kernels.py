@@ -19,7 +19,7 @@ def fold_kernel(p_ptr, init_ptr, out_ptr, K, M, stride_k, HAS_INIT: tl.constexpr
     if HAS_INIT:
         acc += tl.load(init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     for k in range(0, K):
-        acc += tl.load(p_ptr + k.to(tl.int64) * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.load(p_ptr + tl.cast(k, tl.int64) * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc, mask=mask)
 
 
@@ -188,6 +188,68 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, 
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
     tl.debug_barrier()
     tl.atomic_xchg(count_ptr, g + 1, sem="release")
+
+
+@triton.jit
+def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Row and column offsets of tile ``pid`` of an ``[M, N]`` output in the grouped order of the GEMM folds (for L2
+    reuse; it only decides which program owns which tile, never a value)."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gsz = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gsz
+    pid_n = (pid % width) // gsz
+    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
+                          HAS_INIT: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """``out = fold_e(a[e]^T @ b[e])``, one program per tile of ``out`` over all examples: per example the partial of
+    :func:`_gemm_partial` (K blocks of BK positions in order from +0.0, fp32 accumulation), added to the tile's
+    running sum (``init`` or +0.0) in registers, example 0 first: the additions of
+    :func:`gemm_fold_chain_kernel`, without the hand-off. ``FLAT``: the example loop and the K loop are flattened
+    into one software-pipelined loop (``tl.range(flatten=True)``), so the loads of the next example's first K
+    blocks overlap the current example's last products; the loop body, and hence every bit, is the same."""
+    rm, rn = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    rk = tl.arange(0, BK)
+    out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if HAS_INIT:
+        acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    for e in tl.range(0, NB, flatten=FLAT):
+        e64 = tl.cast(e, tl.int64)  # (a plain int under the interpreter: no .to)
+        a_ptrs = a_ptr + e64 * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
+        b_ptrs = b_ptr + e64 * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
+        p = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, L, BK):
+            a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
+            if IEEE:
+                p = tl.dot(a, b, p, input_precision="ieee")
+            else:
+                p = tl.dot(a, b, p)
+            a_ptrs += BK * s_al
+            b_ptrs += BK * s_bl
+        acc += p
+    tl.store(out_ptr + out_offs, acc, mask=out_mask)
+
+
+@triton.jit
+def gemm_partials_kernel(a_ptr, b_ptr, p_ptr, E0, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, IEEE: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """``p[j] = a[E0 + j]^T @ b[E0 + j]`` in fp32 (``p`` contiguous ``[*, M, N]``): one program per (tile, example
+    ``j``), the partial of :func:`_gemm_partial`; :func:`fold_kernel` then adds them in example order."""
+    j = tl.program_id(1)
+    rm, rn = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    rk = tl.arange(0, BK)
+    p = _gemm_partial(a_ptr, b_ptr, E0 + j, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
+    offs = j.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(p_ptr + offs, p, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit

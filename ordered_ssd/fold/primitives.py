@@ -10,11 +10,12 @@ import torch
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .settings import (GEMM_FOLD_CONFIGS, LINEAR_GROUP_BYTES, accumulation_dtype, gemm_fold_config,
-                       gemm_fold_examples_per_program)
+from . import settings as _settings
+from .settings import (GEMM_FOLD_CONFIGS, GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, LINEAR_GROUP_BYTES,
+                       accumulation_dtype, gemm_fold_config, gemm_fold_examples_per_program, gemm_fold_shared_bytes)
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "fold_example_gemms_grouped",
-           "fold_example_gemms"]
+           "fold_example_gemms", "gemm_fold_timed_choices"]
 
 
 class LexicalFold:
@@ -309,17 +310,27 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
             ``examples_per_program`` below 1, or (CUDA) a width so large that ``BK`` rows of it overflow 32-bit
             offsets.
 
-    On CUDA (bf16/fp16/fp32) this is one Triton launch (and the zeroing of a small int32 buffer): one program per
-    (group of consecutive examples, tile of ``out``) computes each partial from one example alone (blocks of ``BK``
-    positions in order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs), and the
-    tile's running sum is handed from group to group in example order (``kernels.gemm_fold_chain_kernel``): one
-    fp32 addition per example starting from +0.0, the bits of :class:`LexicalFold` over the partials, whatever
-    the grouping. The groups run in parallel; only the additions wait for the previous group's. A partial's bits
-    depend on ``L`` and :data:`GEMM_FOLD_CONFIGS` only, not on ``E`` or on the other examples. The configuration
-    is :func:`~ordered_ssd.fold.gemm_fold_config` for the device's shared memory (fewer pipeline stages on devices
-    with less than the pinned one needs: the same bits); a compiled kernel that Triton still refuses raises
-    ``ValueError`` before anything is launched. Elsewhere each partial is one ``torch.mm`` in the accumulation
-    dtype, folded by :class:`LexicalFold`.
+    On CUDA (bf16/fp16/fp32) each partial is computed from one example alone (blocks of ``BK`` positions in
+    order, tensor-core products accumulated in fp32; IEEE fp32 products for fp32 inputs) and added to the running sum
+    (``init`` or +0.0), one fp32 addition per example, example 0 first: the bits of :class:`LexicalFold` over the
+    partials. A partial's bits depend on ``L`` and :data:`GEMM_FOLD_CONFIGS` only, not on ``E`` or on the other
+    examples. Which kernel does this is bit-neutral (:data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`):
+
+    * the static choice, one launch of ``kernels.gemm_fold_chain_kernel`` (and the zeroing of a small int32
+      buffer): one program per (group of consecutive examples, tile of ``out``), the tile's running sum handed
+      from group to group in example order; the groups run in parallel, only the additions wait for the previous
+      group's (rule ``gemm-chain-v1``). The configuration is :func:`~ordered_ssd.fold.gemm_fold_config` for the
+      device's shared memory (fewer pipeline stages on devices with less than the pinned one needs: the same
+      bits);
+    * rule ``gemm-timed-v1`` (bf16/fp16 on sm_90, ``examples_per_program`` None): at the first call of a shape
+      (``E``, ``L``, ``M``, ``N``, strides, dtype, ``init`` or not) in the process, every variant is launched and
+      timed (CUDA events, a host synchronisation) and the fastest is kept for the shape
+      (:func:`gemm_fold_timed_choices`); inside a CUDA-graph capture an untimed shape takes the static choice.
+      The ``"partials"`` variant allocates up to :data:`~ordered_ssd.fold.GEMM_FOLD_WORKSPACE_BYTES` of fp32
+      workspace for the call.
+
+    A compiled kernel that Triton still refuses raises ``ValueError`` before it is launched. Elsewhere each partial
+    is one ``torch.mm`` in the accumulation dtype, folded by :class:`LexicalFold`.
     """
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -366,9 +377,8 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
 
     from . import kernels  # imports triton: only here, on CUDA
 
-    kernel = kernels.gemm_fold_chain_kernel
-    config = gemm_fold_config(a.dtype, _resources.shared_memory_limit(a.device))
-    BM, BN, BK, GROUP_M, num_warps, num_stages = config
+    static = ("chain", gemm_fold_config(a.dtype, _resources.shared_memory_limit(a.device)))
+    BK = static[1][2]  # every variant takes K blocks of this size (GEMM_FOLD_VARIANTS)
     # in-tile offsets are 32-bit: give such a tensor unit stride on its last axis (never changes a value)
     a = a.contiguous() if _tile_offsets_overflow(a, BK) else a
     b = b.contiguous() if _tile_offsets_overflow(b, BK) else b
@@ -379,24 +389,137 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     if E == 0:  # no partial: the running sum is +0.0 (+ init), as the kernel would start it
         return out.zero_() if init is None else out.copy_(init).add_(0.0)
     init_c = init.contiguous() if init is not None else out
+
+    def launch(variant):
+        _launch_gemm_variant(kernels, variant, a, b, init_c, init is not None, out, examples_per_program)
+
+    variants = [] if examples_per_program is not None else _timed_variants(a, static, M * N)
+    if not variants:
+        launch(static)
+        return out
+    key = (a.device.index, a.dtype, E, L, M, N, a.stride(), b.stride(), init is not None)
+    chosen = _gemm_timed.get(key)
+    if chosen is None:
+        if torch.cuda.is_current_stream_capturing():
+            launch(static)  # no timing inside a CUDA-graph capture: the static choice (the same bits)
+            return out
+        chosen = _gemm_timed[key] = _fastest(variants, launch, _cuda_event_ms)
+    launch(chosen)
+    return out
+
+
+#: Rule ``gemm-timed-v1``'s choices in this process: ``{(device index, dtype, E, L, M, N, a strides, b strides,
+#: has init): (kind, config)}`` (:func:`gemm_fold_timed_choices`).
+_gemm_timed: dict = {}
+
+
+def gemm_fold_timed_choices() -> dict:
+    """A copy of the variants that rule ``gemm-timed-v1`` chose in this process for
+    :func:`fold_example_gemms`, ``{(device index, dtype, E, L, M, N, a strides, b strides, has init): (kind,
+    (BM, BN, BK, GROUP_M, num_warps, num_stages))}`` (:data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
+    return dict(_gemm_timed)
+
+
+def _timed_variants(a: torch.Tensor, static: tuple, mn: int) -> list:
+    """The variants rule ``gemm-timed-v1`` times for ``a`` (CUDA, checked) and an output of ``mn`` elements:
+    :data:`GEMM_FOLD_VARIANTS` with the static choice first, the configurations that fit the device's shared
+    memory, and ``"partials"`` only where one fp32 partial fits :data:`GEMM_FOLD_WORKSPACE_BYTES`; for bf16/fp16
+    inputs on sm_90 (where their bit-neutrality was checked) while ``GEMM_FOLD_TIMING`` is on; else none (the
+    static choice)."""
+    if not (_settings.GEMM_FOLD_TIMING and a.dtype in (torch.bfloat16, torch.float16)
+            and torch.cuda.get_device_capability(a.device) == (9, 0)):
+        return []
+    from csrc_bindings import _resources  # imports nothing native
+
+    limit = _resources.shared_memory_limit(a.device)
+    out = [static]
+    for kind, config in GEMM_FOLD_VARIANTS[1:]:
+        if kind == "partials" and 4 * mn > GEMM_FOLD_WORKSPACE_BYTES:
+            continue
+        if config[2] == static[1][2] and gemm_fold_shared_bytes(config, a.dtype) <= limit:
+            out.append((kind, config))
+    return out
+
+
+def _cuda_event_ms(fn, repeats: int = 3) -> float:
+    """Milliseconds per call of ``fn`` over ``repeats`` calls on the current CUDA stream (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def _fastest(variants: list, launch, timer, rounds: int = 2):
+    """Rule ``gemm-timed-v1``: ``launch`` every variant once (compiles it; a variant Triton refuses for a resource
+    (``ValueError``) or that runs out of memory is dropped, except the static choice ``variants[0]``, whose error
+    propagates), then time the others ``rounds`` times each, interleaved, with ``timer(fn) -> ms``; the least
+    time wins, the earlier variant on a tie. The winner gives the bits of every other (docstring of
+    :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
+    ran = []
+    for i, variant in enumerate(variants):
+        try:
+            launch(variant)
+        except (ValueError, torch.cuda.OutOfMemoryError):
+            if i == 0:
+                raise
+            continue
+        ran.append(variant)
+    best = {v: float("inf") for v in ran}
+    for _ in range(rounds):
+        for v in ran:
+            best[v] = min(best[v], timer(lambda v=v: launch(v)))
+    return min(ran, key=lambda v: (best[v], ran.index(v)))
+
+
+def _launch_gemm_variant(kernels, variant, a, b, init_c, has_init, out, examples_per_program) -> None:
+    """``out = fold_e(a[e]^T @ b[e])`` (+ ``init_c`` first if ``has_init``) by one variant of
+    :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS` (the checks done; ``E >= 1``, ``out`` fp32 ``[M, N]``)."""
+    from csrc_bindings import _resources  # imports nothing native
+
+    kind, (BM, BN, BK, GROUP_M, num_warps, num_stages) = variant
+    E, L, M = a.shape
+    N = b.shape[2]
     tiles = -(-M // BM) * -(-N // BN)
-    if examples_per_program is None:  # bit-neutral rule gemm-chain-v1
-        examples_per_program = gemm_fold_examples_per_program(E, tiles, _resources.multiprocessor_count(a.device))
-    examples_per_program = min(examples_per_program, E)  # more than E is one group: the same launch
-    groups = -(-E // examples_per_program)
-    # per tile of out, the number of groups folded so far, then the ticket counter (the chain's handoff)
-    sync = torch.zeros(tiles + 1, dtype=torch.int32, device=a.device)
-    grid = (groups * tiles,)
-    args = (a, b, init_c, out, sync, E, L, M, N, a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1),
-            b.stride(2), examples_per_program)
-    consts = {"HAS_INIT": init is not None, "IEEE": a.dtype == torch.float32, "BM": BM, "BN": BN, "BK": BK,
-              "GROUP_M": GROUP_M}
+    ieee = a.dtype == torch.float32
+    strides = (a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2))
+    consts = {"IEEE": ieee, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GROUP_M}
+    config = {**consts, "num_warps": num_warps, "num_stages": num_stages}
+    sizes = lambda: f"M={M}, N={N}, dtype={a.dtype}"  # noqa: E731
     with device_guard(a):
         # a compiled kernel that still does not fit: ValueError before anything is launched
-        _resources.launch_fitting("fold_example_gemms", kernel, grid, args, consts,
-                                  {**consts, "num_warps": num_warps, "num_stages": num_stages}, a, explicit=True,
-                                  sizes=lambda: f"M={M}, N={N}, dtype={a.dtype}")
-    return out
+        if kind == "chain":
+            epp = examples_per_program
+            if epp is None:  # bit-neutral rule gemm-chain-v1
+                epp = gemm_fold_examples_per_program(E, tiles, _resources.multiprocessor_count(a.device))
+            epp = min(epp, E)  # more than E is one group: the same launch
+            # per tile of out, the number of groups folded so far, then the ticket counter (the chain's handoff)
+            sync = torch.zeros(tiles + 1, dtype=torch.int32, device=a.device)
+            _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_chain_kernel, (-(-E // epp) * tiles,),
+                                      (a, b, init_c, out, sync, E, L, M, N, *strides, epp),
+                                      {"HAS_INIT": has_init, **consts}, config, a, explicit=True, sizes=sizes)
+        elif kind in ("nest", "nest-flat"):
+            _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_nest_kernel, (tiles,),
+                                      (a, b, init_c, out, E, L, M, N, *strides),
+                                      {"HAS_INIT": has_init, "FLAT": kind == "nest-flat", **consts}, config, a,
+                                      explicit=True, sizes=sizes)
+        elif kind == "partials":
+            group = max(1, min(E, GEMM_FOLD_WORKSPACE_BYTES // (4 * M * N)))
+            buf = torch.empty(group, M * N, dtype=torch.float32, device=a.device)
+            BLOCK = 1024
+            for e0 in range(0, E, group):
+                n = min(group, E - e0)
+                _resources.launch_fitting("fold_example_gemms", kernels.gemm_partials_kernel, (tiles, n),
+                                          (a, b, buf, e0, L, M, N, *strides), consts, config, a, explicit=True,
+                                          sizes=sizes)
+                first_init = has_init if e0 == 0 else True
+                _launch_cache.launch(kernels.fold_kernel, (-(-(M * N) // BLOCK),),
+                                     (buf, init_c if e0 == 0 else out, out, n, M * N, buf.stride(0)),
+                                     dict(HAS_INIT=first_init, BLOCK=BLOCK), a, num_warps=4)
+        else:
+            raise ValueError(f"variant: expected a kind of GEMM_FOLD_VARIANTS, got {kind!r}")
 
 
 def fold_example_gemms_grouped(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,

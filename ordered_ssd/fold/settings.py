@@ -22,6 +22,7 @@ __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LIN
            "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "gemm_fold_config",
            "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
            "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_examples_per_program",
+           "GEMM_FOLD_TIMED_RULE", "GEMM_FOLD_VARIANTS", "GEMM_FOLD_WORKSPACE_BYTES",
            "rmsnorm_rows_per_program"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -154,6 +155,45 @@ def gemm_fold_examples_per_program(examples: int, tiles: int, multiprocessors: i
         return 1
     groups = min(examples, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // tiles)))
     return -(-examples // groups)
+
+
+#: Name of the rule by which :func:`~ordered_ssd.fold.fold_example_gemms` times its bit-neutral variants at the
+#: first launch of a shape and keeps the fastest (:data:`GEMM_FOLD_VARIANTS`).
+GEMM_FOLD_TIMED_RULE = "gemm-timed-v1"
+
+#: Bit-neutral. The launch variants of :func:`~ordered_ssd.fold.fold_example_gemms` for bf16/fp16 inputs on sm_90
+#: that rule ``gemm-timed-v1`` times, each ``(kind, (BM, BN, BK, GROUP_M, num_warps, num_stages))``; the first is
+#: the static choice (the pinned configuration, :func:`gemm_fold_config`, and rule ``gemm-chain-v1``):
+#:
+#: * ``"chain"``: ``kernels.gemm_fold_chain_kernel``, programs per (group of examples, tile), the running sum
+#:   handed down a chain;
+#: * ``"nest"`` / ``"nest-flat"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all examples in
+#:   registers (``"nest-flat"``: the example and K loops flattened into one pipelined loop);
+#: * ``"partials"``: ``kernels.gemm_partials_kernel`` writes the fp32 partials of a group of examples (at most
+#:   :data:`GEMM_FOLD_WORKSPACE_BYTES`, taken only where one partial fits it) in parallel, then
+#:   ``kernels.fold_kernel`` adds them to the running sum in example order; two launches per group.
+#:
+#: Why every variant gives the same bits: each output element is ``init`` (or +0.0) plus, one fp32 addition per
+#: example in example order, a partial computed from that example alone as a chain of tensor-core products over
+#: K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages and which program or
+#: launch computes which partial decide no addition. Checked bit for bit on the H200 (triton 3.6.0) at 12
+#: projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01) and by ``tests/gpu/fold/test_gemm_fold.py``.
+GEMM_FOLD_VARIANTS = (
+    ("chain", None),
+    ("nest-flat", (128, 128, 64, 8, 8, 4)),
+    ("nest-flat", (128, 128, 64, 8, 4, 3)),
+    ("nest-flat", (64, 128, 64, 8, 4, 4)),
+    ("nest", (128, 128, 64, 8, 8, 4)),
+    ("partials", (128, 256, 64, 8, 8, 3)),
+    ("partials", (128, 128, 64, 8, 8, 4)),
+)
+
+#: Bit-neutral. Bound on the fp32 workspace of the ``"partials"`` variant of :data:`GEMM_FOLD_VARIANTS` (bytes).
+GEMM_FOLD_WORKSPACE_BYTES = 32 << 20
+
+#: Whether :func:`~ordered_ssd.fold.fold_example_gemms` may time its variants (rule ``gemm-timed-v1``); a test
+#: hook: False launches the static choice for every shape not timed yet.
+GEMM_FOLD_TIMING = True
 
 
 #: Order-deciding. Sequence length from which :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs one

@@ -5,20 +5,25 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _static_configs_unless_marked(request, monkeypatch):
-    """Every GPU test not marked ``native_timing`` runs with ``csrc_bindings._configs.NATIVE_TIMING`` off: the
-    kernels of rule ``native-autotune-v1`` launch their static choice instead of timing every candidate at the first
-    launch of each key (tens of seconds per key and process, which would put the suite over the gate's time limit).
+    """Every GPU test not marked ``native_timing`` runs with ``csrc_bindings._configs.NATIVE_TIMING`` and
+    ``ordered_ssd.fold.settings.GEMM_FOLD_TIMING`` off: the kernels of rule ``native-autotune-v1`` launch their
+    static choice instead of timing every candidate at the first launch of each key (tens of seconds per key and
+    process, which would put the suite over the gate's time limit), and the projection folds take the static
+    variant instead of rule ``gemm-timed-v1``'s.
 
     Why that loses no check: the rule's choices are bit-neutral, and the timed path itself is tested where it is
     marked: ``test_native_timing`` (static, timing and later steps give the same bits), the bitwise grid
     (repeatable and literal == fast with every key timed in its first step), ``torch.compile`` and CUDA-graph
-    capture, and the tests that snapshot the autotuners' state (``native_timing`` marks). A key already timed
-    earlier in the process keeps its timed choice (``_configs._timed``). Put back after the test.
+    capture, the tests that snapshot the autotuners' state, and the fold variants' own tests
+    (``tests/gpu/fold/test_gemm_fold.py``) (``native_timing`` marks). A key already timed earlier in the process
+    keeps its timed choice (``_configs._timed``, ``fold.primitives._gemm_timed``). Put back after the test.
     """
     if request.node.get_closest_marker("native_timing") is None:
         from csrc_bindings import _configs  # imports nothing native
+        from ordered_ssd.fold import settings
 
         monkeypatch.setattr(_configs, "NATIVE_TIMING", False)
+        monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", False)
     yield
 
 

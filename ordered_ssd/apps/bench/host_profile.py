@@ -207,6 +207,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shape = named_or_parsed_shape(args.shape)
     modes = parse_modes(args.modes)
+    if "upstream-det" in modes:  # its switches are read at import: it never runs in this process
+        parser.error("--modes: expected modes that run in this process (native, ordered, ...), got 'upstream-det'; "
+                     "profile mamba-ssm's deterministic mode as native in a process started with "
+                     "MAMBA_DETERMINISTIC=1 CAUSAL_CONV1D_DETERMINISTIC=1")
     runner = LayerRunner(shape, modes, torch.device(args.device), args.seed)
     res = {"shape": shape.name, "dims": shape.dims(None if runner.cuda else "fp32"), "steps": args.steps,
            "modes": {}}

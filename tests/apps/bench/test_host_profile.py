@@ -1,6 +1,7 @@
 """Where a step's host time goes (:mod:`ordered_ssd.apps.bench.host_profile`), on the CPU."""
 import json
 
+import pytest
 import torch
 
 from ordered_ssd.apps.bench import host_profile
@@ -56,3 +57,13 @@ def test_per_call_host_times_count_the_cuda_path_with_the_natives_faked(monkeypa
     assert per_step["launch path _native.launch"] == triton_launches > 10
     assert per_step["fold fold_many"] == 2
     assert all(r["us_per_call"] > 0 for r in calls.values())
+
+
+def test_upstream_det_is_refused_with_how_to_profile_it(capsys):
+    """upstream-det's switches are read at import, so it never runs in the profiling process: a usage error naming
+    the argument and the environment to profile it in, before any layer is built."""
+    with pytest.raises(SystemExit) as exc:
+        host_profile.main(["--shape", TINY, "--device", "cpu", "--modes", "native,upstream-det"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--modes" in err and "'upstream-det'" in err and "MAMBA_DETERMINISTIC=1" in err

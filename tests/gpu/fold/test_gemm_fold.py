@@ -133,3 +133,76 @@ def test_fold_kernels_on_cuda_equal_the_cpu_fold():
     assert bits_equal(fold_dims(tb, (0, 1)).cpu(), fold_dims(tb.cpu(), (0, 1)))
     for rev in (False, True):
         assert bits_equal(lexical_cumsum(t, dim=2, reverse=rev).cpu(), lexical_cumsum(t.cpu(), dim=2, reverse=rev))
+
+
+VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's out_proj), few long ones
+    (64, 512, 768, 1536),
+    (3, 4096, 520, 2048),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("E,L,M,N", VARIANT_CASES)
+def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
+    """Rule ``gemm-timed-v1`` is bit-neutral: every variant of ``GEMM_FOLD_VARIANTS`` that the rule would time here
+    (one program per tile, flattened or not; per-example partials in a workspace then an ordered fold; any tile,
+    warps, stages) gives the bits of the static chain, with and without ``init`` (a -0.0 in it too), 3 times each;
+    a batch that needs several workspace groups is among the cases."""
+    from csrc_bindings import _resources
+    from ordered_ssd.fold import GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, kernels
+    from ordered_ssd.fold.primitives import _launch_gemm_variant, _timed_variants
+    from ordered_ssd.fold.settings import gemm_fold_config
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("rule gemm-timed-v1 times its variants on sm_90 only")
+    dy, x = _inputs(E, L, M, N, dtype, seed=13)
+    init = torch.randn(M, N, device="cuda")
+    init[0, 0] = -0.0
+    static = ("chain", gemm_fold_config(dtype, _resources.shared_memory_limit(dy.device)))
+    with pytest.MonkeyPatch.context() as mp:
+        from ordered_ssd.fold import settings
+        mp.setattr(settings, "GEMM_FOLD_TIMING", True)
+        variants = _timed_variants(dy, static, M * N)
+    fits = 4 * M * N <= GEMM_FOLD_WORKSPACE_BYTES
+    assert variants[0] == static and len(variants) == len(GEMM_FOLD_VARIANTS) - (0 if fits else 2)
+    assert {k for k, _ in variants} == {"chain", "nest", "nest-flat"} | ({"partials"} if fits else set())
+
+    def run(variant, with_init):
+        out = torch.empty(M, N, dtype=torch.float32, device="cuda")
+        src = init if with_init else out
+        _launch_gemm_variant(kernels, variant, dy, x, src, with_init, out, None)
+        return out
+
+    for with_init in (False, True):
+        want = run(static, with_init)
+        for variant in variants[1:]:
+            for _ in range(3):
+                assert bits_equal(run(variant, with_init), want), (variant, with_init)
+
+
+@pytest.mark.native_timing
+def test_timed_choice_is_kept_per_shape_and_gives_the_static_bits(monkeypatch):
+    """The first call of a shape times the variants and keeps the fastest for that shape (a second call times
+    nothing); the result has the static choice's bits; another shape is timed on its own; an explicit
+    ``examples_per_program`` is never timed."""
+    from ordered_ssd.fold import fold_example_gemms, gemm_fold_timed_choices, primitives
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("rule gemm-timed-v1 times its variants on sm_90 only")
+    monkeypatch.setattr(primitives, "_gemm_timed", {})
+    calls = []
+    real = primitives._fastest
+    monkeypatch.setattr(primitives, "_fastest", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dy, x = _inputs(16, 512, 1000, 300, torch.bfloat16, seed=17)
+    static = fold_example_gemms(dy, x, examples_per_program=2)
+    assert calls == [] and gemm_fold_timed_choices() == {}
+    got = fold_example_gemms(dy, x)
+    assert len(calls) == 1 and len(gemm_fold_timed_choices()) == 1
+    assert bits_equal(got, static)
+    for _ in range(3):
+        assert bits_equal(fold_example_gemms(dy, x), static)
+    assert len(calls) == 1
+    fold_example_gemms(dy[:5], x[:5])
+    assert len(calls) == 2 and len(gemm_fold_timed_choices()) == 2
+    (key, choice), = [(k, v) for k, v in gemm_fold_timed_choices().items() if k[2] == 16]
+    assert key[1:6] == (torch.bfloat16, 16, 512, 1000, 300) and choice[0] in {"chain", "nest", "nest-flat", "partials"}

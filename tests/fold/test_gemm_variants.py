@@ -1,0 +1,213 @@
+"""Rule ``gemm-timed-v1`` of ``fold_example_gemms`` off the GPU: which variants it times, how it picks one, and the
+variants' kernels under Triton's interpreter (the bits of the chain) and compiled for sm_90. The GPU suite
+(``tests/gpu/fold/test_gemm_fold.py``) checks the bits on the H200."""
+import textwrap
+
+import pytest
+import torch
+
+from ordered_ssd.fold import GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, primitives, settings
+
+STATIC = ("chain", (128, 128, 64, 8, 8, 4))
+
+
+def test_fastest_picks_the_least_time_and_the_earlier_variant_on_a_tie():
+    launched = []
+    times = {"s": [3.0, 2.5], "x": [1.0, 2.0], "y": [1.5, 1.0], "z": [0.9, 5.0]}
+
+    def launch(v):
+        launched.append(v)
+
+    calls = {}
+
+    def timer(fn):
+        fn()
+        v = launched[-1]
+        calls[v] = calls.get(v, 0) + 1
+        return times[v][calls[v] - 1]
+
+    assert primitives._fastest(["s", "x", "y", "z"], launch, timer) == "z"  # min over rounds: z 0.9
+    assert launched[:4] == ["s", "x", "y", "z"]  # each launched once (compiled) before any timing
+    assert calls == {"s": 2, "x": 2, "y": 2, "z": 2}
+    assert primitives._fastest(["s", "x", "y"], lambda v: None, lambda fn: 1.0) == "s"  # a tie: the earlier
+
+
+def test_fastest_drops_a_variant_that_does_not_fit_but_never_the_static_one():
+    def launch(v):
+        if v == "big":
+            raise ValueError("does not fit")
+        if v == "oom":
+            raise torch.cuda.OutOfMemoryError("out of memory")
+
+    picked = primitives._fastest(["s", "big", "oom", "x"], launch, lambda fn: {"s": 2.0, "x": 1.0}[probe(fn)])
+    assert picked == "x"
+
+    def launch_static_fails(v):
+        if v == "s":
+            raise ValueError("the static choice does not fit")
+
+    with pytest.raises(ValueError, match="the static choice does not fit"):
+        primitives._fastest(["s", "x"], launch_static_fails, lambda fn: 1.0)
+    with pytest.raises(RuntimeError, match="other"):  # any other error propagates
+        primitives._fastest(["s", "x"], lambda v: (_ for _ in ()).throw(RuntimeError("other")), lambda fn: 1.0)
+
+
+_LAST = []
+
+
+def probe(fn):
+    """The variant ``fn`` launches (test helper for the timer)."""
+    fn()
+    return _LAST[-1]
+
+
+@pytest.fixture(autouse=True)
+def _record_launches(monkeypatch):
+    _LAST.clear()
+    real = primitives._fastest
+
+    def fastest(variants, launch, timer, rounds=2):
+        return real(variants, lambda v: (_LAST.append(v), launch(v)), timer, rounds)
+
+    monkeypatch.setattr(primitives, "_fastest", fastest)
+    yield
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    from csrc_bindings import _resources
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(_resources, "shared_memory_limit", lambda device: 232448)
+    monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", True)
+
+
+def test_timed_variants_on_sm90_half_dtypes(h200):
+    a = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    got = primitives._timed_variants(a, STATIC, 1000)
+    assert got[0] == STATIC and got[1:] == list(GEMM_FOLD_VARIANTS[1:])
+    assert primitives._timed_variants(a.half(), STATIC, 1000) == got
+    # a partial larger than the workspace bound: no "partials" variant
+    big = primitives._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 4 + 1)
+    assert [v for v in got if v[0] != "partials"] == big
+    assert primitives._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 4) == got
+
+
+def test_timed_variants_off_sm90_fp32_small_shared_memory_or_hook_off(h200, monkeypatch):
+    from csrc_bindings import _resources
+
+    a = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    assert primitives._timed_variants(a.float(), STATIC, 10) == []
+    monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", False)
+    assert primitives._timed_variants(a, STATIC, 10) == []
+    monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", True)
+    monkeypatch.setattr(_resources, "shared_memory_limit", lambda device: 101376)  # sm_86/sm_89's
+    small = primitives._timed_variants(a, STATIC, 10)
+    assert small[0] == STATIC and small[1:] and all(
+        settings.gemm_fold_shared_bytes(c, torch.bfloat16) <= 101376 for _, c in small[1:])
+    assert ("partials", (128, 256, 64, 8, 8, 3)) not in small
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert primitives._timed_variants(a, STATIC, 10) == []
+
+
+def test_every_variant_takes_the_static_k_block():
+    """The variants differ only in what the docstring calls bit-neutral: BK (the K block of a partial's product
+    chain) is the pinned bf16/fp16 one."""
+    for kind, config in GEMM_FOLD_VARIANTS[1:]:
+        assert kind in ("nest", "nest-flat", "partials") and config[2] == settings.GEMM_FOLD_CONFIGS[torch.bfloat16][2]
+    assert GEMM_FOLD_VARIANTS[0] == ("chain", None)
+
+
+def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
+    """The nest kernel (flattened or not) and the partials kernel followed by the ordered fold, on the CPU under
+    Triton's interpreter (fp32, IEEE products): the bits of the chain kernel, with and without ``init``, over several
+    tiles, a partial last K block and several workspace groups."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import torch, triton
+        from tests.fold.interpreter import allow_runtime_loop_bounds
+        allow_runtime_loop_bounds()
+        from ordered_ssd.fold import kernels
+        from tests.helpers import bits_equal
+        K = dict(IEEE=True, BM=16, BN=16, BK=16, GROUP_M=2)
+
+        def chain(a, b, init):
+            E, L, M = a.shape
+            N = b.shape[2]
+            out = torch.empty(M, N, dtype=torch.float32)
+            tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+            sync = torch.zeros(tiles + 1, dtype=torch.int32)
+            kernels.gemm_fold_chain_kernel[(tiles,)](a, b, init if init is not None else out, out, sync, E, L, M, N,
+                                                     *a.stride(), *b.stride(), E, HAS_INIT=init is not None, **K)
+            return out
+
+        def nest(a, b, init, flat):
+            E, L, M = a.shape
+            N = b.shape[2]
+            out = torch.empty(M, N, dtype=torch.float32)
+            tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+            kernels.gemm_fold_nest_kernel[(tiles,)](a, b, init if init is not None else out, out, E, L, M, N,
+                                                    *a.stride(), *b.stride(), HAS_INIT=init is not None, FLAT=flat,
+                                                    **K)
+            return out
+
+        def partials(a, b, init, group):
+            E, L, M = a.shape
+            N = b.shape[2]
+            out = torch.empty(M, N, dtype=torch.float32)
+            buf = torch.empty(group, M * N, dtype=torch.float32)
+            tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+            for e0 in range(0, E, group):
+                n = min(group, E - e0)
+                kernels.gemm_partials_kernel[(tiles, n)](a, b, buf, e0, L, M, N, *a.stride(), *b.stride(), **K)
+                src = (init if init is not None else out) if e0 == 0 else out
+                kernels.fold_kernel[(triton.cdiv(M * N, 64),)](buf, src, out, n, M * N, buf.stride(0),
+                                                              HAS_INIT=(init is not None) or e0 > 0, BLOCK=64)
+            return out
+
+        g = torch.Generator().manual_seed(3)
+        cases = 0
+        for E, L, M, N in ((5, 37, 40, 24), (3, 16, 16, 50)):
+            a = torch.randn(E, L, M, generator=g)
+            b = torch.randn(E, L, N, generator=g).transpose(1, 2).contiguous().transpose(1, 2)
+            init = torch.randn(M, N, generator=g)
+            init[0, 0] = -0.0
+            for i in (None, init):
+                want = chain(a, b, i)
+                for flat in (True, False):
+                    assert bits_equal(nest(a, b, i, flat), want), ("nest", flat, E)
+                for group in (1, 2, E):
+                    assert bits_equal(partials(a, b, i, group), want), ("partials", group, E)
+                cases += 1
+        print("cases", cases)
+    """)
+    assert "cases 4" in run_python(code, interpret=True)
+
+
+def test_variant_kernels_compile_for_sm90_on_tensor_cores():
+    """Ahead-of-time compile for sm_90 (no GPU needed) at every configuration of the variants: each compiles, fits
+    the H200's shared memory, and its products run on wgmma."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from ordered_ssd.fold import GEMM_FOLD_VARIANTS, kernels
+
+        done = 0
+        for kind, (BM, BN, BK, G, w, s) in GEMM_FOLD_VARIANTS[1:]:
+            fn = kernels.gemm_partials_kernel if kind == "partials" else kernels.gemm_fold_nest_kernel
+            const = {"IEEE": False, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": G}
+            if kind != "partials":
+                const.update(HAS_INIT=True, FLAT=kind == "nest-flat")
+            sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16"}.get(
+                n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": w, "num_stages": s})
+            assert "wgmma.mma_async" in k.asm["ptx"] and k.metadata.shared <= 232448, (kind, BM, BN)
+            done += 1
+        print("compiled", done)
+    """)
+    assert f"compiled {len(GEMM_FOLD_VARIANTS) - 1}" in run_python(code, interpret=False)
