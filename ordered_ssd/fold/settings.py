@@ -38,9 +38,10 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-#: Order-deciding. Pinned launch configuration of :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel per input
-#: dtype: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``; ``BK`` is how many positions of an example one
-#: tensor-core step takes. Fixed, never timed. bf16/fp16: of 7 tried on an H200, the fastest in total over the
+#: Order-deciding. Pinned launch configuration of :func:`~ordered_ssd.fold.fold_example_gemms`'s static kernel per
+#: input dtype: ``(BM, BN, BK, GROUP_M, num_warps, num_stages)``; ``BK`` is how many positions of an example one
+#: tensor-core step takes (the one order parameter: every variant of :data:`GEMM_FOLD_VARIANTS` keeps it; the
+#: others are bit-neutral). bf16/fp16: of 7 tried on an H200, the fastest in total over the
 #: bench shapes that take this path (S1, S2, S3, S5; docs/performance.md).
 GEMM_FOLD_CONFIGS = {
     torch.bfloat16: (128, 128, 64, 8, 8, 4),

@@ -110,6 +110,18 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
         return {"error": error_text(e)}
 
 
+def _fold_variants(shape: Shape) -> list:
+    """The projection-fold variants that rule ``gemm-timed-v1`` chose in this process for ``shape``'s weight
+    gradients (``E = B``, ``L`` and the row dtype): ``[{"M", "N", "variant", "config"}]``, sorted; empty where the
+    rule timed nothing (off sm_90, fp32, sequences of ``LINEAR_FUSED_BELOW_L`` positions or more)."""
+    from ordered_ssd.fold import gemm_fold_timed_choices
+
+    dtype = torch_dtype(shape.dtype)
+    return sorted(({"M": k[4], "N": k[5], "variant": v[0], "config": list(v[1])}
+                   for k, v in gemm_fold_timed_choices().items()
+                   if (k[1], k[2], k[3]) == (dtype, shape.B, shape.L)), key=lambda r: (r["M"], r["N"]))
+
+
 def _check_environment(modes: Sequence[str], args, device: torch.device) -> None:
     if device.type == "cpu" and not args.shape and not args.shapes:
         raise BenchError("--device cpu: give a small --shape (S1-S5 and the grid are GPU sizes)")
@@ -215,6 +227,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
             by_name[s.name]["rows"].update(measured["rows"])
             by_name[s.name]["settings"] = measured["settings"]
             by_name[s.name]["pinned"] = _pinned(s, device)  # with the choices native-autotune-v1 timed in the run
+            by_name[s.name]["fold_variants"] = _fold_variants(s)  # rule gemm-timed-v1's choices for the shape
             save()
         _launch_phase(shapes, in_modes, settings, device, by_name, over_in_process, log)
         save()

@@ -217,3 +217,25 @@ def test_pinned_records_each_kernels_configuration_source_and_speed(monkeypatch)
     assert (seen["chunk_size"], seen["headdim"], seen["dstate"], seen["ngroups"]) == (64, 128, 64, 8)
     assert seen["dtype"] == torch.float16
     assert suite._pinned(shape, torch.device("cpu")) is None
+
+
+def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
+    """``bench.json``'s per-shape ``fold_variants``: rule gemm-timed-v1's choices whose batch, length and dtype are
+    the shape's, sorted by (M, N); others (another batch, dtype or length) left out."""
+    from ordered_ssd.apps.bench import suite
+    from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
+    from ordered_ssd.fold import primitives
+
+    shape = named_or_parsed_shape("S5")  # B64 L512 bf16
+    cfg = (128, 128, 64, 8, 8, 4)
+    monkeypatch.setattr(primitives, "_gemm_timed", {
+        (0, torch.bfloat16, 64, 512, 3224, 768, (1, 1, 1), (1, 1, 1), False): ("partials", cfg),
+        (0, torch.bfloat16, 64, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("nest-flat", cfg),
+        (0, torch.float16, 64, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("chain", cfg),
+        (0, torch.bfloat16, 32, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("nest", cfg),
+    })
+    assert suite._fold_variants(shape) == [
+        {"M": 768, "N": 1536, "variant": "nest-flat", "config": list(cfg)},
+        {"M": 3224, "N": 768, "variant": "partials", "config": list(cfg)}]
+    monkeypatch.setattr(primitives, "_gemm_timed", {})
+    assert suite._fold_variants(shape) == []
