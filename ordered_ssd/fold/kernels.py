@@ -119,8 +119,9 @@ def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr
 def _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """The [BM, BN] partial of example ``e`` alone: K blocks of BK positions in order, fp32 accumulation."""
-    a_ptrs = a_ptr + e.to(tl.int64) * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
-    b_ptrs = b_ptr + e.to(tl.int64) * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
+    e64 = tl.cast(e, tl.int64)  # (a plain int in a tl.range loop under the interpreter: no .to)
+    a_ptrs = a_ptr + e64 * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
+    b_ptrs = b_ptr + e64 * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
     p = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, L, BK):
         a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
@@ -221,20 +222,8 @@ def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if HAS_INIT:
         acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    for e in tl.range(0, NB, flatten=FLAT):
-        e64 = tl.cast(e, tl.int64)  # (a plain int under the interpreter: no .to)
-        a_ptrs = a_ptr + e64 * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
-        b_ptrs = b_ptr + e64 * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
-        p = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, L, BK):
-            a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
-            b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
-            if IEEE:
-                p = tl.dot(a, b, p, input_precision="ieee")
-            else:
-                p = tl.dot(a, b, p)
-            a_ptrs += BK * s_al
-            b_ptrs += BK * s_bl
+    for e in tl.range(0, NB, flatten=FLAT):  # the partial's K loop is inlined: a loop nest to flatten
+        p = _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
         acc += p
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
 
