@@ -324,8 +324,9 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
       bits);
     * rule ``gemm-timed-v1`` (bf16/fp16 on sm_90, ``examples_per_program`` None): at the first call of a shape
       (``E``, ``L``, ``M``, ``N``, strides, dtype, ``init`` or not) in the process, every variant is launched and
-      timed (CUDA events, a host synchronisation) and the fastest is kept for the shape
-      (:func:`gemm_fold_timed_choices`); inside a CUDA-graph capture an untimed shape takes the static choice.
+      timed (CUDA events; the host waits for each timing, 14 times at most) and the fastest is kept for the shape
+      (:func:`gemm_fold_timed_choices`); inside a CUDA-graph capture an untimed shape takes the static choice, and
+      so does every shape at ``L = 1`` (:func:`_timed_variants`).
       The ``"partials"`` variant allocates up to :data:`~ordered_ssd.fold.GEMM_FOLD_WORKSPACE_BYTES` of fp32
       workspace for the call.
 
@@ -393,15 +394,15 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     def launch(variant):
         _launch_gemm_variant(kernels, variant, a, b, init_c, init is not None, out, examples_per_program)
 
-    variants = [] if examples_per_program is not None else _timed_variants(a, static, M * N)
-    if not variants:
+    if examples_per_program is not None:  # an explicit grouping: the chain, never timed
         launch(static)
         return out
     key = (a.device.index, a.dtype, E, L, M, N, a.stride(), b.stride(), init is not None)
-    chosen = _gemm_timed.get(key)
+    chosen = _gemm_timed.get(key)  # a shape timed before keeps its choice
     if chosen is None:
-        if torch.cuda.is_current_stream_capturing():
-            launch(static)  # no timing inside a CUDA-graph capture: the static choice (the same bits)
+        variants = _timed_variants(a, static, M * N, L)
+        if not variants or torch.cuda.is_current_stream_capturing():
+            launch(static)  # not timed (or inside a CUDA-graph capture): the static choice, the same bits
             return out
         chosen = _gemm_timed[key] = _fastest(variants, launch, _cuda_event_ms)
     launch(chosen)
@@ -420,13 +421,18 @@ def gemm_fold_timed_choices() -> dict:
     return dict(_gemm_timed)
 
 
-def _timed_variants(a: torch.Tensor, static: tuple, mn: int) -> list:
-    """The variants rule ``gemm-timed-v1`` times for ``a`` (CUDA, checked) and an output of ``mn`` elements:
-    :data:`GEMM_FOLD_VARIANTS` with the static choice first, the configurations that fit the device's shared
-    memory, and ``"partials"`` only where one fp32 partial fits :data:`GEMM_FOLD_WORKSPACE_BYTES`; for bf16/fp16
-    inputs on sm_90 (where their bit-neutrality was checked) while ``GEMM_FOLD_TIMING`` is on; else none (the
-    static choice)."""
-    if not (_settings.GEMM_FOLD_TIMING and a.dtype in (torch.bfloat16, torch.float16)
+def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int) -> list:
+    """The variants rule ``gemm-timed-v1`` times for ``a`` (CUDA, checked) with ``seqlen`` positions per example and
+    an output of ``mn`` elements: :data:`GEMM_FOLD_VARIANTS` with the static choice first, the configurations that
+    fit the device's shared memory, and ``"partials"`` only where one fp32 partial fits
+    :data:`GEMM_FOLD_WORKSPACE_BYTES`; for bf16/fp16 inputs on sm_90 (where their bit-neutrality was checked) while
+    ``GEMM_FOLD_TIMING`` is on; else none (the static choice).
+
+    None at ``seqlen == 1`` either: Triton compiles an argument equal to 1 as a constant, so the partial's K loop
+    is one unrolled product, and the compiler folds the running sum's addition into the tensor-core accumulation
+    (``dot(a, b, acc)``) in the chain and nest kernels, but not across the partials variant's two launches: that
+    variant could give other bits there."""
+    if not (_settings.GEMM_FOLD_TIMING and seqlen != 1 and a.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(a.device) == (9, 0)):
         return []
     from csrc_bindings import _resources  # imports nothing native
@@ -453,12 +459,12 @@ def _cuda_event_ms(fn, repeats: int = 3) -> float:
 
 
 def _fastest(variants: list, launch, timer, rounds: int = 2):
-    """Rule ``gemm-timed-v1``: ``launch`` every variant once (compiles it; a variant Triton refuses for a resource
-    (``ValueError``) or that runs out of memory is dropped, except the static choice ``variants[0]``, whose error
-    propagates), then time the others ``rounds`` times each, interleaved, with ``timer(fn) -> ms``; the least
-    time wins, the earlier variant on a tie. The winner gives the bits of every other (docstring of
-    :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
-    ran = []
+    """Rule ``gemm-timed-v1``: ``launch`` every variant once (compiles it), then time each ``rounds`` times,
+    interleaved, with ``timer(fn) -> ms``; the least time wins, the earlier variant on a tie. A variant that Triton
+    refuses for a resource (``ValueError``) or that runs out of memory, at its first launch or while timed, is
+    dropped, except the static choice ``variants[0]``, whose error propagates. The winner gives the bits of every
+    other (docstring of :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
+    best = {}
     for i, variant in enumerate(variants):
         try:
             launch(variant)
@@ -466,11 +472,16 @@ def _fastest(variants: list, launch, timer, rounds: int = 2):
             if i == 0:
                 raise
             continue
-        ran.append(variant)
-    best = {v: float("inf") for v in ran}
+        best[variant] = float("inf")
     for _ in range(rounds):
-        for v in ran:
-            best[v] = min(best[v], timer(lambda v=v: launch(v)))
+        for v in list(best):
+            try:
+                best[v] = min(best[v], timer(lambda v=v: launch(v)))
+            except (ValueError, torch.cuda.OutOfMemoryError):
+                if v == variants[0]:
+                    raise
+                del best[v]
+    ran = list(best)
     return min(ran, key=lambda v: (best[v], ran.index(v)))
 
 
@@ -506,7 +517,8 @@ def _launch_gemm_variant(kernels, variant, a, b, init_c, has_init, out, examples
                                       {"HAS_INIT": has_init, "FLAT": kind == "nest-flat", **consts}, config, a,
                                       explicit=True, sizes=sizes)
         elif kind == "partials":
-            group = max(1, min(E, GEMM_FOLD_WORKSPACE_BYTES // (4 * M * N)))
+            # examples on grid axis 1: at most 65535 per launch
+            group = max(1, min(E, 65535, GEMM_FOLD_WORKSPACE_BYTES // (4 * M * N)))
             buf = torch.empty(group, M * N, dtype=torch.float32, device=a.device)
             BLOCK = 1024
             for e0 in range(0, E, group):

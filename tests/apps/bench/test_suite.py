@@ -220,22 +220,27 @@ def test_pinned_records_each_kernels_configuration_source_and_speed(monkeypatch)
 
 
 def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
-    """``bench.json``'s per-shape ``fold_variants``: rule gemm-timed-v1's choices whose batch, length and dtype are
-    the shape's, sorted by (M, N); others (another batch, dtype or length) left out."""
+    """``bench.json``'s per-shape ``fold_variants``: rule gemm-timed-v1's choices for the shape's two projections
+    (batch, length, dtype and [M, N] the shape's), sorted by (M, N); others left out, among them another shape's
+    projections at the same batch, length and dtype (S5 and G1: bf16, B64, L512)."""
     from ordered_ssd.apps.bench import suite
     from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
     from ordered_ssd.fold import primitives
 
-    shape = named_or_parsed_shape("S5")  # B64 L512 bf16
+    shape = named_or_parsed_shape("S5")  # B64 L512 d768 N64 G1 P64 bf16: in_proj [3224, 768], out_proj [768, 1536]
     cfg = (128, 128, 64, 8, 8, 4)
+    s = ((1, 1, 1), (1, 1, 1), False)
     monkeypatch.setattr(primitives, "_gemm_timed", {
-        (0, torch.bfloat16, 64, 512, 3224, 768, (1, 1, 1), (1, 1, 1), False): ("partials", cfg),
-        (0, torch.bfloat16, 64, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("nest-flat", cfg),
-        (0, torch.float16, 64, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("chain", cfg),
-        (0, torch.bfloat16, 32, 512, 768, 1536, (1, 1, 1), (1, 1, 1), False): ("nest", cfg),
+        (0, torch.bfloat16, 64, 512, 3224, 768, *s): ("partials", cfg),
+        (0, torch.bfloat16, 64, 512, 768, 1536, *s): ("nest-flat", cfg),
+        (0, torch.float16, 64, 512, 768, 1536, *s): ("chain", cfg),  # another dtype
+        (0, torch.bfloat16, 32, 512, 768, 1536, *s): ("nest", cfg),  # another batch
+        (0, torch.bfloat16, 64, 512, 1072, 256, *s): ("nest", cfg),  # G1's in_proj
     })
     assert suite._fold_variants(shape) == [
         {"M": 768, "N": 1536, "variant": "nest-flat", "config": list(cfg)},
         {"M": 3224, "N": 768, "variant": "partials", "config": list(cfg)}]
+    assert suite._fold_variants(named_or_parsed_shape("G1")) == [
+        {"M": 1072, "N": 256, "variant": "nest", "config": list(cfg)}]
     monkeypatch.setattr(primitives, "_gemm_timed", {})
     assert suite._fold_variants(shape) == []
