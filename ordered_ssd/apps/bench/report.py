@@ -140,6 +140,8 @@ def format_table(results: dict, heading: bool = True) -> str:
                 if r.get("ratio_mem_child") is not None:
                     child += f" (mem {_f(r.get('ratio_mem_child'), '.3f')})"
             det = _f(r.get("ratio_ms_det"), ".3f") if m == "ordered" else ""
+            if m == "ordered" and r.get("ratio_ms_det_paired") is not None:
+                det += f" (paired {_f(r['ratio_ms_det_paired'], '.3f')})"
             bits = _bits_cell(r)
             if m == "upstream-det" and r.get("deterministic_mode") is False:
                 bits += " (child NOT in deterministic mode!)"
@@ -155,7 +157,9 @@ def format_table(results: dict, heading: bool = True) -> str:
                          f"{_targets_cell(r.get('targets')) if m == 'ordered' else ''} |")
     lines += ["", "× native: to the native median measured in this process (interleaved). × native (child), "
                   "upstream-det only: to the native median measured by the same harness in a fresh process "
-                  "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms. "
+                  "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms "
+                  "(paired, where the fresh-process native ran: ordered / native in this process over "
+                  "upstream-det / native in fresh processes). "
                   f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
                   f"{TARGET_MEMORY:.2f}, det = ordered ≤ upstream-det (✓ met, ✗ missed, — not measured)."]
     summary = targets_summary(results)

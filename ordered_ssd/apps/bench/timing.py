@@ -255,7 +255,10 @@ def targets(rows: dict) -> Optional[dict]:
 def finalize_ratios(shape_res: dict) -> None:
     """Fill ``ratio_ms`` / ``ratio_mem`` of every row (to this process's native row); for upstream-det also
     ``ratio_ms_child`` / ``ratio_mem_child`` (to the native measured in its own fresh child process); for ordered
-    ``ratio_ms_det`` (ordered ms / upstream-det ms, where upstream-det ran) and ``targets`` (:func:`targets`)."""
+    ``ratio_ms_det`` (ordered ms / upstream-det ms, where upstream-det ran) and ``targets`` (:func:`targets`), and,
+    where the fresh-process native ran too, ``ratio_ms_det_paired``: ordered / native in this process over
+    upstream-det / native in fresh processes (each mode against native in the same kind of process; the targets
+    stay on ``ratio_ms_det``)."""
     rows = shape_res["rows"]
     native = rows.get("native") or {}
     det = rows.get("upstream-det") or {}
@@ -273,3 +276,8 @@ def finalize_ratios(shape_res: dict) -> None:
         if m == "ordered":
             r["ratio_ms_det"] = ratio(r.get("ms"), det.get("ms")) if not det.get("error") else None
             r["targets"] = targets(rows)
+    ordered = rows.get("ordered") or {}
+    if not ordered.get("error") and not det.get("error") and (det.get("child_native") or {}).get("ms"):
+        # each mode against native in the same kind of process: (ordered / native, this process) over
+        # (upstream-det / native, fresh processes)
+        ordered["ratio_ms_det_paired"] = ratio(ordered.get("ratio_ms"), det.get("ratio_ms_child"))

@@ -59,8 +59,9 @@ def test_ratios_and_table():
     md = bench.format_table(res)
     assert ("| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | launches | "
             "peak MiB | × native | bitwise | targets |") in md
-    assert ("| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered | 10.500 | 1.050 |  | 0.700 | 3.25 | 88.5 | "
-            "1050 | 1.050 | yes (10/10) | time ✓ · mem ✓ · det ✓ |") in md
+    assert r["ordered"]["ratio_ms_det_paired"] == pytest.approx(1.05 / 1.25)  # through native in each process
+    assert ("| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered | 10.500 | 1.050 |  | 0.700 (paired 0.840) | "
+            "3.25 | 88.5 | 1050 | 1.050 | yes (10/10) | time ✓ · mem ✓ · det ✓ |") in md
     assert "| upstream-det | 15.000 | 1.500 | 1.250 (mem 1.100) |  | 2.50 | 61 | 1100 | 1.100 | yes (10/10) |  |" in md
     assert "| native | 10.000 | 1.000 |  |  | 2.50 | 61 | 1000 | 1.000 | **no** (7 distinct of 10) |  |" in md
     assert "| literal | 30.000 | 3.000 |  |  | — | — | 1500 | 1.500 | yes (10/10), = ordered |  |" in md
