@@ -264,24 +264,57 @@ def worker_hashes(dtype_name, device, with_conv=True):
     return out
 
 
+def worker_pinned(shard: str, device: str = "cuda") -> dict:
+    """Shard ``i/n`` of this device arch's pinned table entries (entries ``i, i + n, ...`` in sorted order): each
+    compiled and run on its key's problem at its table configuration; ``{"checked", "failures"}``, a failure being
+    a configuration not from the table, an exception, or a non-finite output."""
+    from csrc_bindings._configs import _parse_key, _table, device_arch
+    from csrc_bindings._examples import problem_for_key
+    from csrc_bindings._registry import pinned_config, run_kernel
+    i, n = (int(v) for v in shard.split("/"))
+    arch = device_arch(device)
+    entries = sorted(k for k in _table() if k.startswith(arch + "/"))[i::n]
+    failures = []
+    for tk in entries:
+        _, dtname, kernel, keystr = tk.split("/")
+        key = _parse_key(keystr)
+        try:
+            cfg = pinned_config(kernel, key, DTYPES[dtname], arch)
+            if cfg.source != "table":
+                failures.append((tk, f"source {cfg.source!r}, expected 'table'"))
+                continue
+            p = problem_for_key(kernel, key, DTYPES[dtname], device)
+            outs = run_kernel(kernel, p)
+            torch.cuda.synchronize()
+            if not all(bool(torch.isfinite(t.float()).all()) for t in outs if t.is_floating_point()):
+                failures.append((tk, "non-finite output"))
+        except Exception as exc:  # noqa: BLE001
+            failures.append((tk, f"{type(exc).__name__}: {exc}"))
+    return {"checked": len(entries), "failures": failures}
+
+
 def _main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["compare", "hashes"])
+    ap.add_argument("mode", choices=["compare", "hashes", "pinned"])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-conv", action="store_true")
+    ap.add_argument("--shard", default="0/1", help="pinned: the slice i/n of the table entries")
     a = ap.parse_args(argv)
-    fn = worker_compare if a.mode == "compare" else worker_hashes
-    res = fn(a.dtype, a.device, with_conv=not a.no_conv)
+    if a.mode == "pinned":
+        res = worker_pinned(a.shard, a.device)
+    else:
+        fn = worker_compare if a.mode == "compare" else worker_hashes
+        res = fn(a.dtype, a.device, with_conv=not a.no_conv)
     print("@@RESULT@@" + json.dumps(res))
 
 
 # ----------------------------------------------------------------------------------------------- pytest side
-def _spawn(mode, dtype, env_extra):
+def _spawn(mode, dtype, env_extra, args=()):
     env = dict(os.environ)
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-m", WORKER, mode, "--dtype", dtype], env=env, cwd=str(ROOT),
+    return subprocess.Popen([sys.executable, "-m", WORKER, mode, "--dtype", dtype, *args], env=env, cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -375,27 +408,24 @@ def test_embedded_candidates_match_native_configs():
 
 
 def test_every_pinned_config_compiles_and_runs():
-    from csrc_bindings._configs import _parse_key, _table, device_arch
-    from csrc_bindings._examples import problem_for_key
-    from csrc_bindings._registry import pinned_config, run_kernel
+    """Every table entry of this GPU's arch compiles and runs at its configuration with finite outputs; the
+    entries are split over 8 worker processes started at once (they compile in parallel; 514 entries on sm_90)."""
+    from csrc_bindings._configs import _table, device_arch
     arch = device_arch("cuda")
-    entries = [k for k in _table() if k.startswith(arch + "/")]
-    if not entries:
+    total = sum(1 for k in _table() if k.startswith(arch + "/"))
+    if not total:
         pytest.skip(f"no pinned entries for {arch}")
-    failures = []
-    for tk in entries:
-        _, dtname, kernel, keystr = tk.split("/")
-        key = _parse_key(keystr)
-        cfg = pinned_config(kernel, key, DTYPES[dtname], arch)
-        assert cfg.source == "table"
+    shards = 8
+    procs = [_spawn("pinned", "bfloat16", {}, ("--shard", f"{i}/{shards}")) for i in range(shards)]
+    results, errors = [], []
+    for proc in procs:
         try:
-            p = problem_for_key(kernel, key, DTYPES[dtname], "cuda")
-            outs = run_kernel(kernel, p)
-            torch.cuda.synchronize()
-            if not all(bool(torch.isfinite(t.float()).all()) for t in outs if t.is_floating_point()):
-                failures.append((tk, "non-finite output"))
-        except Exception as exc:  # noqa: BLE001
-            failures.append((tk, f"{type(exc).__name__}: {exc}"))
+            results.append(_collect(proc, timeout=540))
+        except AssertionError as exc:  # the others are still collected (or killed at their time limit)
+            errors.append(str(exc)[-2000:])
+    assert not errors, errors
+    assert sum(r["checked"] for r in results) == total
+    failures = [f for r in results for f in r["failures"]]
     assert not failures, failures
 
 
