@@ -5,6 +5,12 @@ triton. Every kernel adds in the order the docstring of :mod:`ordered_ssd.fold` 
 time, the partition index in a sequential loop inside one program (or, in :func:`gemm_fold_chain_kernel`, handed
 from program to program in order), so the block sizes of the launches (bit-neutral: they only decide which output
 elements a program owns) never change a value.
+
+The GEMM folds take ``L`` (positions per example) with ``do_not_specialize``: Triton would otherwise compile
+``L == 1`` as a constant, unroll the partial's one-block K loop, and fold the running sum's ``acc += p`` into the
+tensor-core accumulation (``dot(a, b, acc)``), so at ``L == 1`` an example's addition would be the MMA's, not a
+separate fp32 addition, for the examples after a program's first: bits that depend on the grouping, hence on the
+batch size and the GPU's SM count (reduction version 4 removes this).
 """
 import triton
 import triton.language as tl
@@ -135,7 +141,7 @@ def _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, 
     return p
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
 def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl,
                            s_bn, EPP, HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                            BK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -205,7 +211,7 @@ def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexp
     return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
 def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
                           HAS_INIT: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -228,7 +234,7 @@ def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
 def gemm_partials_kernel(a_ptr, b_ptr, p_ptr, E0, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, IEEE: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """``p[j] = a[E0 + j]^T @ b[E0 + j]`` in fp32 (``p`` contiguous ``[*, M, N]``): one program per (tile, example

@@ -224,8 +224,12 @@ CONV1D_BWD_BLOCK_D = 64
 #: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
 #: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`; 3: the conv1d weight/bias
 #: gradients from ordered-ssd's own per-(example, tile) partials kernel (:data:`CONV1D_BWD_TILE_L`) instead of
-#: causal-conv1d's channel-first backward called once per example.
-REDUCTION_VERSION = 3
+#: causal-conv1d's channel-first backward called once per example; 4: at ``L == 1`` (one position per example)
+#: :func:`~ordered_ssd.fold.fold_example_gemms` adds every example's partial to the running sum as a separate fp32
+#: addition (the kernels no longer let Triton compile ``L == 1`` as a constant, which folded the addition into
+#: the tensor-core accumulation for all but each program's first example, so the bits depended on the grouping);
+#: other lengths keep version 3's bits.
+REDUCTION_VERSION = 4
 
 
 def reduction_fingerprint(device=None) -> str:

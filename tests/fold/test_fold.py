@@ -159,7 +159,7 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     from ordered_ssd.fold import settings
 
     base = settings.reduction_fingerprint()
-    assert base == "v3 gemm=d93bf44d8b2a"  # version 3: the conv1d partials kernel and its tile
+    assert base == "v4 gemm=d93bf44d8b2a"  # version 4: separate additions at L == 1 (the settings hash as in v3)
     assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
     monkeypatch.setattr(settings, "LINEAR_FUSED_BELOW_L", settings.LINEAR_FUSED_BELOW_L * 2)
     longer = settings.reduction_fingerprint()
@@ -211,11 +211,11 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
     limit = {"bytes": 232448}
     monkeypatch.setattr(resources, "shared_memory_limit", lambda device: limit["bytes"])
     pinned = settings.reduction_fingerprint()
-    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v3 gemm=")  # H200
+    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v4 gemm=")  # H200
     assert settings.reduction_fingerprint("cpu") == pinned
     limit["bytes"] = 101376
     small = settings.reduction_fingerprint("cuda:0")
-    assert small != pinned and small.startswith("v3 gemm=") and len(small.split("=")[1]) == 12
+    assert small != pinned and small.startswith("v4 gemm=") and len(small.split("=")[1]) == 12
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS", {**settings.GEMM_FOLD_CONFIGS,
                                                         torch.bfloat16: (128, 128, 64, 8, 8, 3),
                                                         torch.float16: (128, 128, 64, 8, 8, 3)})

@@ -234,3 +234,40 @@ def test_variant_kernels_compile_for_sm90_on_tensor_cores():
         print("compiled", done)
     """)
     assert f"compiled {len(GEMM_FOLD_VARIANTS) - 1}" in run_python(code, interpret=False)
+
+
+def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
+    """Reduction version 4: the three GEMM-fold kernels take ``L`` with ``do_not_specialize``, so ``L == 1`` is not
+    compiled as a constant (which unrolled the K loop and let Triton fold ``acc += p`` into the tensor-core
+    accumulation); their other integer arguments keep Triton's specialisation. Ahead-of-time compiles for sm_90
+    at ``L`` = 1 given as a constant show what that did: the chain kernel's loop over a program's further examples
+    (and the nest kernel's only product) accumulate into the running sum."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from ordered_ssd.fold import kernels
+
+        for fn in (kernels.gemm_fold_chain_kernel, kernels.gemm_fold_nest_kernel, kernels.gemm_partials_kernel):
+            flags = {p.name: p.do_not_specialize for p in fn.params}
+            assert flags["L"] is True and not any(v for k, v in flags.items() if k != "L"), flags
+        fused = {}
+        for name, fn, extra in (("chain", kernels.gemm_fold_chain_kernel, {"HAS_INIT": True}),
+                                ("nest", kernels.gemm_fold_nest_kernel, {"HAS_INIT": True, "FLAT": True})):
+            for L in ("one", "i32"):
+                const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, **extra}
+                if L == "one":
+                    const["L"] = 1
+                sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
+                    n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+                k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+                dots = [ln for ln in k.asm["ttir"].splitlines() if "tt.dot" in ln]
+                fused[(name, L)] = any("%acc" in ln.split("=", 1)[1].split(",")[2] for ln in dots)
+        assert fused == {("chain", "one"): True, ("chain", "i32"): False, ("nest", "one"): True,
+                         ("nest", "i32"): False}, fused
+        print("checked")
+    """)
+    assert "checked" in run_python(code, interpret=False)

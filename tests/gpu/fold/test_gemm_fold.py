@@ -49,7 +49,9 @@ def test_fold_example_gemms_is_the_fold_of_single_example_partials(dtype, E, L, 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("E,L,M,N", [(64, 100, 300, 200), (13, 512, 3224, 96), (2, 64, 1000, 1000)])
+# (40, 1, 520, 300): one position per example (reduction version 4: L is never compiled as a constant)
+@pytest.mark.parametrize("E,L,M,N", [(64, 100, 300, 200), (13, 512, 3224, 96), (2, 64, 1000, 1000),
+                                     (40, 1, 520, 300)])
 def test_examples_per_program_changes_no_bit(dtype, E, L, M, N):
     """Rule ``gemm-chain-v1`` is bit-neutral: any grouping of the examples (1 per program, the rule's, all of them,
     uneven last groups) gives the same bits, 20 times over (the chain's hand-off under load: no lost or reordered
