@@ -428,10 +428,10 @@ def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int) -> lis
     :data:`GEMM_FOLD_WORKSPACE_BYTES`; for bf16/fp16 inputs on sm_90 (where their bit-neutrality was checked) while
     ``GEMM_FOLD_TIMING`` is on; else none (the static choice).
 
-    None at ``seqlen == 1`` either: Triton compiles an argument equal to 1 as a constant, so the partial's K loop
-    is one unrolled product, and the compiler folds the running sum's addition into the tensor-core accumulation
-    (``dot(a, b, acc)``) in the chain and nest kernels, but not across the partials variant's two launches: that
-    variant could give other bits there."""
+    None at ``seqlen == 1`` either: before reduction version 4 Triton compiled ``L == 1`` as a constant and the
+    chain and nest kernels folded the running sum's addition into the tensor-core accumulation there, unlike the
+    partials variant; the kernels no longer allow that (``kernels`` module docstring), but the variants have not
+    been compared at ``L == 1`` on a GPU since."""
     if not (_settings.GEMM_FOLD_TIMING and seqlen != 1 and a.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(a.device) == (9, 0)):
         return []
