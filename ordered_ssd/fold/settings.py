@@ -227,8 +227,8 @@ CONV1D_BWD_BLOCK_D = 64
 #: causal-conv1d's channel-first backward called once per example; 4: at ``L == 1`` (one position per example)
 #: :func:`~ordered_ssd.fold.fold_example_gemms` adds every example's partial to the running sum as a separate fp32
 #: addition (the kernels no longer let Triton compile ``L == 1`` as a constant, which folded the addition into
-#: the tensor-core accumulation for all but each program's first example, so the bits depended on the grouping);
-#: other lengths keep version 3's bits.
+#: the tensor-core accumulation for all but each program's first example, so the bits could depend on the grouping);
+#: other lengths are expected to keep version 3's bits (the same fp32 additions; not yet compared on a GPU).
 REDUCTION_VERSION = 4
 
 

@@ -244,7 +244,7 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
     (and the nest kernel's only product) accumulate into the running sum."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
     from tests.fold.interpreter import run_python
-    code = textwrap.dedent("""
+    code = textwrap.dedent(r"""
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -268,6 +268,28 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
                 fused[(name, L)] = any("%acc" in ln.split("=", 1)[1].split(",")[2] for ln in dots)
         assert fused == {("chain", "one"): True, ("chain", "i32"): False, ("nest", "one"): True,
                          ("nest", "i32"): False}, fused
+        # do_not_specialize also drops the divisible-by-16 hint on L: with and without it, the same fp32
+        # additions, loads, stores and tensor-core instructions (only the K masks' comparisons differ)
+        import collections, re
+        fn = kernels.gemm_fold_chain_kernel
+        const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "HAS_INIT": True}
+        sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
+            n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+        names = list(fn.arg_names)
+        hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if n not in const and n not in ("L", "NB", "sync_ptr")}
+        counts = []
+        for with_l in (True, False):
+            attrs = dict(hints)
+            if with_l:
+                attrs[(names.index("L"),)] = [["tt.divisibility", 16]]
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 4})
+            ops = collections.Counter(re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z]+(?:\.[a-z0-9_]+)*)", k.asm["ptx"],
+                                                 re.M))
+            counts.append({o: c for o, c in ops.items() if o.startswith(("add.", "fma", "wgmma", "ld.global",
+                                                                          "st.global", "cp.async"))})
+        assert counts[0] == counts[1] and counts[0].get("add.f32", 0) > 0, counts
         print("checked")
     """)
     assert "checked" in run_python(code, interpret=False)

@@ -14,8 +14,9 @@ def _static_configs_unless_marked(request, monkeypatch):
     Why that loses no check: the rule's choices are bit-neutral, and the timed path itself is tested where it is
     marked: ``test_native_timing`` (static, timing and later steps give the same bits), the bitwise grid
     (repeatable and literal == fast with every key timed in its first step), ``torch.compile`` and CUDA-graph
-    capture, the tests that snapshot the autotuners' state, and the fold variants' own tests
-    (``tests/gpu/fold/test_gemm_fold.py``) (``native_timing`` marks). A key already timed earlier in the process
+    capture, the tests that snapshot the autotuners' state, and the fold's timed-choice test
+    (``tests/gpu/fold/test_gemm_fold.py``) (``native_timing`` marks). Child processes that a test starts are not
+    reached by this fixture: they run with the timing on, as users do. A key already timed earlier in the process
     keeps its timed choice (``_configs._timed``, ``fold.primitives._gemm_timed``). Put back after the test.
     """
     if request.node.get_closest_marker("native_timing") is None:
