@@ -141,6 +141,20 @@ def _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, 
     return p
 
 
+@triton.jit
+def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Row and column offsets of tile ``pid`` of an ``[M, N]`` output in the grouped order of the GEMM folds (for L2
+    reuse; it only decides which program owns which tile, never a value)."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gsz = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gsz
+    pid_n = (pid % width) // gsz
+    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+
+
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
 def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl,
                            s_bn, EPP, HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -164,14 +178,7 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, 
     ticket = tl.atomic_add(sync_ptr + tiles, 1)
     g = ticket // tiles
     pid = ticket - g * tiles
-    # grouped tile order for L2 reuse (changes no value)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gsz = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsz
-    pid_n = (pid % width) // gsz
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    rm, rn = _tile_of(pid, M, N, BM, BN, GROUP_M)
     rk = tl.arange(0, BK)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -195,20 +202,6 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, 
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
     tl.debug_barrier()
     tl.atomic_xchg(count_ptr, g + 1, sem="release")
-
-
-@triton.jit
-def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """Row and column offsets of tile ``pid`` of an ``[M, N]`` output in the grouped order of the GEMM folds (for L2
-    reuse; it only decides which program owns which tile, never a value)."""
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gsz = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsz
-    pid_n = (pid % width) // gsz
-    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
