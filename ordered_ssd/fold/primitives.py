@@ -171,23 +171,31 @@ def _fold_rows_loop(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: 
     return acc
 
 
-def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch.dtype) -> torch.Tensor:
-    """``out[m] = fold(+, p2d[k, m] for k)`` (starting from ``init`` or +0.0), in ``acc_dtype``."""
+def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch.dtype, *,
+               out: Optional[torch.Tensor] = None, block: int = 256) -> torch.Tensor:
+    """``out[m] = fold(+, p2d[k, m] for k)`` (starting from ``init`` or +0.0), in ``acc_dtype``.
+
+    On CUDA in fp32 one ``fold_kernel`` launch of ``block`` elements per program (``block`` only tiles ``m``: the
+    bits do not depend on it); ``out`` (fp32, ``[M]``, contiguous) receives the result if given (it may be ``init``
+    itself: each element is read before it is written), else a new tensor. Elsewhere ``out`` and ``block`` must be
+    left at their defaults."""
     if p2d.device.type != "cuda" or acc_dtype != torch.float32:
+        if out is not None:
+            raise ValueError("out: only the CUDA fp32 fold writes into a given tensor")
         return _fold_rows_loop(p2d, init, acc_dtype)
     from . import kernels  # imports triton: only here, on CUDA
 
     fold_kernel = kernels.fold_kernel
     K, M = p2d.shape
     p2d = p2d if p2d.stride(1) == 1 else p2d.contiguous()
-    out = torch.empty(M, dtype=torch.float32, device=p2d.device)
+    if out is None:
+        out = torch.empty(M, dtype=torch.float32, device=p2d.device)
     if M == 0:
         return out
     init_c = init.contiguous().view(-1) if init is not None else out
-    BLOCK = 256
     with device_guard(p2d):
-        _launch_cache.launch(fold_kernel, (-(-M // BLOCK),), (p2d, init_c, out, K, M, p2d.stride(0)),
-                             dict(HAS_INIT=init is not None, BLOCK=BLOCK), p2d, num_warps=4)
+        _launch_cache.launch(fold_kernel, (-(-M // block),), (p2d, init_c, out, K, M, p2d.stride(0)),
+                             dict(HAS_INIT=init is not None, BLOCK=block), p2d, num_warps=4)
     return out
 
 
@@ -520,16 +528,15 @@ def _launch_gemm_variant(kernels, variant, a, b, init_c, has_init, out, examples
             # examples on grid axis 1: at most 65535 per launch
             group = max(1, min(E, 65535, GEMM_FOLD_WORKSPACE_BYTES // (4 * M * N)))
             buf = torch.empty(group, M * N, dtype=torch.float32, device=a.device)
-            BLOCK = 1024
+            flat = out.view(-1)
             for e0 in range(0, E, group):
                 n = min(group, E - e0)
                 _resources.launch_fitting("fold_example_gemms", kernels.gemm_partials_kernel, (tiles, n),
                                           (a, b, buf, e0, L, M, N, *strides), consts, config, a, explicit=True,
                                           sizes=sizes)
-                first_init = has_init if e0 == 0 else True
-                _launch_cache.launch(kernels.fold_kernel, (-(-(M * N) // BLOCK),),
-                                     (buf, init_c if e0 == 0 else out, out, n, M * N, buf.stride(0)),
-                                     dict(HAS_INIT=first_init, BLOCK=BLOCK), a, num_warps=4)
+                # the partials in example order onto init (then onto what the groups before left in out)
+                first = (init_c.view(-1) if has_init else None) if e0 == 0 else flat
+                _fold_rows(buf[:n], first, torch.float32, out=flat, block=1024)  # block as measured in exp7
         else:
             raise ValueError(f"variant: expected a kind of GEMM_FOLD_VARIANTS, got {kind!r}")
 
