@@ -37,8 +37,18 @@ class Shape:
     dtype: str = "bf16"
 
     @property
+    def d_inner(self) -> int:
+        """``expand * d_model`` (``expand`` 2)."""
+        return 2 * self.d_model
+
+    @property
     def nheads(self) -> int:
-        return 2 * self.d_model // self.headdim
+        return self.d_inner // self.headdim
+
+    def projection_weights(self) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        """The ``[out, in]`` shapes of the layer's two projection weights, as ``OrderedMamba2`` builds them:
+        in_proj ``[2 * d_inner + 2 * G * N + nheads, d_model]`` and out_proj ``[d_model, d_inner]``."""
+        return ((2 * self.d_inner + 2 * self.G * self.N + self.nheads, self.d_model), (self.d_model, self.d_inner))
 
     def kernel_key(self) -> Tuple[int, int, int, str]:
         """``(chunk_size, headdim, d_state, dtype)``: what mamba-ssm's SSD autotuner keys most kernels on (with

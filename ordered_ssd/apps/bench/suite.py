@@ -112,14 +112,12 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
 
 def _fold_variants(shape: Shape) -> list:
     """The projection-fold variants that rule ``gemm-timed-v1`` chose in this process for ``shape``'s two weight
-    gradients (``E = B``, ``L``, the row dtype, and ``[M, N]`` = in_proj's ``[2 * d_inner + 2 * G * N + nheads,
-    d_model]`` or out_proj's ``[d_model, d_inner]``, ``d_inner = 2 * d_model``): ``[{"M", "N", "variant",
-    "config"}]``, sorted; empty where the rule timed nothing (off sm_90, fp32, ``L = 1``, sequences of
+    gradients (``E = B``, ``L``, the row dtype, ``[M, N]`` of :meth:`Shape.projection_weights`): ``[{"M", "N",
+    "variant", "config"}]``, sorted; empty where the rule timed nothing (off sm_90, fp32, ``L = 1``, sequences of
     ``LINEAR_FUSED_BELOW_L`` positions or more)."""
     from ordered_ssd.fold import gemm_fold_timed_choices
 
-    d_inner = 2 * shape.d_model
-    projections = {(2 * d_inner + 2 * shape.G * shape.N + shape.nheads, shape.d_model), (shape.d_model, d_inner)}
+    projections = set(shape.projection_weights())
     dtype = torch_dtype(shape.dtype)
     return sorted(({"M": k[4], "N": k[5], "variant": v[0], "config": list(v[1])}
                    for k, v in gemm_fold_timed_choices().items()

@@ -93,3 +93,14 @@ def test_shape_list_and_modes():
     assert bench.parse_modes("ordered, native,upstream-det") == ["native", "upstream-det", "ordered"]
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         bench.parse_modes("ordered,fast")
+
+
+@pytest.mark.parametrize("name", ["S3", "G1", "G3", "G12"])
+def test_projection_weights_are_the_layers_parameter_shapes(name):
+    from ordered_ssd import OrderedMamba2
+
+    s = bench.named_or_parsed_shape(name)
+    layer = OrderedMamba2(d_model=s.d_model, d_state=s.N, ngroups=s.G, headdim=s.headdim, chunk_size=s.chunk,
+                          device="meta")
+    assert s.d_inner == layer.d_inner and s.nheads == layer.nheads
+    assert s.projection_weights() == (tuple(layer.in_proj.weight.shape), tuple(layer.out_proj.weight.shape))
