@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -330,9 +331,10 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
       group's (rule ``gemm-chain-v1``). The configuration is :func:`~ordered_ssd.fold.gemm_fold_config` for the
       device's shared memory (fewer pipeline stages on devices with less than the pinned one needs: the same
       bits);
-    * rule ``gemm-timed-v1`` (bf16/fp16 on sm_90, ``examples_per_program`` None): at the first call of a shape
+    * rule ``gemm-timed-v2`` (bf16/fp16 on sm_90, ``examples_per_program`` None): at the first call of a shape
       (``E``, ``L``, ``M``, ``N``, strides, dtype, ``init`` or not) in the process, every variant is launched and
-      timed (CUDA events; the host waits for each timing, 14 times at most) and the fastest is kept for the shape
+      timed (GPU time by CUDA events plus the host time of its launches, :func:`_gpu_and_host_ms`; the host waits
+      for each timing, 14 times at most) and the least costly is kept for the shape
       (:func:`gemm_fold_timed_choices`); inside a CUDA-graph capture an untimed shape takes the static choice, and
       so does every shape at ``L = 1`` (:func:`_timed_variants`).
       The ``"partials"`` variant allocates up to :data:`~ordered_ssd.fold.GEMM_FOLD_WORKSPACE_BYTES` of fp32
@@ -412,25 +414,25 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
         if not variants or torch.cuda.is_current_stream_capturing():
             launch(static)  # not timed (or inside a CUDA-graph capture): the static choice, the same bits
             return out
-        chosen = _gemm_timed[key] = _fastest(variants, launch, _cuda_event_ms)
+        chosen = _gemm_timed[key] = _fastest(variants, launch, _gpu_and_host_ms)
     launch(chosen)
     return out
 
 
-#: Rule ``gemm-timed-v1``'s choices in this process: ``{(device index, dtype, E, L, M, N, a strides, b strides,
+#: Rule ``gemm-timed-v2``'s choices in this process: ``{(device index, dtype, E, L, M, N, a strides, b strides,
 #: has init): (kind, config)}`` (:func:`gemm_fold_timed_choices`).
 _gemm_timed: dict = {}
 
 
 def gemm_fold_timed_choices() -> dict:
-    """A copy of the variants that rule ``gemm-timed-v1`` chose in this process for
+    """A copy of the variants that rule ``gemm-timed-v2`` chose in this process for
     :func:`fold_example_gemms`, ``{(device index, dtype, E, L, M, N, a strides, b strides, has init): (kind,
     (BM, BN, BK, GROUP_M, num_warps, num_stages))}`` (:data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
     return dict(_gemm_timed)
 
 
 def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int) -> list:
-    """The variants rule ``gemm-timed-v1`` times for ``a`` (CUDA, checked) with ``seqlen`` positions per example and
+    """The variants rule ``gemm-timed-v2`` times for ``a`` (CUDA, checked) with ``seqlen`` positions per example and
     an output of ``mn`` elements: :data:`GEMM_FOLD_VARIANTS` with the static choice first, the configurations that
     fit the device's shared memory, and ``"partials"`` only where one fp32 partial fits
     :data:`GEMM_FOLD_WORKSPACE_BYTES`; for bf16/fp16 inputs on sm_90 (where their bit-neutrality was checked) while
@@ -455,19 +457,26 @@ def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int) -> lis
     return out
 
 
-def _cuda_event_ms(fn, repeats: int = 3) -> float:
-    """Milliseconds per call of ``fn`` over ``repeats`` calls on the current CUDA stream (CUDA events)."""
+def _gpu_and_host_ms(fn, repeats: int = 3) -> float:
+    """The cost of one call of ``fn`` by rule ``gemm-timed-v2``, in milliseconds over ``repeats`` calls: the time on
+    the current CUDA stream (CUDA events from before the first call to after the last) plus the host time of the
+    call itself (``time.perf_counter`` around each, the GPU busy meanwhile). A layer step that waits on the host
+    (many examples, short sequences) pays a variant's host time, one that waits on the GPU its GPU time; the sum
+    ranks a variant with many launches (``"partials"`` in many groups) below one launch of the same GPU time."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = 0.0
     start.record()
     for _ in range(repeats):
+        t0 = time.perf_counter()
         fn()
+        host += time.perf_counter() - t0
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / repeats
+    return (start.elapsed_time(end) + 1000.0 * host) / repeats
 
 
 def _fastest(variants: list, launch, timer, rounds: int = 2):
-    """Rule ``gemm-timed-v1``: ``launch`` every variant once (compiles it), then time each ``rounds`` times,
+    """Rule ``gemm-timed-v2``: ``launch`` every variant once (compiles it), then time each ``rounds`` times,
     interleaved, with ``timer(fn) -> ms``; the least time wins, the earlier variant on a tie. A variant that Triton
     refuses for a resource (``ValueError``) or that runs out of memory, at its first launch or while timed, is
     dropped, except the static choice ``variants[0]``, whose error propagates. The winner gives the bits of every

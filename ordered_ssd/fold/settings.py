@@ -159,11 +159,14 @@ def gemm_fold_examples_per_program(examples: int, tiles: int, multiprocessors: i
 
 
 #: Name of the rule by which :func:`~ordered_ssd.fold.fold_example_gemms` times its bit-neutral variants at the
-#: first launch of a shape and keeps the fastest (:data:`GEMM_FOLD_VARIANTS`).
-GEMM_FOLD_TIMED_RULE = "gemm-timed-v1"
+#: first launch of a shape and keeps the least costly (:data:`GEMM_FOLD_VARIANTS`). v1 ranked them by GPU time
+#: alone; v2 (2026-12-01) by GPU time plus the host time of their launches (``primitives._gpu_and_host_ms``): at
+#: S5 (64 examples of 512 positions) v1 took ``"partials"`` for in_proj, 22 groups of 3 examples, 44 launches, on a
+#: step that waits on the host.
+GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 
 #: Bit-neutral. The launch variants of :func:`~ordered_ssd.fold.fold_example_gemms` for bf16/fp16 inputs on sm_90
-#: that rule ``gemm-timed-v1`` times, each ``(kind, (BM, BN, BK, GROUP_M, num_warps, num_stages))``; the first is
+#: that rule ``gemm-timed-v2`` times, each ``(kind, (BM, BN, BK, GROUP_M, num_warps, num_stages))``; the first is
 #: the static choice (the pinned configuration, :func:`gemm_fold_config`, and rule ``gemm-chain-v1``):
 #:
 #: * ``"chain"``: ``kernels.gemm_fold_chain_kernel``, programs per (group of examples, tile), the running sum
@@ -192,7 +195,7 @@ GEMM_FOLD_VARIANTS = (
 #: Bit-neutral. Bound on the fp32 workspace of the ``"partials"`` variant of :data:`GEMM_FOLD_VARIANTS` (bytes).
 GEMM_FOLD_WORKSPACE_BYTES = 32 << 20
 
-#: Whether :func:`~ordered_ssd.fold.fold_example_gemms` may time its variants (rule ``gemm-timed-v1``); a test
+#: Whether :func:`~ordered_ssd.fold.fold_example_gemms` may time its variants (rule ``gemm-timed-v2``); a test
 #: hook: False launches the static choice for every shape not timed yet.
 GEMM_FOLD_TIMING = True
 

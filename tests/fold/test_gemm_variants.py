@@ -1,4 +1,4 @@
-"""Rule ``gemm-timed-v1`` of ``fold_example_gemms`` off the GPU: which variants it times, how it picks one, and the
+"""Rule ``gemm-timed-v2`` of ``fold_example_gemms`` off the GPU: which variants it times, how it picks one, and the
 variants' kernels under Triton's interpreter (the bits of the chain) and compiled for sm_90. The GPU suite
 (``tests/gpu/fold/test_gemm_fold.py``) checks the bits on the H200."""
 import textwrap
@@ -30,6 +30,33 @@ def test_fastest_picks_the_least_time_and_the_earlier_variant_on_a_tie():
     assert launched[:4] == ["s", "x", "y", "z"]  # each launched once (compiled) before any timing
     assert calls == {"s": 2, "x": 2, "y": 2, "z": 2}
     assert primitives._fastest(["s", "x", "y"], lambda v: None, lambda fn: 1.0) == "s"  # a tie: the earlier
+
+
+def test_cost_is_gpu_time_plus_the_host_time_of_the_launches(monkeypatch):
+    """Rule gemm-timed-v2 ranks a variant by its GPU time (CUDA events, faked here at 3 ms over the 3 calls) plus
+    the host time of its calls (each sleeps 20 ms here): 1 + 20 ms per call, not the GPU's 1 ms alone."""
+    import time
+
+    class Event:  # stands in for torch.cuda.Event: 3 ms from start to end
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 3.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    calls = []
+    cost = primitives._gpu_and_host_ms(lambda: (calls.append(1), time.sleep(0.02)), repeats=3)
+    assert len(calls) == 3
+    assert 21.0 <= cost < 41.0  # 1 ms of GPU per call + at least 20 ms of host (sleep may overrun, not underrun)
+    quick = primitives._gpu_and_host_ms(lambda: None, repeats=3)
+    assert 1.0 <= quick < 1.5  # the GPU's 1 ms per call, and next to no host time
 
 
 def test_fastest_drops_a_variant_that_does_not_fit_but_never_the_static_one():

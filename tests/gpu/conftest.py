@@ -9,7 +9,7 @@ def _static_configs_unless_marked(request, monkeypatch):
     ``ordered_ssd.fold.settings.GEMM_FOLD_TIMING`` off: the kernels of rule ``native-autotune-v1`` launch their
     static choice instead of timing every candidate at the first launch of each key (tens of seconds per key and
     process, which would put the suite over the gate's time limit), and the projection folds take the static
-    variant instead of rule ``gemm-timed-v1``'s.
+    variant instead of rule ``gemm-timed-v2``'s.
 
     Why that loses no check: the rule's choices are bit-neutral, and the timed path itself is tested where it is
     marked: ``test_native_timing`` (static, timing and later steps give the same bits), the bitwise grid

@@ -111,7 +111,7 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
 
 
 def _fold_variants(shape: Shape) -> list:
-    """The projection-fold variants that rule ``gemm-timed-v1`` chose in this process for ``shape``'s two weight
+    """The projection-fold variants that rule ``gemm-timed-v2`` chose in this process for ``shape``'s two weight
     gradients (``E = B``, ``L``, the row dtype, ``[M, N]`` of :meth:`Shape.projection_weights`): ``[{"M", "N",
     "variant", "config"}]``, sorted; empty where the rule timed nothing (off sm_90, fp32, ``L = 1``, sequences of
     ``LINEAR_FUSED_BELOW_L`` positions or more)."""
@@ -230,7 +230,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
             by_name[s.name]["rows"].update(measured["rows"])
             by_name[s.name]["settings"] = measured["settings"]
             by_name[s.name]["pinned"] = _pinned(s, device)  # with the choices native-autotune-v1 timed in the run
-            by_name[s.name]["fold_variants"] = _fold_variants(s)  # rule gemm-timed-v1's choices for the shape
+            by_name[s.name]["fold_variants"] = _fold_variants(s)  # rule gemm-timed-v2's choices for the shape
             save()
         _launch_phase(shapes, in_modes, settings, device, by_name, over_in_process, log)
         save()

@@ -220,7 +220,7 @@ def test_pinned_records_each_kernels_configuration_source_and_speed(monkeypatch)
 
 
 def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
-    """``bench.json``'s per-shape ``fold_variants``: rule gemm-timed-v1's choices for the shape's two projections
+    """``bench.json``'s per-shape ``fold_variants``: rule gemm-timed-v2's choices for the shape's two projections
     (batch, length, dtype and [M, N] the shape's), sorted by (M, N); others left out, among them another shape's
     projections at the same batch, length and dtype (S5 and G1: bf16, B64, L512)."""
     from ordered_ssd.apps.bench import suite

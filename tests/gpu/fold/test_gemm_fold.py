@@ -146,7 +146,7 @@ VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's o
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("E,L,M,N", VARIANT_CASES)
 def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
-    """Rule ``gemm-timed-v1`` is bit-neutral: every variant of ``GEMM_FOLD_VARIANTS`` that the rule would time here
+    """Rule ``gemm-timed-v2`` is bit-neutral: every variant of ``GEMM_FOLD_VARIANTS`` that the rule would time here
     (one program per tile, flattened or not; per-example partials in a workspace then an ordered fold; any tile,
     warps, stages) gives the bits of the static chain, with and without ``init``, 3 times each; a batch that needs
     several workspace groups is among the cases."""
@@ -156,7 +156,7 @@ def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
     from ordered_ssd.fold.settings import gemm_fold_config
 
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("rule gemm-timed-v1 times its variants on sm_90 only")
+        pytest.skip("rule gemm-timed-v2 times its variants on sm_90 only")
     dy, x = _inputs(E, L, M, N, dtype, seed=13)
     init = torch.randn(M, N, device="cuda")
     static = ("chain", gemm_fold_config(dtype, _resources.shared_memory_limit(dy.device)))
@@ -189,7 +189,7 @@ def test_timed_choice_is_kept_per_shape_and_gives_the_static_bits(monkeypatch):
     from ordered_ssd.fold import fold_example_gemms, gemm_fold_config, gemm_fold_timed_choices, primitives
 
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("rule gemm-timed-v1 times its variants on sm_90 only")
+        pytest.skip("rule gemm-timed-v2 times its variants on sm_90 only")
     monkeypatch.setattr(primitives, "_gemm_timed", {})
     calls = []
     real = primitives._fastest
