@@ -181,8 +181,10 @@ def _fold_rows(p2d: torch.Tensor, init: Optional[torch.Tensor], acc_dtype: torch
     itself: each element is read before it is written), else a new tensor. Elsewhere ``out`` and ``block`` must be
     left at their defaults."""
     if p2d.device.type != "cuda" or acc_dtype != torch.float32:
-        if out is not None:
-            raise ValueError("out: only the CUDA fp32 fold writes into a given tensor")
+        if out is not None or block != 256:
+            given = "a tensor" if out is not None else "None"
+            raise ValueError(f"out / block: only the CUDA fp32 fold takes them, got out {given} and block {block} on "
+                             f"{p2d.device.type} in {acc_dtype}")
         return _fold_rows_loop(p2d, init, acc_dtype)
     from . import kernels  # imports triton: only here, on CUDA
 
@@ -458,11 +460,15 @@ def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int) -> lis
 
 
 def _gpu_and_host_ms(fn, repeats: int = 3) -> float:
-    """The cost of one call of ``fn`` by rule ``gemm-timed-v2``, in milliseconds over ``repeats`` calls: the time on
-    the current CUDA stream (CUDA events from before the first call to after the last) plus the host time of the
-    call itself (``time.perf_counter`` around each, the GPU busy meanwhile). A layer step that waits on the host
-    (many examples, short sequences) pays a variant's host time, one that waits on the GPU its GPU time; the sum
-    ranks a variant with many launches (``"partials"`` in many groups) below one launch of the same GPU time."""
+    """The cost of one call of ``fn`` by rule ``gemm-timed-v2``, in milliseconds, mean over ``repeats`` calls: the
+    span of CUDA events on the current stream from before the first call to after the last, plus the host time of
+    the calls (``time.perf_counter`` around each). The stream is synchronized first, so every variant starts on an
+    idle GPU. The span is the GPU's time where the GPU runs the calls more slowly than the host enqueues them;
+    where the host is slower, the span follows the host (the GPU waits between launches), so the host time counts
+    twice: such a variant waits on the host even alone. A layer step that waits on the host (many examples, short
+    sequences) pays a variant's host time, one that waits on the GPU its GPU time; the sum ranks a variant with
+    many launches (``"partials"`` in many groups) below one launch of the same GPU time."""
+    torch.cuda.current_stream().synchronize()  # no earlier work (the variants' first launches) inside the span
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     host = 0.0
     start.record()
@@ -477,10 +483,10 @@ def _gpu_and_host_ms(fn, repeats: int = 3) -> float:
 
 def _fastest(variants: list, launch, timer, rounds: int = 2):
     """Rule ``gemm-timed-v2``: ``launch`` every variant once (compiles it), then time each ``rounds`` times,
-    interleaved, with ``timer(fn) -> ms``; the least time wins, the earlier variant on a tie. A variant that Triton
-    refuses for a resource (``ValueError``) or that runs out of memory, at its first launch or while timed, is
-    dropped, except the static choice ``variants[0]``, whose error propagates. The winner gives the bits of every
-    other (docstring of :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
+    interleaved, with ``timer(fn) -> ms`` (a cost); the least cost wins, the earlier variant on a tie. A variant that
+    Triton refuses for a resource (``ValueError``) or that runs out of memory, at its first launch or while timed, is
+    dropped, except the static choice ``variants[0]``, whose error propagates. The winner gives the bits of every other
+    (docstring of :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
     best = {}
     for i, variant in enumerate(variants):
         try:

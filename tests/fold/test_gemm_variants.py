@@ -50,10 +50,13 @@ def test_cost_is_gpu_time_plus_the_host_time_of_the_launches(monkeypatch):
         def elapsed_time(self, end):
             return 3.0
 
+    synced = []
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    stream = type("Stream", (), {"synchronize": lambda self: synced.append(1)})()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
     calls = []
     cost = primitives._gpu_and_host_ms(lambda: (calls.append(1), time.sleep(0.02)), repeats=3)
-    assert len(calls) == 3
+    assert len(calls) == 3 and synced == [1]  # the stream synchronized once, before the span
     assert 21.0 <= cost < 41.0  # 1 ms of GPU per call + at least 20 ms of host (sleep may overrun, not underrun)
     quick = primitives._gpu_and_host_ms(lambda: None, repeats=3)
     assert 1.0 <= quick < 1.5  # the GPU's 1 ms per call, and next to no host time

@@ -95,12 +95,15 @@ def test_shape_list_and_modes():
         bench.parse_modes("ordered,fast")
 
 
-@pytest.mark.parametrize("name", ["S3", "G1", "G3", "G12"])
-def test_projection_weights_are_the_layers_parameter_shapes(name):
-    from ordered_ssd import OrderedMamba2
+@pytest.mark.parametrize("spec", ["2,16,64,16,1,16,32", "1,8,96,8,2,32,16", "1,8,64,24,4,16,16"])
+def test_projection_weights_are_the_bench_layers_parameter_shapes(spec):
+    """The shapes of the projection weights of the layer the bench builds (``LayerRunner``, small CPU shapes with
+    1, 2 and 4 groups)."""
+    import torch
 
-    s = bench.named_or_parsed_shape(name)
-    layer = OrderedMamba2(d_model=s.d_model, d_state=s.N, ngroups=s.G, headdim=s.headdim, chunk_size=s.chunk,
-                          device="meta")
+    from ordered_ssd.apps.bench.runner import LayerRunner
+
+    s = bench.named_or_parsed_shape(spec)
+    layer = LayerRunner(s, ["ordered"], torch.device("cpu"), 0).ordered
     assert s.d_inner == layer.d_inner and s.nheads == layer.nheads
     assert s.projection_weights() == (tuple(layer.in_proj.weight.shape), tuple(layer.out_proj.weight.shape))
