@@ -50,12 +50,14 @@ def test_ratios_and_table():
     assert r["upstream-det"]["ratio_ms"] == pytest.approx(1.5) and r["upstream-det"]["ratio_ms_child"] == 1.25
     assert r["upstream-det"]["ratio_mem_child"] == pytest.approx(1.1)
     assert r["ordered"]["ratio_ms_det"] == pytest.approx(0.7) and "ratio_ms_det" not in r["native"]
-    assert r["ordered"]["targets"] == {"time": True, "memory": True, "upstream_det": True, "met": True}
+    assert r["ordered"]["targets"] == {"time": True, "memory": True, "upstream_det": True, "met": True,
+                                       "upstream_det_ratio": "ratio_ms_det_paired"}
     r2 = res["shapes"][1]["rows"]  # native 11 ms: 10.5 / 11 = 0.955
     assert r2["ordered"]["targets"]["met"] is True and r2["ordered"]["ratio_ms"] == pytest.approx(10.5 / 11)
     g = res["shapes"][2]["rows"]["ordered"]  # 4.1 / 4.0 = 1.025 time, 230 / 200 = 1.15 memory, no upstream-det
     assert g["ratio_ms_det"] is None
-    assert g["targets"] == {"time": True, "memory": False, "upstream_det": None, "met": False}
+    assert g["targets"] == {"time": True, "memory": False, "upstream_det": None, "met": False,
+                            "upstream_det_ratio": "ratio_ms_det"}
     md = bench.format_table(res)
     assert ("| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | launches | "
             "peak MiB | × native | bitwise | targets |") in md
@@ -93,12 +95,16 @@ def test_merge(tmp_path, capsys):
     b["shapes"] = [dict(b["shapes"][1], dims="replaced"), {"name": "X1", "dims": "x", "rows": {}}]
     a["meta"]["command"], b["meta"]["command"] = "ordered-ssd bench --shapes S1,S2", "ordered-ssd bench --grid"
     b["precompile"] = {"wall_s": 61.5, "failed": 1}
+    old_rule = {"time": True, "memory": True, "upstream_det": False, "met": False}  # an older file: det direct
+    a["shapes"][0]["rows"]["ordered"]["targets"] = dict(old_rule)
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     out = tmp_path / "m"
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
     m = json.loads((out / "bench.json").read_text())
     assert [s["name"] for s in m["shapes"]] == ["S1", "S2", "G1", "X1"] and m["shapes"][1]["dims"] == "replaced"
+    assert m["shapes"][0]["rows"]["ordered"]["targets"] == {  # judged again by this version's rule
+        "time": True, "memory": True, "upstream_det": True, "met": True, "upstream_det_ratio": "ratio_ms_det_paired"}
     printed = capsys.readouterr().out
     assert "| S1 |" in printed and "Merged from:" in printed  # every run's command, not only the first's
     assert "`ordered-ssd bench --shapes S1,S2`" in printed and "`ordered-ssd bench --grid`" in printed

@@ -20,7 +20,7 @@ def test_interleaving_rotates_the_order():
 
 def test_paired_ratio_to_upstream_det_goes_through_native_in_each_process():
     """ordered / upstream-det paired: (ordered / native, this process) / (upstream-det / native, fresh processes);
-    only where the fresh-process native ran; the targets stay on the direct ratio."""
+    only where the fresh-process native ran."""
     rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
             "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
                              "child_native": {"ms": 5.0, "peak_mib": 100.0}},
@@ -33,7 +33,35 @@ def test_paired_ratio_to_upstream_det_goes_through_native_in_each_process():
     assert abs(o["ratio_ms_det_paired"] - 1.1 / 0.8) < 1e-12
     assert o["targets"]["upstream_det"] is False and o["targets"]["time"] is False
     del rows["upstream-det"]["child_native"]
-    for r in rows.values():
-        r.pop("ratio_ms_det_paired", None)
-    bench.finalize_ratios(sr)
+    bench.finalize_ratios(sr)  # a second pass drops the paired ratio that no longer applies
     assert "ratio_ms_det_paired" not in sr["rows"]["ordered"]
+    assert sr["rows"]["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det"
+
+
+def test_upstream_det_target_is_judged_on_the_paired_ratio_where_there_is_one():
+    """Native runs 1.5x slower in this process than in a fresh one: ordered at 0.75 of this process's native is
+    1.125x upstream-det directly, but 0.75 of upstream-det paired (upstream-det = native in fresh processes): met.
+    Without the fresh-process native the direct ratio decides: missed."""
+    rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
+            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
+                             "child_native": {"ms": 4.0, "peak_mib": 100.0}},
+            "ordered": {"mode": "ordered", "ms": 4.5, "peak_mib": 100.0}}
+    sr = {"name": "X", "rows": rows}
+    bench.finalize_ratios(sr)
+    o = sr["rows"]["ordered"]
+    assert abs(o["ratio_ms_det"] - 1.125) < 1e-12 and abs(o["ratio_ms_det_paired"] - 0.75) < 1e-12
+    assert o["targets"] == {"time": True, "memory": True, "upstream_det": True, "met": True,
+                            "upstream_det_ratio": "ratio_ms_det_paired"}
+    assert "det (paired)" not in bench.targets_summary({"shapes": [sr]})
+    del rows["upstream-det"]["child_native"]
+    bench.finalize_ratios(sr)
+    assert o["targets"] == {"time": True, "memory": True, "upstream_det": False, "met": False,
+                            "upstream_det_ratio": "ratio_ms_det"}
+    assert "missed on X (det 1.125)" in bench.targets_summary({"shapes": [sr]})
+    rows["upstream-det"]["child_native"] = {"ms": 2.0, "peak_mib": 100.0}  # upstream-det 2x its fresh native
+    bench.finalize_ratios(sr)
+    assert o["targets"]["upstream_det"] is True  # paired 0.75 / 2 = 0.375
+    rows["upstream-det"]["child_native"] = {"ms": 6.0, "peak_mib": 100.0}  # paired 0.75 / (4 / 6) = 1.125
+    bench.finalize_ratios(sr)
+    assert o["targets"]["upstream_det"] is False
+    assert "missed on X (det (paired) 1.125)" in bench.targets_summary({"shapes": [sr]})

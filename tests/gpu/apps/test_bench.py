@@ -35,8 +35,9 @@ def test_gpu_smoke_every_mode(tmp_path):
     assert rows["upstream-det"]["deterministic_mode"] is True
     assert rows["upstream-det"]["child_native"]["ms"] > 0 and rows["upstream-det"]["ratio_ms_child"] > 0
     assert rows["ordered"]["ratio_ms_det"] == rows["ordered"]["ms"] / rows["upstream-det"]["ms"]
-    assert set(rows["ordered"]["targets"]) == {"time", "memory", "upstream_det", "met"}
-    assert all(isinstance(v, bool) for v in rows["ordered"]["targets"].values())
+    assert set(rows["ordered"]["targets"]) == {"time", "memory", "upstream_det", "met", "upstream_det_ratio"}
+    assert all(isinstance(rows["ordered"]["targets"][k], bool) for k in ("time", "memory", "upstream_det", "met"))
+    assert rows["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det_paired"  # the fresh native ran
     bd = json.loads((tmp_path / "breakdown.json").read_text())
     cats = bd["modes"]["ordered"]["categories"]
     assert cats.get("fold (ordered-ssd)", 0) > 0 and cats.get("SSD (mamba-ssm Triton)", 0) > 0, cats
