@@ -58,8 +58,14 @@ def deterministic_mode_here() -> object:
 
 
 def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *, mode: str = "native",
-              deadline: Optional[float] = None, log: Callable[[str], None] = lambda s: None) -> dict:
+              extra_modes: Sequence[str] = (), deadline: Optional[float] = None,
+              log: Callable[[str], None] = lambda s: None) -> dict:
     """Run ``mode`` for every shape in a fresh ``python -m ordered_ssd.apps.bench`` process.
+
+    ``extra_modes`` (e.g. ``("ordered",)`` beside the deterministic native layer of an upstream-det child) run in
+    the same process, interleaved with ``mode`` round by round (:func:`~ordered_ssd.apps.bench.timing.bench_shape`),
+    so their ``ratio_ms_paired`` (where ``mode`` is native) is a ratio measured in one process; their launches are
+    not counted.
 
     ``kind`` ``"upstream-det"`` sets ``MAMBA_DETERMINISTIC=1`` and ``CAUSAL_CONV1D_DETERMINISTIC=1`` in the
     child's environment only; ``"native"`` removes both. The child prints one JSON line per shape (marker
@@ -71,7 +77,8 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
     """
     if kind not in ("upstream-det", "native"):
         raise ValueError(f"kind: expected 'upstream-det' or 'native', got {kind!r}")
-    spec = {"kind": kind, "mode": mode, "device": device, "settings": per_row_settings(settings),
+    spec = {"kind": kind, "mode": mode, "extra_modes": list(extra_modes), "device": device,
+            "settings": per_row_settings(settings),
             "shapes": [asdict(s) for s in shapes],
             "time_budget": None if deadline is None else max(1.0, deadline - time.monotonic()),
             # the parent's deadline itself (CLOCK_MONOTONIC is one clock for every process of the machine): the
@@ -123,7 +130,8 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
         if s.name not in out["shapes"]:
             why = out["error"] or "not reported by the child"
             out["shapes"][s.name] = dict(shape_result(s, torch.device(device)),
-                                         rows={mode: {"mode": mode, "error": f"{kind} child: {why}"}})
+                                         rows={m: {"mode": m, "error": f"{kind} child: {why}"}
+                                               for m in (mode, *extra_modes)})
     return out
 
 
@@ -136,6 +144,7 @@ def child_main(spec_json: str) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     mode = spec["mode"]
+    modes = [mode, *spec.get("extra_modes", ())]
     env = {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)}
     meta = {"kind": spec["kind"], "mode": mode, "pid": os.getpid(), "env": env, "deterministic_mode": None}
     if mode == "native" and device.type == "cuda":
@@ -146,9 +155,10 @@ def child_main(spec_json: str) -> int:
     results = []
     for shape in shapes:
         if deadline is not None and time.monotonic() > deadline:
-            result = dict(shape_result(shape, device), rows={mode: {"mode": mode, "error": "skipped: time budget"}})
+            result = dict(shape_result(shape, device),
+                          rows={m: {"mode": m, "error": "skipped: time budget"} for m in modes})
         else:
-            result = bench_shape(shape, [mode], shape_settings(shape, settings), device, log=log)
+            result = bench_shape(shape, modes, shape_settings(shape, settings), device, log=log)
         results.append(result)
         print(CHILD_MARK + json.dumps({"type": "shape", "result": result}, default=str), flush=True)
     for shape, result in zip(shapes, results):  # after all timing: the profiler is never on while timing

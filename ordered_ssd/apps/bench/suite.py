@@ -292,6 +292,24 @@ def _breakdown_phase(shape: Shape, modes, in_modes, settings: dict, device, args
         free_memory(device)
 
 
+def _ordered_in_det_process(rows: dict, child_row: Optional[dict]) -> None:
+    """Put the ordered row that the upstream-det child measured beside its deterministic native layer under this
+    process's ordered row as ``in_det_process``: ``ms``, ``ratio_to_det`` (the median over rounds of ordered /
+    upstream-det, interleaved in that process), ``host_ms``, ``bitwise``, ``same_bits`` (its gradient digests equal
+    this process's ordered ones: mamba-ssm's switches change no bit of the ordered layer) or ``error``."""
+    ordered = rows.get("ordered")
+    if child_row is None or not ordered or ordered.get("error"):
+        return
+    if child_row.get("error"):
+        ordered["in_det_process"] = {"error": child_row["error"]}
+        return
+    digests, here = child_row.get("digests"), ordered.get("digests")
+    ordered["in_det_process"] = {
+        "ms": child_row.get("ms"), "ratio_to_det": child_row.get("ratio_ms_paired"),
+        "host_ms": child_row.get("host_ms"), "bitwise": child_row.get("bitwise"),
+        "same_bits": None if digests is None or here is None else digests == here}
+
+
 def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results: dict, deadline, over, log,
                  save) -> None:
     """The upstream-det child process (and, unless ``--no-native-child``, the fresh native one), on ``shapes``
@@ -305,9 +323,11 @@ def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results:
                 if kind == "upstream-det":
                     sr["rows"]["upstream-det"] = {"mode": "upstream-det", "error": "skipped: time budget"}
             continue
-        log(f"starting the {kind} child process ({len(shapes)} shapes)")
+        # ordered beside upstream-det in its process: a ratio of the two measured in one process
+        extra = ("ordered",) if kind == "upstream-det" and "ordered" in results["modes"] else ()
+        log(f"starting the {kind} child process ({len(shapes)} shapes{', with ordered' if extra else ''})")
         free_memory(device)
-        child = run_child(kind, shapes, settings, str(device), deadline=deadline, log=log)
+        child = run_child(kind, shapes, settings, str(device), extra_modes=extra, deadline=deadline, log=log)
         results["children"][kind] = {k: child[k] for k in ("returncode", "meta", "error", "wall_s")}
         for sr in results["shapes"]:
             if sr["name"] not in names:
@@ -319,6 +339,7 @@ def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results:
             if kind == "upstream-det":
                 row["deterministic_mode"] = (child.get("meta") or {}).get("deterministic_mode")
                 sr["rows"]["upstream-det"] = row
+                _ordered_in_det_process(sr["rows"], child["shapes"][sr["name"]]["rows"].get("ordered"))
             elif "upstream-det" in sr["rows"]:
                 sr["rows"]["upstream-det"]["child_native"] = {k: row.get(k) for k in (
                     "ms", "ms_min", "ms_max", "n", "peak_mib", "step_mib", "bitwise", "error", "host_ms",

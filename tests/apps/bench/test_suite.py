@@ -101,13 +101,17 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
 
     def fake_bench_shape(shape, modes, settings, device, log):
         clock[0] += 40.0
-        return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True} for m in modes},
+        return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True,
+                             "digests": {"w": "d0" if shape.name == "X1" else "d1"}} for m in modes},
                 "settings": settings}
 
-    def fake_run_child(kind, shapes, settings, device, deadline, log):
-        sent.append((kind, [s.name for s in shapes], deadline))
+    def fake_run_child(kind, shapes, settings, device, extra_modes, deadline, log):
+        sent.append((kind, [s.name for s in shapes], tuple(extra_modes), deadline))
+        ordered = {"mode": "ordered", "ms": 1.5, "ratio_ms_paired": 0.75, "host_ms": 1.0, "bitwise": True,
+                   "digests": {"w": "d0"}}
         return {"returncode": 0, "meta": {"deterministic_mode": True}, "error": None, "wall_s": 1.0,
-                "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": 2.0}}} for s in shapes}}
+                "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": 2.0},
+                                             **({"ordered": ordered} if extra_modes else {})}} for s in shapes}}
 
     monkeypatch.setattr(suite, "time", Clock)
     monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
@@ -116,12 +120,19 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
     rc = bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--shape", "3,64,32,16,1", "--modes", "ordered,upstream-det",
                      "--no-native-child", "--time-budget", "100", "--out", str(tmp_path)])
     assert rc == 1  # X3 skipped
-    assert sent == [("upstream-det", ["X1", "X2"], 100.0)]  # X2 started at 40 s < 75 s, X3 at 80 s did not
+    # X2 started at 40 s < 75 s, X3 at 80 s did not; the child runs ordered beside upstream-det
+    assert sent == [("upstream-det", ["X1", "X2"], ("ordered",), 100.0)]
     res = json.loads((tmp_path / "bench.json").read_text())
     rows = {sr["name"]: sr["rows"] for sr in res["shapes"]}
     assert rows["X3"] == {"ordered": {"mode": "ordered", "error": "skipped: time budget"},
                           "upstream-det": {"mode": "upstream-det", "error": "skipped: time budget"}}
     assert rows["X1"]["upstream-det"]["ms"] == 2.0 and rows["X1"]["ordered"]["ratio_ms_det"] == 0.5
+    # ordered in the upstream-det process: its ratio to upstream-det there decides the target; its bits compared
+    assert rows["X1"]["ordered"]["in_det_process"] == {"ms": 1.5, "ratio_to_det": 0.75, "host_ms": 1.0,
+                                                       "bitwise": True, "same_bits": True}
+    assert rows["X2"]["ordered"]["in_det_process"]["same_bits"] is False  # d1 here, d0 in the child
+    assert rows["X1"]["ordered"]["ratio_ms_det_same_process"] == 0.75
+    assert rows["X1"]["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det_same_process"
     assert rows["X2"]["ordered"]["launches_error"] == "skipped: time budget"  # the launch phase came after 75 s
 
 
@@ -140,7 +151,7 @@ def test_precompile_gets_its_own_share_of_the_budget(tmp_path, monkeypatch):
         return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True} for m in modes},
                 "settings": settings}
 
-    def fake_run_child(kind, shapes, settings, device, deadline, log):
+    def fake_run_child(kind, shapes, settings, device, extra_modes, deadline, log):
         return {"returncode": 0, "meta": {"deterministic_mode": True}, "error": None, "wall_s": 1.0,
                 "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": 2.0, "ratio_ms_paired": 1.0}}}
                            for s in shapes}}

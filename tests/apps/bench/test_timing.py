@@ -65,3 +65,31 @@ def test_upstream_det_target_is_judged_on_the_paired_ratio_where_there_is_one():
     bench.finalize_ratios(sr)
     assert o["targets"]["upstream_det"] is False
     assert "missed on X (det (paired) 1.125)" in bench.targets_summary({"shapes": [sr]})
+
+
+def test_the_same_process_ratio_decides_the_upstream_det_target_before_the_paired_one():
+    """ordered ran beside upstream-det in its child (``in_det_process``): the median per round there decides,
+    whatever the ratios across processes say; an error there falls back to the paired ratio. The table shows
+    all three and notes different bits."""
+    rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
+            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
+                             "child_native": {"ms": 4.0, "peak_mib": 100.0}},
+            "ordered": {"mode": "ordered", "ms": 4.5, "peak_mib": 100.0,
+                        "in_det_process": {"ms": 4.2, "ratio_to_det": 1.02, "host_ms": 4.0, "bitwise": True,
+                                           "same_bits": True}}}
+    sr = {"name": "X", "dims": "x", "rows": rows}
+    bench.finalize_ratios(sr)
+    o = rows["ordered"]
+    assert o["ratio_ms_det_paired"] == 0.75 and o["ratio_ms_det_same_process"] == 1.02
+    assert o["targets"]["upstream_det"] is False
+    assert o["targets"]["upstream_det_ratio"] == "ratio_ms_det_same_process"
+    assert "missed on X (det (same process) 1.020)" in bench.targets_summary({"shapes": [sr]})
+    md = bench.format_table({"meta": {}, "modes": ["native", "upstream-det", "ordered"], "shapes": [sr]})
+    assert "| 1.125 (paired 0.750) (same process 1.020) |" in md and "different bits" not in md
+    o["in_det_process"]["same_bits"] = False
+    assert "X ordered: different bits in the upstream-det process" in bench.format_table(
+        {"meta": {}, "modes": ["native", "upstream-det", "ordered"], "shapes": [sr]})
+    o["in_det_process"] = {"error": "upstream-det child: stopped at the time budget"}
+    bench.finalize_ratios(sr)
+    assert o["ratio_ms_det_same_process"] is None and o["targets"]["upstream_det"] is True
+    assert o["targets"]["upstream_det_ratio"] == "ratio_ms_det_paired"

@@ -37,7 +37,12 @@ def test_gpu_smoke_every_mode(tmp_path):
     assert rows["ordered"]["ratio_ms_det"] == rows["ordered"]["ms"] / rows["upstream-det"]["ms"]
     assert set(rows["ordered"]["targets"]) == {"time", "memory", "upstream_det", "met", "upstream_det_ratio"}
     assert all(isinstance(rows["ordered"]["targets"][k], bool) for k in ("time", "memory", "upstream_det", "met"))
-    assert rows["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det_paired"  # the fresh native ran
+    # ordered ran beside upstream-det in its process too, with the same bits: that ratio decides the target
+    same = rows["ordered"]["in_det_process"]
+    assert same["same_bits"] is True and same["bitwise"] is True and same["ratio_to_det"] > 0, same
+    assert rows["ordered"]["ratio_ms_det_same_process"] == same["ratio_to_det"]
+    assert rows["ordered"]["ratio_ms_det_paired"] > 0  # the fresh native ran
+    assert rows["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det_same_process"
     bd = json.loads((tmp_path / "breakdown.json").read_text())
     cats = bd["modes"]["ordered"]["categories"]
     assert cats.get("fold (ordered-ssd)", 0) > 0 and cats.get("SSD (mamba-ssm Triton)", 0) > 0, cats
