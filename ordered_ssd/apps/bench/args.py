@@ -100,8 +100,8 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "process's native)")
     parser.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="start no new shape or child process after this many seconds (skipped work is marked, exit "
-                        "status 1); a child still running 15 s after it is killed; with upstream-det its child keeps "
-                        "the last 25%% of the budget (default: no limit)")
+                        "status 1); a child still running 15 s after it is killed; with upstream-det its children "
+                        "keep the last 35%% of the budget (default: no limit)")
     parser.add_argument("--device", default="cuda",
                    help="cuda or cuda:N (default); cpu runs the harness on the reference path in fp32 "
                         "(ordered/literal only): a smoke test, not a benchmark")

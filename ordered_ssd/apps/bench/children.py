@@ -131,7 +131,7 @@ def run_child(kind: str, shapes: Sequence[Shape], settings: dict, device: str, *
             why = out["error"] or "not reported by the child"
             out["shapes"][s.name] = dict(shape_result(s, torch.device(device)),
                                          rows={m: {"mode": m, "error": f"{kind} child: {why}"}
-                                               for m in (mode, *extra_modes)})
+                                               for m in dict.fromkeys((mode, *extra_modes))})
     return out
 
 
@@ -144,7 +144,7 @@ def child_main(spec_json: str) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     mode = spec["mode"]
-    modes = [mode, *spec.get("extra_modes", ())]
+    modes = list(dict.fromkeys([mode, *spec.get("extra_modes", ())]))  # each mode once
     env = {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)}
     meta = {"kind": spec["kind"], "mode": mode, "pid": os.getpid(), "env": env, "deterministic_mode": None}
     if mode == "native" and device.type == "cuda":

@@ -28,8 +28,14 @@ def _targets_cell(t: Optional[dict]) -> str:
     if not t:
         return ""
     marks = {True: "✓", False: "**✗**", None: "—"}
-    return " · ".join(f"{label} {marks[t.get(key)]}" for label, key in (
+    cell = " · ".join(f"{label} {marks[t.get(key)]}" for label, key in (
         ("time", "time"), ("mem", "memory"), ("det", "upstream_det")))
+    basis = _DET_BASIS.get(t.get("upstream_det_ratio"))
+    return cell + (f" ({basis})" if basis and t.get("upstream_det") is not None else "")
+
+
+#: how the table names the ratio the det target was judged on (the direct one: no name)
+_DET_BASIS = {"ratio_ms_det_paired": "paired", "ratio_ms_det_same_process": "same process"}
 
 
 def targets_summary(results: dict) -> str:
@@ -44,9 +50,8 @@ def targets_summary(results: dict) -> str:
         if t.get("met"):
             met.append(shape_result["name"])
         elif t.get("met") is False:
-            det_key = t.get("upstream_det_ratio", "ratio_ms_det")
-            det_label = {"ratio_ms_det_paired": "det (paired)",
-                         "ratio_ms_det_same_process": "det (same process)"}.get(det_key, "det")
+            det_key = t.get("upstream_det_ratio") or "ratio_ms_det"
+            det_label = f"det ({_DET_BASIS[det_key]})" if det_key in _DET_BASIS else "det"
             why = [f"{label} {_f(r.get(key), '.3f')}" for label, key, k in (
                 ("time", "ratio_ms", "time"), ("mem", "ratio_mem", "memory"), (det_label, det_key, "upstream_det"))
                 if t.get(k) is False]
@@ -150,6 +155,8 @@ def format_table(results: dict, heading: bool = True) -> str:
             same = r.get("in_det_process") or {} if m == "ordered" else {}
             if same.get("same_bits") is False:
                 notes.append(f"{shape_result['name']} ordered: different bits in the upstream-det process")
+            elif same.get("bitwise") is False:
+                notes.append(f"{shape_result['name']} ordered: not repeatable in the upstream-det process")
             elif same.get("error"):
                 notes.append(f"{shape_result['name']} ordered in the upstream-det process: {same['error']}")
             bits = _bits_cell(r)
@@ -170,10 +177,11 @@ def format_table(results: dict, heading: bool = True) -> str:
                   "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms "
                   "(paired, where the fresh-process native ran: ordered / native in this process over "
                   "upstream-det / native in fresh processes; same process, where the upstream-det child ran "
-                  "ordered too: the median per round of ordered / upstream-det interleaved there). "
+                  "ordered too: ordered's median over upstream-det's, interleaved there). "
                   f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
                   f"{TARGET_MEMORY:.2f}, det = ordered ≤ upstream-det, judged on the same-process ratio where "
-                  "there is one, else the paired one, else the direct one (✓ met, ✗ missed, — not measured)."]
+                  "there is one, else the paired one, else the direct one, named after the marks where not the "
+                  "direct one (✓ met, ✗ missed, — not measured)."]
     summary = targets_summary(results)
     if summary:
         lines += ["", summary]

@@ -17,6 +17,7 @@ from typing import List
 from ..files import atomic_write_bytes
 from .report import format_table
 from .requirements import BenchError
+from .timing import finalize_ratios
 
 RESULTS_FORMAT = "ordered-ssd bench results v1"
 
@@ -74,7 +75,11 @@ def render_run(run: dict) -> str:
     """The markdown section of one run for ``docs/performance.md`` (section "Results", newest first): a ``###``
     heading with the GPU, the date and the commit (of a merge: its newest run's), the pinned fingerprint (or, when
     the merged runs differ in it, a line saying so; each run's is under "Merged from"), then
-    :func:`report.format_table` without its title."""
+    :func:`report.format_table` without its title. Ratios and targets are those of the current rules
+    (:func:`~ordered_ssd.apps.bench.timing.finalize_ratios` on a copy: the run is not changed)."""
+    run = copy.deepcopy(run)
+    for shape_result in run.get("shapes", []):
+        finalize_ratios(shape_result)
     meta = run.get("meta", {})
     gpu = (meta.get("gpu") or meta.get("device") or "?").split(" (")[0]
     title = f"### {gpu}, {meta.get('date', '?')}" + (f" (commit {meta['commit']})" if meta.get("commit") else "")

@@ -30,7 +30,7 @@ from .timing import bench_shape, count_launches, finalize_ratios, shape_result
 EXIT_INCOMPLETE = 1
 # With --time-budget and upstream-det, this share of the budget is kept for the upstream-det child: the shapes,
 # launch counts and breakdown of this process start nothing after the rest of it has passed.
-CHILD_RESERVE = 0.25
+CHILD_RESERVE = 0.35
 #: the share of ``--time-budget`` the precompile phase may take (its workers are killed then; the timed warm-up
 #: compiles what they did not)
 PRECOMPILE_SHARE = 0.4
@@ -294,9 +294,10 @@ def _breakdown_phase(shape: Shape, modes, in_modes, settings: dict, device, args
 
 def _ordered_in_det_process(rows: dict, child_row: Optional[dict]) -> None:
     """Put the ordered row that the upstream-det child measured beside its deterministic native layer under this
-    process's ordered row as ``in_det_process``: ``ms``, ``ratio_to_det`` (the median over rounds of ordered /
-    upstream-det, interleaved in that process), ``host_ms``, ``bitwise``, ``same_bits`` (its gradient digests equal
-    this process's ordered ones: mamba-ssm's switches change no bit of the ordered layer) or ``error``."""
+    process's ordered row as ``in_det_process``: ``ms`` (its median, timed interleaved with upstream-det's steps;
+    ``ratio_ms_det_same_process`` is it over upstream-det's median), ``ratio_per_round`` (the median over rounds of
+    ordered / upstream-det, for reference), ``host_ms``, ``bitwise``, ``same_bits`` (its gradient digests equal this
+    process's ordered ones: mamba-ssm's switches change no bit of the ordered layer) or ``error``."""
     ordered = rows.get("ordered")
     if child_row is None or not ordered or ordered.get("error"):
         return
@@ -305,7 +306,7 @@ def _ordered_in_det_process(rows: dict, child_row: Optional[dict]) -> None:
         return
     digests, here = child_row.get("digests"), ordered.get("digests")
     ordered["in_det_process"] = {
-        "ms": child_row.get("ms"), "ratio_to_det": child_row.get("ratio_ms_paired"),
+        "ms": child_row.get("ms"), "ratio_per_round": child_row.get("ratio_ms_paired"),
         "host_ms": child_row.get("host_ms"), "bitwise": child_row.get("bitwise"),
         "same_bits": None if digests is None or here is None else digests == here}
 
@@ -323,8 +324,9 @@ def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results:
                 if kind == "upstream-det":
                     sr["rows"]["upstream-det"] = {"mode": "upstream-det", "error": "skipped: time budget"}
             continue
-        # ordered beside upstream-det in its process: a ratio of the two measured in one process
-        extra = ("ordered",) if kind == "upstream-det" and "ordered" in results["modes"] else ()
+        # ordered beside upstream-det in its process: a ratio of the two measured in one process; beside the fresh
+        # native too, so that both children time their native layer interleaved with the same second layer
+        extra = ("ordered",) if "ordered" in results["modes"] else ()
         log(f"starting the {kind} child process ({len(shapes)} shapes{', with ordered' if extra else ''})")
         free_memory(device)
         child = run_child(kind, shapes, settings, str(device), extra_modes=extra, deadline=deadline, log=log)

@@ -244,9 +244,9 @@ def targets(rows: dict) -> Optional[dict]:
     target was judged on, the first there is of ``"ratio_ms_det_same_process"`` (ordered and upstream-det
     interleaved in the upstream-det child), ``"ratio_ms_det_paired"`` (where the fresh-process native ran: each mode
     against native in the same kind of process) and ``"ratio_ms_det"`` (ordered ms here / upstream-det ms in its
-    child). Why not the direct ratio first: host-bound steps run at another speed in another process (native in a
-    fresh process ran 0.2-26 % faster than in the bench's, ``docs/performance.md``, "Method"). ``None`` without an
-    ordered row."""
+    child), None when there is none. Each is a ratio of medians, as the time target's. Why not the direct ratio
+    first: host-bound steps run at another speed in another process (native in a fresh process ran 0.2-26 % faster
+    than in the bench's, ``docs/performance.md``, "Method"). ``None`` without an ordered row."""
     ordered = rows.get("ordered")
     if not ordered or ordered.get("error"):
         return None
@@ -254,10 +254,10 @@ def targets(rows: dict) -> Optional[dict]:
     def check(value, limit):
         return None if value is None else bool(value <= limit)
 
-    det_key = next((k for k in DET_RATIOS if ordered.get(k) is not None), DET_RATIOS[-1])
+    det_key = next((k for k in DET_RATIOS if ordered.get(k) is not None), None)
     out = {"time": check(ordered.get("ratio_ms"), TARGET_TIME),
            "memory": check(ordered.get("ratio_mem"), TARGET_MEMORY),
-           "upstream_det": check(ordered.get(det_key), 1.0)}
+           "upstream_det": check(ordered.get(det_key) if det_key else None, 1.0)}
     verdicts = list(out.values())
     out["met"] = False if False in verdicts else (True if None not in verdicts else None)
     out["upstream_det_ratio"] = det_key
@@ -270,11 +270,14 @@ def finalize_ratios(shape_res: dict) -> None:
     ``ratio_ms_det`` (ordered ms / upstream-det ms, where upstream-det ran) and ``targets`` (:func:`targets`), and,
     where the fresh-process native ran too, ``ratio_ms_det_paired``: ordered / native in this process over
     upstream-det / native in fresh processes (each mode against native in the same kind of process), and where
-    the upstream-det child also ran ordered (``in_det_process``), ``ratio_ms_det_same_process``: the median over
-    rounds of ordered / upstream-det interleaved in that process (:func:`targets` judges on the first of these)."""
+    the upstream-det child also ran ordered (``in_det_process``), ``ratio_ms_det_same_process``: ordered's median
+    over upstream-det's median, both timed interleaved in that process (:func:`targets` judges on the first of
+    these). None of the three where the upstream-det row is an error or its child was not in mamba-ssm's
+    deterministic mode."""
     rows = shape_res["rows"]
     native = rows.get("native") or {}
     det = rows.get("upstream-det") or {}
+    det_ok = bool(det) and not det.get("error") and det.get("deterministic_mode") is not False
     ratio = _ratio
 
     for m, r in rows.items():
@@ -287,12 +290,13 @@ def finalize_ratios(shape_res: dict) -> None:
             r["ratio_ms_child"] = ratio(r.get("ms"), child.get("ms"))
             r["ratio_mem_child"] = ratio(r.get("peak_mib"), child.get("peak_mib"))
         if m == "ordered":
-            r["ratio_ms_det"] = ratio(r.get("ms"), det.get("ms")) if not det.get("error") else None
+            r["ratio_ms_det"] = ratio(r.get("ms"), det.get("ms")) if det_ok else None
             r.pop("ratio_ms_det_paired", None)  # recomputed below where it still applies
             same = r.get("in_det_process") or {}
-            r["ratio_ms_det_same_process"] = same.get("ratio_to_det") if not same.get("error") else None
+            r["ratio_ms_det_same_process"] = (ratio(same.get("ms"), det.get("ms"))
+                                              if det_ok and not same.get("error") else None)
     ordered = rows.get("ordered") or {}
-    if not ordered.get("error") and not det.get("error") and (det.get("child_native") or {}).get("ms"):
+    if not ordered.get("error") and det_ok and (det.get("child_native") or {}).get("ms"):
         # each mode against native in the same kind of process: (ordered / native, this process) over
         # (upstream-det / native, fresh processes)
         ordered["ratio_ms_det_paired"] = ratio(ordered.get("ratio_ms"), det.get("ratio_ms_child"))

@@ -57,13 +57,13 @@ def test_ratios_and_table():
     g = res["shapes"][2]["rows"]["ordered"]  # 4.1 / 4.0 = 1.025 time, 230 / 200 = 1.15 memory, no upstream-det
     assert g["ratio_ms_det"] is None
     assert g["targets"] == {"time": True, "memory": False, "upstream_det": None, "met": False,
-                            "upstream_det_ratio": "ratio_ms_det"}
+                            "upstream_det_ratio": None}
     md = bench.format_table(res)
     assert ("| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | launches | "
             "peak MiB | × native | bitwise | targets |") in md
     assert r["ordered"]["ratio_ms_det_paired"] == pytest.approx(1.05 / 1.25)  # through native in each process
     assert ("| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered | 10.500 | 1.050 |  | 0.700 (paired 0.840) | "
-            "3.25 | 88.5 | 1050 | 1.050 | yes (10/10) | time ✓ · mem ✓ · det ✓ |") in md
+            "3.25 | 88.5 | 1050 | 1.050 | yes (10/10) | time ✓ · mem ✓ · det ✓ (paired) |") in md
     assert "| upstream-det | 15.000 | 1.500 | 1.250 (mem 1.100) |  | 2.50 | 61 | 1100 | 1.100 | yes (10/10) |  |" in md
     assert "| native | 10.000 | 1.000 |  |  | 2.50 | 61 | 1000 | 1.000 | **no** (7 distinct of 10) |  |" in md
     assert "| literal | 30.000 | 3.000 |  |  | — | — | 1500 | 1.500 | yes (10/10), = ordered |  |" in md
@@ -194,6 +194,25 @@ def test_results_file_merge_keeps_earlier_runs_newest_first_and_renders(tmp_path
         bench.merge_run(str(tmp_path / "other.json"), runs[0])
     with pytest.raises(bench.BenchError, match="run_id"):
         bench.merge_run(path, {"meta": {}})
+
+
+def test_render_judges_an_older_run_by_the_current_rules(tmp_path):
+    """A stored run whose det verdict came from the direct ratio (the rule before session 14) is shown with the
+    verdict of the current rules (here the paired ratio), and the stored file is not changed."""
+    path = str(tmp_path / "bench_h200.json")
+    run = _synthetic()
+    run["meta"]["run_id"] = "old"
+    rows = run["shapes"][0]["rows"]
+    ordered = rows["ordered"]
+    ordered["ms"] = 16.0  # 16 / 15: the direct ratio misses; paired (16 / 10) / (15 / 5) = 0.533 meets
+    rows["upstream-det"]["child_native"]["ms"] = 5.0
+    bench.finalize_ratios(run["shapes"][0])
+    ordered["targets"] = {"time": False, "memory": True, "upstream_det": False, "met": False}  # the old rule's
+    bench.merge_run(path, run)
+    before = open(path).read()
+    md = bench.render(path)
+    assert "| 1.067 (paired 0.533) |" in md and "time **✗** · mem ✓ · det ✓ (paired) |" in md
+    assert open(path).read() == before
 
 
 def test_merge_edge_cases_owner_stale_flag_header_and_no_paths(tmp_path):

@@ -86,7 +86,7 @@ def test_precompile_phase_on_the_cpu(tmp_path):
 
 
 def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypatch):
-    """With --time-budget and upstream-det, this process starts no shape after 75 % of the budget, and the child
+    """With --time-budget and upstream-det, this process starts no shape after 65 % of the budget, and the child
     gets only the shapes this process measured (stand-ins for the measurement, the child and the clock: no
     timing)."""
     from ordered_ssd.apps.bench import suite
@@ -120,7 +120,8 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
     rc = bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--shape", "3,64,32,16,1", "--modes", "ordered,upstream-det",
                      "--no-native-child", "--time-budget", "100", "--out", str(tmp_path)])
     assert rc == 1  # X3 skipped
-    # X2 started at 40 s < 75 s, X3 at 80 s did not; the child runs ordered beside upstream-det
+    # X2 started at 40 s < 65 s (35 % kept for the children), X3 at 80 s did not; the child runs ordered beside
+    # upstream-det
     assert sent == [("upstream-det", ["X1", "X2"], ("ordered",), 100.0)]
     res = json.loads((tmp_path / "bench.json").read_text())
     rows = {sr["name"]: sr["rows"] for sr in res["shapes"]}
@@ -128,12 +129,45 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
                           "upstream-det": {"mode": "upstream-det", "error": "skipped: time budget"}}
     assert rows["X1"]["upstream-det"]["ms"] == 2.0 and rows["X1"]["ordered"]["ratio_ms_det"] == 0.5
     # ordered in the upstream-det process: its ratio to upstream-det there decides the target; its bits compared
-    assert rows["X1"]["ordered"]["in_det_process"] == {"ms": 1.5, "ratio_to_det": 0.75, "host_ms": 1.0,
+    assert rows["X1"]["ordered"]["in_det_process"] == {"ms": 1.5, "ratio_per_round": 0.75, "host_ms": 1.0,
                                                        "bitwise": True, "same_bits": True}
     assert rows["X2"]["ordered"]["in_det_process"]["same_bits"] is False  # d1 here, d0 in the child
-    assert rows["X1"]["ordered"]["ratio_ms_det_same_process"] == 0.75
+    assert rows["X1"]["ordered"]["ratio_ms_det_same_process"] == 0.75  # 1.5 / 2.0, the medians in the child
     assert rows["X1"]["ordered"]["targets"]["upstream_det_ratio"] == "ratio_ms_det_same_process"
     assert rows["X2"]["ordered"]["launches_error"] == "skipped: time budget"  # the launch phase came after 75 s
+
+
+def test_both_children_run_ordered_beside_their_native_layer(tmp_path, monkeypatch):
+    """The upstream-det child and the fresh native child each time ordered interleaved with their native layer (so
+    that upstream-det / native (child) compares two children that did the same); the fresh native's row becomes
+    upstream-det's ``child_native``; without ordered in the run neither child runs it."""
+    from ordered_ssd.apps.bench import suite
+
+    sent = []
+
+    def fake_bench_shape(shape, modes, settings, device, log):
+        return {"rows": {m: {"mode": m, "ms": 1.0, "peak_mib": None, "bitwise": True} for m in modes},
+                "settings": settings}
+
+    def fake_run_child(kind, shapes, settings, device, extra_modes, deadline, log):
+        sent.append((kind, tuple(extra_modes)))
+        ms = 2.0 if kind == "upstream-det" else 4.0
+        return {"returncode": 0, "meta": {"deterministic_mode": kind == "upstream-det"}, "error": None,
+                "wall_s": 1.0, "shapes": {s.name: {"rows": {"native": {"mode": "native", "ms": ms},
+                                                            "ordered": {"mode": "ordered", "ms": 1.0}}}
+                                          for s in shapes}}
+
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(suite, "run_child", fake_run_child)
+    bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--modes", "ordered,upstream-det", "--out", str(tmp_path)])
+    assert sent == [("upstream-det", ("ordered",)), ("native", ("ordered",))]
+    rows = json.loads((tmp_path / "bench.json").read_text())["shapes"][0]["rows"]
+    assert rows["upstream-det"]["child_native"]["ms"] == 4.0 and rows["upstream-det"]["ratio_ms_child"] == 0.5
+    assert rows["ordered"]["in_det_process"]["ms"] == 1.0 and rows["ordered"]["ratio_ms_det_same_process"] == 0.5
+    sent.clear()
+    bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--modes", "native,upstream-det", "--out", str(tmp_path / "n")])
+    assert sent == [("upstream-det", ()), ("native", ())]
 
 
 def test_precompile_gets_its_own_share_of_the_budget(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def test_upstream_det_target_is_judged_on_the_paired_ratio_where_there_is_one():
     assert abs(o["ratio_ms_det"] - 1.125) < 1e-12 and abs(o["ratio_ms_det_paired"] - 0.75) < 1e-12
     assert o["targets"] == {"time": True, "memory": True, "upstream_det": True, "met": True,
                             "upstream_det_ratio": "ratio_ms_det_paired"}
-    assert "det (paired)" not in bench.targets_summary({"shapes": [sr]})
+    assert "all met on 1 of 1 shapes (X)" in bench.targets_summary({"shapes": [sr]})
     del rows["upstream-det"]["child_native"]
     bench.finalize_ratios(sr)
     assert o["targets"] == {"time": True, "memory": True, "upstream_det": False, "met": False,
@@ -68,28 +68,44 @@ def test_upstream_det_target_is_judged_on_the_paired_ratio_where_there_is_one():
 
 
 def test_the_same_process_ratio_decides_the_upstream_det_target_before_the_paired_one():
-    """ordered ran beside upstream-det in its child (``in_det_process``): the median per round there decides,
-    whatever the ratios across processes say; an error there falls back to the paired ratio. The table shows
-    all three and notes different bits."""
+    """ordered ran beside upstream-det in its child (``in_det_process``): its median over upstream-det's median there
+    decides (a ratio of medians, as the time target), whatever the ratios across processes say; an error there
+    falls back to the paired ratio; an upstream-det row that is an error, or a child not in deterministic mode,
+    gives no ratio at all. The table shows every ratio, names the deciding one and notes different bits."""
     rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
             "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
                              "child_native": {"ms": 4.0, "peak_mib": 100.0}},
             "ordered": {"mode": "ordered", "ms": 4.5, "peak_mib": 100.0,
-                        "in_det_process": {"ms": 4.2, "ratio_to_det": 1.02, "host_ms": 4.0, "bitwise": True,
+                        "in_det_process": {"ms": 4.2, "ratio_per_round": 0.98, "host_ms": 4.0, "bitwise": True,
                                            "same_bits": True}}}
     sr = {"name": "X", "dims": "x", "rows": rows}
     bench.finalize_ratios(sr)
     o = rows["ordered"]
-    assert o["ratio_ms_det_paired"] == 0.75 and o["ratio_ms_det_same_process"] == 1.02
-    assert o["targets"]["upstream_det"] is False
+    assert o["ratio_ms_det_paired"] == 0.75 and abs(o["ratio_ms_det_same_process"] - 1.05) < 1e-12  # 4.2 / 4.0
+    assert o["targets"]["upstream_det"] is False  # not the per-round 0.98
     assert o["targets"]["upstream_det_ratio"] == "ratio_ms_det_same_process"
-    assert "missed on X (det (same process) 1.020)" in bench.targets_summary({"shapes": [sr]})
-    md = bench.format_table({"meta": {}, "modes": ["native", "upstream-det", "ordered"], "shapes": [sr]})
-    assert "| 1.125 (paired 0.750) (same process 1.020) |" in md and "different bits" not in md
+    assert "missed on X (det (same process) 1.050)" in bench.targets_summary({"shapes": [sr]})
+
+    def table():
+        return bench.format_table({"meta": {}, "modes": ["native", "upstream-det", "ordered"], "shapes": [sr]})
+    md = table()
+    assert "| 1.125 (paired 0.750) (same process 1.050) |" in md and "det **✗** (same process) |" in md
+    assert "different bits" not in md and "not repeatable" not in md
     o["in_det_process"]["same_bits"] = False
-    assert "X ordered: different bits in the upstream-det process" in bench.format_table(
-        {"meta": {}, "modes": ["native", "upstream-det", "ordered"], "shapes": [sr]})
+    assert "X ordered: different bits in the upstream-det process" in table()
+    o["in_det_process"].update(same_bits=True, bitwise=False)
+    assert "X ordered: not repeatable in the upstream-det process" in table()
     o["in_det_process"] = {"error": "upstream-det child: stopped at the time budget"}
     bench.finalize_ratios(sr)
     assert o["ratio_ms_det_same_process"] is None and o["targets"]["upstream_det"] is True
-    assert o["targets"]["upstream_det_ratio"] == "ratio_ms_det_paired"
+    assert o["targets"]["upstream_det_ratio"] == "ratio_ms_det_paired" and "det ✓ (paired) |" in table()
+    o["in_det_process"] = {"ms": 3.0}
+    for bad in ({"error": "memory: OutOfMemoryError"}, {"deterministic_mode": False}):
+        rows["upstream-det"].update(bad)
+        bench.finalize_ratios(sr)
+        assert (o["ratio_ms_det"], o["ratio_ms_det_same_process"], o.get("ratio_ms_det_paired")) == (None, None, None)
+        assert o["targets"]["upstream_det"] is None and o["targets"]["upstream_det_ratio"] is None
+        assert o["targets"]["met"] is None
+        assert "not all measured on X" in bench.targets_summary({"shapes": [sr]})
+        for k in bad:
+            del rows["upstream-det"][k]
