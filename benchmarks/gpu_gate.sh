@@ -38,25 +38,27 @@ case "${1:-tests}" in
     part=${2:-all}
     case "$part" in all|1|2|3) ;; *) echo "usage: gpu_gate.sh tests [1|2|3]" >&2; exit 2 ;; esac
     in_part() { [ "$part" = all ] || [ "$part" = "$1" ]; }
+    logs=""
+    start() {  # start PART NAME LIMIT CMD...: job NAME in the background if PART is run; its log is read below
+      in_part "$1" || return 0
+      logs="$logs $2"
+      job "${@:2}" &
+    }
     # Seven processes: the first step of every new key times all candidates of the native-autotune-v1 kernels
     # (tens of seconds per key and process), so the bitwise grid is split in two by chunk size.
     grid=tests/gpu/modules/test_mamba2_cuda.py
-    in_part 1 && job gpu-grid-a "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and cs64" &
-    in_part 1 && job gpu-grid-b "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and not cs64" &
-    in_part 2 && job gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
-      tests/gpu/modules/test_parity_with_mamba2.py &
-    in_part 1 && job gpu-compile "$t" "${PYTEST[@]}" tests/gpu/modules/test_compile.py &
-    in_part 3 && job gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules \
+    start 1 gpu-grid-a "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and cs64"
+    start 1 gpu-grid-b "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and not cs64"
+    start 1 gpu-compile "$t" "${PYTEST[@]}" tests/gpu/modules/test_compile.py
+    start 2 gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
+      tests/gpu/modules/test_parity_with_mamba2.py
+    start 2 gpu-ops "$t" "${PYTEST[@]}" tests/gpu/ops tests/gpu/fold
+    start 3 gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules \
       --ignore=tests/gpu/modules/test_parity_with_mamba2.py --ignore=tests/gpu/modules/test_compile.py \
-      -k "not test_cuda_path_bitwise_repeatable" &
-    in_part 2 && job gpu-ops "$t" "${PYTEST[@]}" tests/gpu/ops tests/gpu/fold &
-    in_part 3 && job gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules --ignore=tests/gpu/ops \
-      --ignore=tests/gpu/fold --ignore=tests/gpu/csrc_bindings/test_bindings.py &
-    wait
-    logs=""
-    for name in gpu-grid-a:1 gpu-grid-b:1 gpu-compile:1 gpu-bindings:2 gpu-ops:2 gpu-modules:3 gpu-rest:3; do
-      in_part "${name#*:}" && logs="$logs ${name%:*}"
-    done ;;
+      -k "not test_cuda_path_bitwise_repeatable"
+    start 3 gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules --ignore=tests/gpu/ops \
+      --ignore=tests/gpu/fold --ignore=tests/gpu/csrc_bindings/test_bindings.py
+    wait ;;
   bench)
     job bench "${T_BENCH:-560}" python -m ordered_ssd bench --breakdown --no-native-child \
       --time-budget $(( ${T_BENCH:-560} - 160 )) --out "$OUT/bench"
