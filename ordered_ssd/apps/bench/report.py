@@ -30,12 +30,17 @@ def _targets_cell(t: Optional[dict]) -> str:
     marks = {True: "✓", False: "**✗**", None: "—"}
     cell = " · ".join(f"{label} {marks[t.get(key)]}" for label, key in (
         ("time", "time"), ("mem", "memory"), ("det", "upstream_det")))
-    basis = _DET_BASIS.get(t.get("upstream_det_ratio"))
-    return cell + (f" ({basis})" if basis and t.get("upstream_det") is not None else "")
+    return cell + (_det_basis(t) if t.get("upstream_det") is not None else "")
 
 
 #: how the table names the ratio the det target was judged on (the direct one: no name)
 _DET_BASIS = {"ratio_ms_det_paired": "paired", "ratio_ms_det_same_process": "same process"}
+
+
+def _det_basis(t: dict) -> str:
+    """``" (paired)"`` / ``" (same process)"`` after a det verdict judged on that ratio; ``""`` for the direct one."""
+    basis = _DET_BASIS.get(t.get("upstream_det_ratio"))
+    return f" ({basis})" if basis else ""
 
 
 def targets_summary(results: dict) -> str:
@@ -51,10 +56,9 @@ def targets_summary(results: dict) -> str:
             met.append(shape_result["name"])
         elif t.get("met") is False:
             det_key = t.get("upstream_det_ratio") or "ratio_ms_det"
-            det_label = f"det ({_DET_BASIS[det_key]})" if det_key in _DET_BASIS else "det"
             why = [f"{label} {_f(r.get(key), '.3f')}" for label, key, k in (
-                ("time", "ratio_ms", "time"), ("mem", "ratio_mem", "memory"), (det_label, det_key, "upstream_det"))
-                if t.get(k) is False]
+                ("time", "ratio_ms", "time"), ("mem", "ratio_mem", "memory"),
+                ("det" + _det_basis(t), det_key, "upstream_det")) if t.get(k) is False]
             missed.append(f"{shape_result['name']} ({', '.join(why)})")
         else:
             partial.append(shape_result["name"])
@@ -152,7 +156,7 @@ def format_table(results: dict, heading: bool = True) -> str:
                 det += f" (paired {_f(r['ratio_ms_det_paired'], '.3f')})"
             if m == "ordered" and r.get("ratio_ms_det_same_process") is not None:
                 det += f" (same process {_f(r['ratio_ms_det_same_process'], '.3f')})"
-            same = r.get("in_det_process") or {} if m == "ordered" else {}
+            same = (r.get("in_det_process") or {}) if m == "ordered" else {}
             if same.get("same_bits") is False:
                 notes.append(f"{shape_result['name']} ordered: different bits in the upstream-det process")
             elif same.get("bitwise") is False:

@@ -289,16 +289,17 @@ def finalize_ratios(shape_res: dict) -> None:
         if m == "upstream-det" and child and not child.get("error"):
             r["ratio_ms_child"] = ratio(r.get("ms"), child.get("ms"))
             r["ratio_mem_child"] = ratio(r.get("peak_mib"), child.get("peak_mib"))
-        if m == "ordered":
-            r["ratio_ms_det"] = ratio(r.get("ms"), det.get("ms")) if det_ok else None
-            r.pop("ratio_ms_det_paired", None)  # recomputed below where it still applies
-            same = r.get("in_det_process") or {}
-            r["ratio_ms_det_same_process"] = (ratio(same.get("ms"), det.get("ms"))
-                                              if det_ok and not same.get("error") else None)
-    ordered = rows.get("ordered") or {}
-    if not ordered.get("error") and det_ok and (det.get("child_native") or {}).get("ms"):
+    ordered = rows.get("ordered")
+    if not ordered or ordered.get("error"):
+        return
+    ordered["ratio_ms_det"] = ratio(ordered.get("ms"), det.get("ms")) if det_ok else None
+    same = ordered.get("in_det_process") or {}
+    ordered["ratio_ms_det_same_process"] = (ratio(same.get("ms"), det.get("ms"))
+                                            if det_ok and not same.get("error") else None)
+    if det_ok and (det.get("child_native") or {}).get("ms"):
         # each mode against native in the same kind of process: (ordered / native, this process) over
         # (upstream-det / native, fresh processes)
         ordered["ratio_ms_det_paired"] = ratio(ordered.get("ratio_ms"), det.get("ratio_ms_child"))
-    if ordered and not ordered.get("error"):
-        ordered["targets"] = targets(rows)
+    else:
+        ordered.pop("ratio_ms_det_paired", None)  # from an earlier pass, no longer applicable
+    ordered["targets"] = targets(rows)
