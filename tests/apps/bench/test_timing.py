@@ -18,13 +18,19 @@ def test_interleaving_rotates_the_order():
     assert all(t >= 0 for ts in times.values() for t in ts)
 
 
+def _det_rows(ordered_ms: float, child_native_ms: float, **ordered) -> dict:
+    """A shape's rows: native 6 ms here, upstream-det 4 ms in its child, the fresh native ``child_native_ms``,
+    ordered ``ordered_ms`` (with ``ordered``'s extra keys); 100 MiB each."""
+    return {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
+            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
+                             "child_native": {"ms": child_native_ms, "peak_mib": 100.0}},
+            "ordered": {"mode": "ordered", "ms": ordered_ms, "peak_mib": 100.0, **ordered}}
+
+
 def test_paired_ratio_to_upstream_det_goes_through_native_in_each_process():
     """ordered / upstream-det paired: (ordered / native, this process) / (upstream-det / native, fresh processes);
     only where the fresh-process native ran."""
-    rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
-            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
-                             "child_native": {"ms": 5.0, "peak_mib": 100.0}},
-            "ordered": {"mode": "ordered", "ms": 6.6, "peak_mib": 100.0}}
+    rows = _det_rows(6.6, 5.0)
     sr = {"name": "X", "rows": rows}
     bench.finalize_ratios(sr)
     o = sr["rows"]["ordered"]
@@ -42,10 +48,7 @@ def test_upstream_det_target_is_judged_on_the_paired_ratio_where_there_is_one():
     """Native runs 1.5x slower in this process than in a fresh one: ordered at 0.75 of this process's native is
     1.125x upstream-det directly, but 0.75 of upstream-det paired (upstream-det = native in fresh processes): met.
     Without the fresh-process native the direct ratio decides: missed."""
-    rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
-            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
-                             "child_native": {"ms": 4.0, "peak_mib": 100.0}},
-            "ordered": {"mode": "ordered", "ms": 4.5, "peak_mib": 100.0}}
+    rows = _det_rows(4.5, 4.0)
     sr = {"name": "X", "rows": rows}
     bench.finalize_ratios(sr)
     o = sr["rows"]["ordered"]
@@ -72,12 +75,8 @@ def test_the_same_process_ratio_decides_the_upstream_det_target_before_the_paire
     decides (a ratio of medians, as the time target), whatever the ratios across processes say; an error there
     falls back to the paired ratio; an upstream-det row that is an error, or a child not in deterministic mode,
     gives no ratio at all. The table shows every ratio, names the deciding one and notes different bits."""
-    rows = {"native": {"mode": "native", "ms": 6.0, "peak_mib": 100.0},
-            "upstream-det": {"mode": "upstream-det", "ms": 4.0, "peak_mib": 100.0,
-                             "child_native": {"ms": 4.0, "peak_mib": 100.0}},
-            "ordered": {"mode": "ordered", "ms": 4.5, "peak_mib": 100.0,
-                        "in_det_process": {"ms": 4.2, "ratio_per_round": 0.98, "host_ms": 4.0, "bitwise": True,
-                                           "same_bits": True}}}
+    rows = _det_rows(4.5, 4.0, in_det_process={"ms": 4.2, "ratio_per_round": 0.98, "host_ms": 4.0,
+                                                "bitwise": True, "same_bits": True})
     sr = {"name": "X", "dims": "x", "rows": rows}
     bench.finalize_ratios(sr)
     o = rows["ordered"]
