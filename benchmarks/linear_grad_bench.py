@@ -4,14 +4,15 @@ out_proj sizes (bf16 inputs, as under autocast).
 
 For each shape and projection:
 - ``native``: one bf16 GEMM over all ``B * L`` positions, what ``Mamba2``'s backward does (not ordered);
-- ``grouped``: one fp32-output cuBLAS GEMM per example into group slots plus fold launches (the path before
-  :func:`ordered_ssd.fold.fold_example_gemms`; still the path for ``L >= LINEAR_FUSED_BELOW_L``, fp64 and off
-  CUDA);
-- ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch.
+- ``grouped``: one fp32-output cuBLAS GEMM per example into group slots plus fold launches (the CUDA path for
+  ``L >= 8192`` up to reduction version 4; still the path for fp64 and off CUDA);
+- ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch;
+- ``fused@S`` (``--segments``): the same with ``GEMM_FOLD_SEGMENT_L = S`` (other bits where ``L > S``; for
+  choosing the setting).
 
 GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.apps.bench.time_interleaved`), host ms to enqueue.
 It also checks the fused result's bits against a :class:`~ordered_ssd.fold.LexicalFold` over its own
-single-example results (per-example independence) and reports the error of both ordered paths against an fp64
+single-segment results (per-segment independence) and reports the error of both ordered paths against an fp64
 reference. A measuring tool, not a test.
 
     python benchmarks/linear_grad_bench.py --shapes S1,S2,S3,S4,S5 --repeats 20 --out results.json
@@ -30,6 +31,7 @@ import torch  # noqa: E402
 
 from ordered_ssd.apps.bench import named_or_parsed_shape, time_interleaved  # noqa: E402
 import ordered_ssd.fold as fold_mod  # noqa: E402
+from ordered_ssd.fold import settings as fold_settings  # noqa: E402
 from ordered_ssd.fold import LexicalFold, fold_example_gemms  # noqa: E402
 from ordered_ssd.fold import fold_example_gemms_grouped  # noqa: E402
 
@@ -54,7 +56,19 @@ def _with_config(cfg):
     return run
 
 
-def bench_one(E, L, M, N, repeats, device, check, configs=()):
+def _with_segment(seg):
+    """``fold_example_gemms`` with ``GEMM_FOLD_SEGMENT_L = seg`` (for choosing the setting)."""
+    def run(dy, x):
+        saved = fold_settings.GEMM_FOLD_SEGMENT_L
+        fold_settings.GEMM_FOLD_SEGMENT_L = seg
+        try:
+            return fold_example_gemms(dy, x)
+        finally:
+            fold_settings.GEMM_FOLD_SEGMENT_L = saved
+    return run
+
+
+def bench_one(E, L, M, N, repeats, device, check, configs=(), segments=()):
     g = torch.Generator(device=device).manual_seed(0)
     dy = torch.randn(E, L, M, device=device, generator=g).to(torch.bfloat16)
     x = torch.randn(E, L, N, device=device, generator=g).to(torch.bfloat16)
@@ -66,6 +80,8 @@ def bench_one(E, L, M, N, repeats, device, check, configs=()):
     }
     for cfg in configs:
         steps["fused" + "x".join(map(str, cfg))] = (lambda f: (lambda: f(dy, x)))(_with_config(cfg))
+    for seg in segments:
+        steps[f"fused@{seg}"] = (lambda f: (lambda: f(dy, x)))(_with_segment(seg))
     for f in steps.values():  # warm-up (compilation)
         for _ in range(3):
             f()
@@ -73,14 +89,18 @@ def bench_one(E, L, M, N, repeats, device, check, configs=()):
     times = time_interleaved(lambda m: steps[m](), list(steps), repeats, device, host=host)
     res = {m: {"ms": statistics.median(times[m]), "host_ms": statistics.median(host[m])} for m in steps}
     res["configs_ms"] = {m: res[m]["ms"] for m in steps if m.startswith("fused")}
+    res["timed_choices"] = {str(k): list(v) for k, v in fold_mod.gemm_fold_timed_choices().items()
+                            if k[2:6] == (E, L, M, N)}
     res["fused_vs_grouped"] = res["fused"]["ms"] / res["grouped"]["ms"]
     res["fused_vs_native"] = res["fused"]["ms"] / res["native"]["ms"]
     if check:
         fused = fold_example_gemms(dy, x)
         fold = LexicalFold(torch.float32)
+        seg = fold_settings.GEMM_FOLD_SEGMENT_L
         for e in range(E):
-            fold.add(fold_example_gemms(dy[e:e + 1], x[e:e + 1]))
-        res["fused_equals_fold_of_single_examples"] = torch.equal(fused, fold.result())
+            for s0 in range(0, max(L, 1), seg):
+                fold.add(fold_example_gemms(dy[e:e + 1, s0:s0 + seg], x[e:e + 1, s0:s0 + seg]))
+        res["fused_equals_fold_of_single_segments"] = torch.equal(fused, fold.result())
         ref = torch.mm(dy2.t().double(), x2.double())
         scale = ref.abs().max().item()
         res["fused_max_rel_err"] = (fused.double() - ref).abs().max().item() / scale
@@ -90,10 +110,12 @@ def bench_one(E, L, M, N, repeats, device, check, configs=()):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5")
+    ap.add_argument("--shapes", default="S1,S2,S3,S4,S5", help="names, ','-separated; ';'-separated when a shape is "
+                    "given as B,L,d_model,d_state,ngroups,headdim,chunk_size")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-check", action="store_true", help="skip the bit and error checks")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
+    ap.add_argument("--segments", default="", help="more GEMM_FOLD_SEGMENT_L values to time, ','-separated")
     ap.add_argument("--configs", default="", help="more bf16 launch configurations to time, ';'-separated "
                     "BM,BN,BK,GROUP_M,num_warps,num_stages")
     args = ap.parse_args()
@@ -101,24 +123,25 @@ def main():
         raise SystemExit("linear_grad_bench.py: needs CUDA")
     device = torch.device("cuda")
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c.strip()]
+    segments = [int(v) for v in args.segments.split(",") if v.strip()]
     results = {}
     print("| shape | proj | E x L | M x N | native ms | grouped ms | fused ms | fused/grouped | fused/native | "
           "host ms grouped / fused | bits | rel err fused / grouped |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|")
-    for name in args.shapes.split(","):
+    for name in args.shapes.split(";" if ";" in args.shapes else ","):
         shape = named_or_parsed_shape(name)
         for proj, E, L, M, N in projections(shape):
-            r = bench_one(E, L, M, N, args.repeats, device, not args.no_check, configs)
+            r = bench_one(E, L, M, N, args.repeats, device, not args.no_check, configs, segments)
             results[f"{shape.name}/{proj}"] = r
             torch.cuda.empty_cache()
             print(f"| {shape.name} | {proj} | {E} x {L} | {M} x {N} | {r['native']['ms']:.3f} | "
                   f"{r['grouped']['ms']:.3f} | {r['fused']['ms']:.3f} | {r['fused_vs_grouped']:.2f} | "
                   f"{r['fused_vs_native']:.2f} | {r['grouped']['host_ms']:.2f} / {r['fused']['host_ms']:.2f} | "
-                  f"{r.get('fused_equals_fold_of_single_examples', '-')} | "
+                  f"{r.get('fused_equals_fold_of_single_segments', '-')} | "
                   f"{r.get('fused_max_rel_err', float('nan')):.1e} / "
                   f"{r.get('grouped_max_rel_err', float('nan')):.1e} |",
                   flush=True)
-            if configs:
+            if configs or segments:
                 print("  configs ms: " + ", ".join(f"{k} {v:.3f}" for k, v in r["configs_ms"].items()), flush=True)
     if args.out:
         with open(args.out, "w") as f:

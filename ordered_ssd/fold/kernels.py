@@ -30,7 +30,7 @@ def fold_kernel(p_ptr, init_ptr, out_ptr, K, M, stride_k, HAS_INIT: tl.constexpr
 
 
 @triton.jit
-def _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BLOCK: tl.constexpr):
+def _fold_one(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BLOCK: tl.constexpr):
     """One block of one fold of :func:`fold_many_kernel`: ``out[m] = ((+0.0 + p[k=0, m]) + p[k=1, m]) + ...`` in fp32
     over ``k = ko * KI + ki`` in order, element ``(k, m)`` at ``ko * s_ko + ki * s_ki + mo * s_mo + mi * s_mi``
     with ``m = mo * MI + mi``."""
@@ -54,7 +54,7 @@ def _fold_blocks(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid, sta
     ``pid - start`` of it); returns where the next fold's programs start."""
     n = tl.cdiv(M, BLOCK)
     if (pid >= start) & (pid < start + n):
-        _fold_segment(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid - start, BLOCK)
+        _fold_one(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, pid - start, BLOCK)
     return start + n
 
 
@@ -67,26 +67,26 @@ def fold_many_kernel(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0,
                      p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5,
                      p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6,
                      p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7,
-                     NSEG: tl.constexpr, BLOCK: tl.constexpr):
+                     NFOLDS: tl.constexpr, BLOCK: tl.constexpr):
     """Up to 8 independent folds in one launch (Triton has no array of pointers: one argument group per fold):
     fold ``i`` owns ``cdiv(M_i, BLOCK)`` consecutive programs (fold 0 first) and each of its outputs is
-    :func:`_fold_segment`'s sequential fp32 sum, the loop of :func:`fold_kernel` without ``init``. Folds
-    ``NSEG..7`` are not traced (their arguments are None)."""
+    :func:`_fold_one`'s sequential fp32 sum, the loop of :func:`fold_kernel` without ``init``. Folds
+    ``NFOLDS..7`` are not traced (their arguments are None)."""
     pid = tl.program_id(0)
     start = _fold_blocks(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0, pid, 0, BLOCK)
-    if NSEG > 1:
+    if NFOLDS > 1:
         start = _fold_blocks(p1, o1, KO1, KI1, M1, MI1, sko1, ski1, smo1, smi1, pid, start, BLOCK)
-    if NSEG > 2:
+    if NFOLDS > 2:
         start = _fold_blocks(p2, o2, KO2, KI2, M2, MI2, sko2, ski2, smo2, smi2, pid, start, BLOCK)
-    if NSEG > 3:
+    if NFOLDS > 3:
         start = _fold_blocks(p3, o3, KO3, KI3, M3, MI3, sko3, ski3, smo3, smi3, pid, start, BLOCK)
-    if NSEG > 4:
+    if NFOLDS > 4:
         start = _fold_blocks(p4, o4, KO4, KI4, M4, MI4, sko4, ski4, smo4, smi4, pid, start, BLOCK)
-    if NSEG > 5:
+    if NFOLDS > 5:
         start = _fold_blocks(p5, o5, KO5, KI5, M5, MI5, sko5, ski5, smo5, smi5, pid, start, BLOCK)
-    if NSEG > 6:
+    if NFOLDS > 6:
         start = _fold_blocks(p6, o6, KO6, KI6, M6, MI6, sko6, ski6, smo6, smi6, pid, start, BLOCK)
-    if NSEG > 7:
+    if NFOLDS > 7:
         start = _fold_blocks(p7, o7, KO7, KI7, M7, MI7, sko7, ski7, smo7, smi7, pid, start, BLOCK)
 
 
@@ -122,16 +122,33 @@ def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """The [BM, BN] partial of example ``e`` alone: K blocks of BK positions in order, fp32 accumulation."""
+def _gemm_partial(a_ptr, b_ptr, u, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SEG: tl.constexpr, AQ: tl.constexpr,
+                  BQ: tl.constexpr):
+    """The [BM, BN] partial of segment ``u`` alone: example ``u // NSEG``, its positions ``s * SEG`` up to
+    ``min(L, (s + 1) * SEG)`` with ``s = u % NSEG``, in K blocks of BK positions in order, fp32 accumulation.
+    With ``NSEG == 1`` (``L <= SEG``) the segment is the whole example.
+
+    ``s_ab``, ``s_al`` (``s_bb``, ``s_bl``) come divided by ``AQ`` (``BQ``), a power of two that divides both; the
+    kernels likewise pass ``M`` and ``N`` divided by ``MQ`` and ``NQ`` and multiply them back first. The products
+    by the constants tell the compiler that rows start aligned and that the masks are constant over aligned runs
+    (Triton only knows an integer argument's divisibility by 16), so a width such as in_proj's 3224 still gets
+    16-byte asynchronous copies. Addresses and masks only: no value changes."""
+    s_ab = s_ab * AQ
+    s_al = s_al * AQ
+    s_bb = s_bb * BQ
+    s_bl = s_bl * BQ
+    e = u // NSEG
+    start = (u - e * NSEG) * SEG
+    n = min(SEG, L - start)  # positions of this segment (L - start for the last one)
     e64 = tl.cast(e, tl.int64)  # (a plain int in a tl.range loop under the interpreter: no .to)
-    a_ptrs = a_ptr + e64 * s_ab + rm[:, None] * s_am + rk[None, :] * s_al
-    b_ptrs = b_ptr + e64 * s_bb + rk[:, None] * s_bl + rn[None, :] * s_bn
+    start64 = tl.cast(start, tl.int64)
+    a_ptrs = a_ptr + e64 * s_ab + start64 * s_al + rm[:, None] * s_am + rk[None, :] * s_al
+    b_ptrs = b_ptr + e64 * s_bb + start64 * s_bl + rk[:, None] * s_bl + rn[None, :] * s_bn
     p = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, L, BK):
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < L - k0), other=0.0)
-        b = tl.load(b_ptrs, mask=(rk[:, None] < L - k0) & (rn[None, :] < N), other=0.0)
+    for k0 in range(0, n, BK):
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < n - k0), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < n - k0) & (rn[None, :] < N), other=0.0)
         if IEEE:
             p = tl.dot(a, b, p, input_precision="ieee")
         else:
@@ -156,22 +173,27 @@ def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexp
 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
-def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl,
-                           s_bn, EPP, HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                           BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """``out = fold_e(a[e]^T @ b[e])``: one program per (group of ``EPP`` consecutive examples, tile of ``out``); the
-    groups run in parallel and the tile's running sum is handed down a chain of programs, example 0 first.
+def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NU, NSEG, L, M, N, s_ab, s_al, s_am, s_bb,
+                           s_bl, s_bn, SPP, HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
+                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SEG: tl.constexpr,
+                           AQ: tl.constexpr, BQ: tl.constexpr, MQ: tl.constexpr, NQ: tl.constexpr):
+    """``out = fold_u(partial_u)`` over the ``NU`` segments (``NSEG`` per example, :func:`_gemm_partial`): one
+    program per (group of ``SPP`` consecutive segments, tile of ``out``); the groups run in parallel and the tile's
+    running sum is handed down a chain of programs, segment 0 first.
 
     ``sync_ptr``: int32 ``[tiles + 1]``, zero at launch. ``sync_ptr[tiles]`` hands out tickets: a program's ticket,
     not its program id, names its (group, tile), group-major, so every program it waits for has an earlier ticket
     and is running or done (no deadlock, whatever order the hardware starts programs in). ``sync_ptr[t]`` counts the
-    groups already folded into tile ``t``. The program of group ``g`` computes the partial of its first example,
+    groups already folded into tile ``t``. The program of group ``g`` computes the partial of its first segment,
     waits until the count is ``g``, reads the running sum (``init`` or +0.0 for ``g == 0``; past L1, after a
-    load-acquire and a CTA barrier), adds the partial, then computes and adds its other examples' partials one at a
+    load-acquire and a CTA barrier), adds the partial, then computes and adds its other segments' partials one at a
     time, writes the sum back and sets the count to ``g + 1`` (a release exchange after a CTA barrier). Every output
-    element gets one fp32 addition per example, in example order, of a partial computed from that example alone:
-    the bits depend on neither ``EPP`` nor the number of examples (bit-neutral).
+    element gets one fp32 addition per segment, in segment order, of a partial computed from that segment alone:
+    the bits depend on neither ``SPP`` nor the number of examples (bit-neutral). ``M``, ``N`` and the example and
+    position strides come divided by ``MQ``, ``NQ``, ``AQ``, ``BQ`` (:func:`_gemm_partial`).
     """
+    M = M * MQ
+    N = N * NQ
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     tiles = num_m * num_n
@@ -182,9 +204,10 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, 
     rk = tl.arange(0, BK)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
     out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
-    e0 = g * EPP
-    count = min(EPP, NB - e0)
-    p = _gemm_partial(a_ptr, b_ptr, e0, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
+    u0 = g * SPP
+    count = min(SPP, NU - u0)
+    p = _gemm_partial(a_ptr, b_ptr, u0, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN,
+                      BK, SEG, AQ, BQ)
     count_ptr = sync_ptr + pid
     if g == 0:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -195,25 +218,29 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NB, L, M, 
             pass
         tl.debug_barrier()
         acc = tl.load(out_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-    acc += p  # the lexical fold: one fp32 addition per example, example 0 first
+    acc += p  # the lexical fold: one fp32 addition per segment, segment 0 first
     for i in range(1, count):
-        acc += _gemm_partial(a_ptr, b_ptr, e0 + i, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM,
-                             BN, BK)
+        acc += _gemm_partial(a_ptr, b_ptr, u0 + i, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE,
+                             BM, BN, BK, SEG, AQ, BQ)
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
     tl.debug_barrier()
     tl.atomic_xchg(count_ptr, g + 1, sem="release")
 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
-def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
+def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NU, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
                           HAS_INIT: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr,
-                          BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """``out = fold_e(a[e]^T @ b[e])``, one program per tile of ``out`` over all examples: per example the partial of
-    :func:`_gemm_partial` (K blocks of BK positions in order from +0.0, fp32 accumulation), added to the tile's
-    running sum (``init`` or +0.0) in registers, example 0 first: the additions of
-    :func:`gemm_fold_chain_kernel`, without the hand-off. ``FLAT``: the example loop and the K loop are flattened
-    into one software-pipelined loop (``tl.range(flatten=True)``), so the loads of the next example's first K
-    blocks overlap the current example's last products; the loop body, and hence every bit, is the same."""
+                          BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SEG: tl.constexpr,
+                          AQ: tl.constexpr, BQ: tl.constexpr, MQ: tl.constexpr, NQ: tl.constexpr):
+    """``out = fold_u(partial_u)``, one program per tile of ``out`` over all ``NU`` segments: per segment the
+    partial of :func:`_gemm_partial` (K blocks of BK positions in order from +0.0, fp32 accumulation), added to the
+    tile's running sum (``init`` or +0.0) in registers, segment 0 first: the additions of
+    :func:`gemm_fold_chain_kernel`, without the hand-off. ``FLAT``: the segment loop and the K loop are flattened
+    into one software-pipelined loop (``tl.range(flatten=True)``), so the loads of the next segment's first K
+    blocks overlap the current segment's last products; the loop body, and hence every bit, is the same.
+    ``M``, ``N`` and the strides as in :func:`gemm_fold_chain_kernel`."""
+    M = M * MQ
+    N = N * NQ
     rm, rn = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rk = tl.arange(0, BK)
     out_mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -221,21 +248,28 @@ def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NB, L, M, N, s_ab, s_
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if HAS_INIT:
         acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    for e in tl.range(0, NB, flatten=FLAT):  # the partial's K loop is inlined: a loop nest to flatten
-        p = _gemm_partial(a_ptr, b_ptr, e, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
+    for u in tl.range(0, NU, flatten=FLAT):  # the partial's K loop is inlined: a loop nest to flatten
+        p = _gemm_partial(a_ptr, b_ptr, u, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN,
+                          BK, SEG, AQ, BQ)
         acc += p
     tl.store(out_ptr + out_offs, acc, mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
-def gemm_partials_kernel(a_ptr, b_ptr, p_ptr, E0, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, IEEE: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    """``p[j] = a[E0 + j]^T @ b[E0 + j]`` in fp32 (``p`` contiguous ``[*, M, N]``): one program per (tile, example
-    ``j``), the partial of :func:`_gemm_partial`; :func:`fold_kernel` then adds them in example order."""
+def gemm_partials_kernel(a_ptr, b_ptr, p_ptr, U0, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
+                         IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         GROUP_M: tl.constexpr, SEG: tl.constexpr, AQ: tl.constexpr, BQ: tl.constexpr,
+                         MQ: tl.constexpr, NQ: tl.constexpr):
+    """``p[j]`` = the fp32 partial of segment ``U0 + j`` (``p`` contiguous ``[*, M, N]``): one program per (tile,
+    segment ``j``), the partial of :func:`_gemm_partial`; :func:`fold_kernel` then adds them in segment order.
+    ``M``, ``N`` and the strides as in :func:`gemm_fold_chain_kernel`."""
+    M = M * MQ
+    N = N * NQ
     j = tl.program_id(1)
     rm, rn = _tile_of(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rk = tl.arange(0, BK)
-    p = _gemm_partial(a_ptr, b_ptr, E0 + j, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN, BK)
+    p = _gemm_partial(a_ptr, b_ptr, U0 + j, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM,
+                      BN, BK, SEG, AQ, BQ)
     offs = j.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(p_ptr + offs, p, mask=(rm[:, None] < M) & (rn[None, :] < N))
 

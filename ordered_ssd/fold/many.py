@@ -127,7 +127,7 @@ def _launch(folds):
     args += [None] * (10 * (FOLD_MANY_MAX - len(folds)))
     ref = folds[0][0]
     with device_guard(ref):
-        _launch_cache.launch(kernels.fold_many_kernel, (blocks,), args, dict(NSEG=len(folds), BLOCK=_BLOCK), ref,
+        _launch_cache.launch(kernels.fold_many_kernel, (blocks,), args, dict(NFOLDS=len(folds), BLOCK=_BLOCK), ref,
                              num_warps=4)
     return outs
 

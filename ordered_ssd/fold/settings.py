@@ -18,10 +18,11 @@ import math
 
 import torch
 
-__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "LINEAR_FUSED_BELOW_L",
-           "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "gemm_fold_config",
+__all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "GEMM_FOLD_SEGMENT_L",
+           "gemm_fold_segments", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
+           "gemm_fold_config",
            "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
-           "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_examples_per_program",
+           "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_segments_per_program",
            "GEMM_FOLD_TIMED_RULE", "GEMM_FOLD_VARIANTS", "GEMM_FOLD_WORKSPACE_BYTES",
            "rmsnorm_rows_per_program"]
 
@@ -52,6 +53,30 @@ GEMM_FOLD_CONFIGS = {
 #: Name of the rule that fits :data:`GEMM_FOLD_CONFIGS` to a device's shared memory (:func:`gemm_fold_config`).
 GEMM_FOLD_FIT_RULE = "gemm-fit-v1"
 
+#: Order-deciding (reduction version 5). Positions per segment of :func:`~ordered_ssd.fold.fold_example_gemms` on
+#: CUDA: example ``e`` of ``L`` positions is cut into ``ceil(L / GEMM_FOLD_SEGMENT_L)`` segments of this many
+#: consecutive positions (the last one shorter), each segment's partial is computed alone, and the partials are
+#: folded segment by segment, example 0's first. A shape-only constant (never the batch size), so an example's
+#: partials are the same alone or in any batch. Sequences up to this length are one segment (the bits of reduction
+#: version 4). Why: a long sequence with few output tiles otherwise leaves most SMs idle on one long K loop; the
+#: segments run in parallel (bench S4, L 65536: docs/performance.md).
+GEMM_FOLD_SEGMENT_L = 16384
+
+
+def gemm_fold_segments(seqlen: int) -> int:
+    """Order-deciding rule: how many segments of :data:`GEMM_FOLD_SEGMENT_L` positions an example of ``seqlen``
+    positions is cut into by :func:`~ordered_ssd.fold.fold_example_gemms` on CUDA: ``ceil(seqlen /
+    GEMM_FOLD_SEGMENT_L)``, and 1 for ``seqlen == 0`` (one empty segment, whose partial is +0.0).
+
+    Raises:
+        TypeError: ``seqlen`` not an int. ValueError: ``seqlen`` below 0.
+    """
+    if isinstance(seqlen, bool) or not isinstance(seqlen, int):
+        raise TypeError(f"seqlen: expected an int, got {type(seqlen).__name__}")
+    if seqlen < 0:
+        raise ValueError(f"seqlen: expected an int >= 0, got {seqlen}")
+    return max(1, -(-seqlen // GEMM_FOLD_SEGMENT_L))
+
 
 def gemm_fold_shared_bytes(config: tuple, dtype: torch.dtype) -> int:
     """Bytes of shared memory per program that :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel asks at
@@ -77,7 +102,7 @@ def gemm_fold_config(dtype: torch.dtype, shared_limit: int) -> tuple:
     :data:`GEMM_FOLD_CONFIGS` ``[dtype]`` if its :func:`gemm_fold_shared_bytes` fits, else the same configuration
     with ``num_stages`` lowered one at a time (down to 1); the first that fits. ``num_stages`` only sets how many
     K blocks the pipeliner loads ahead: the loop body (``p = tl.dot(a, b, p)`` over the K blocks in order, then
-    ``acc += p`` per example) and hence every bit of the result are the same (compared bit for bit by the GPU
+    ``acc += p`` per segment) and hence every bit of the result are the same (compared bit for bit by the GPU
     test ``tests/gpu/fold/test_gemm_fold_fit.py``). On the H200 (232,448 bytes) and the A100 (166,912) the pinned
     configurations fit; on sm_86/sm_89 (101,376) bf16/fp16 run at 3 stages. A pure function of ``dtype`` and
     ``shared_limit``.
@@ -112,55 +137,56 @@ def gemm_fold_configs_for(shared_limit: int | None = None) -> dict:
 
 
 #: Bit-neutral. Programs per multiprocessor that :func:`~ordered_ssd.fold.fold_example_gemms` aims at when it splits
-#: the examples into groups of consecutive ones (rule ``gemm-chain-v1``, :func:`gemm_fold_examples_per_program`).
+#: the segments into groups of consecutive ones (rule ``gemm-chain-v1``, :func:`gemm_fold_segments_per_program`).
 GEMM_FOLD_PROGRAMS_PER_SM = 8
 
-#: Name of the rule that sets how many examples one program of :func:`~ordered_ssd.fold.fold_example_gemms` folds.
+#: Name of the rule that sets how many segments one program of :func:`~ordered_ssd.fold.fold_example_gemms` folds.
 GEMM_FOLD_CHAIN_RULE = "gemm-chain-v1"
 
 
-def gemm_fold_examples_per_program(examples: int, tiles: int, multiprocessors: int) -> int:
-    """Bit-neutral rule ``gemm-chain-v1``: how many consecutive examples one program of
+def gemm_fold_segments_per_program(segments: int, tiles: int, multiprocessors: int) -> int:
+    """Bit-neutral rule ``gemm-chain-v1``: how many consecutive segments (:func:`gemm_fold_segments` per example;
+    one per example up to :data:`GEMM_FOLD_SEGMENT_L` positions) one program of
     :func:`~ordered_ssd.fold.fold_example_gemms`'s kernel folds into its output tile.
 
     Args:
-        examples: ``E``, the examples of the launch (0 allowed).
+        segments: the segments of the launch (0 allowed).
         tiles: output tiles of the launch (``ceil(M / BM) * ceil(N / BN)``, at least 1).
         multiprocessors: SMs of the device (132 on the H200, at least 1).
 
     Returns:
-        ``ceil(E / wanted)`` with ``wanted = min(E, max(1, ceil(GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors /
-        tiles)))`` (1 for ``E = 0``): about 8 programs per SM, enough to fill the device when the tiles are few,
-        few hand-offs when they are many. The launch then has ``ceil(E / result)`` groups, which may be fewer than
-        ``wanted`` (64 examples, 59 wanted: 2 per program, 32 groups).
+        ``ceil(S / wanted)`` for ``S`` segments, with ``wanted = min(S, max(1, ceil(GEMM_FOLD_PROGRAMS_PER_SM *
+        multiprocessors / tiles)))`` (1 for ``S = 0``): about 8 programs per SM, enough to fill the device when the
+        tiles are few, few hand-offs when they are many. The launch then has ``ceil(S / result)`` groups, which may
+        be fewer than ``wanted`` (64 segments, 59 wanted: 2 per program, 32 groups).
 
     Raises:
         TypeError: an argument that is not an int. ValueError: ``tiles`` or ``multiprocessors`` below 1, or
-        ``examples`` below 0.
+        ``segments`` below 0.
 
-    Why it changes no bit: every output element gets one fp32 addition per example, in example order, of a partial
-    computed from that example alone, whichever program holds the example (``kernels.gemm_fold_chain_kernel``).
-    Checked on the H200: groupings 1, 2, 3, 7, ``E // 2``, ``E`` and the rule's in bf16, fp16 and fp32
+    Why it changes no bit: every output element gets one fp32 addition per segment, in segment order, of a partial
+    computed from that segment alone, whichever program holds the segment (``kernels.gemm_fold_chain_kernel``).
+    Checked on the H200: groupings 1, 2, 3, 7, ``S // 2``, ``S`` and the rule's in bf16, fp16 and fp32
     (``tests/gpu/fold/test_gemm_fold.py``), and 1 to 64 in powers of two on the bench shapes' projections.
     Speed there (``docs/performance.md``, "Projection weight gradients"): at S5's in_proj (64 examples of 512
     positions, 156 tiles) about 1.3 ms at 1 to 16 examples per program, 1.84 ms with one program per tile over all
     examples (the kernel before this rule); native's single cuBLAS GEMM takes 0.24 ms.
     """
-    for name, v in (("examples", examples), ("tiles", tiles), ("multiprocessors", multiprocessors)):
+    for name, v in (("segments", segments), ("tiles", tiles), ("multiprocessors", multiprocessors)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
-    if examples < 0 or tiles < 1 or multiprocessors < 1:
-        raise ValueError(f"expected examples >= 0, tiles >= 1 and multiprocessors >= 1, got examples={examples}, "
+    if segments < 0 or tiles < 1 or multiprocessors < 1:
+        raise ValueError(f"expected segments >= 0, tiles >= 1 and multiprocessors >= 1, got segments={segments}, "
                          f"tiles={tiles}, multiprocessors={multiprocessors}")
-    if examples == 0:
+    if segments == 0:
         return 1
-    groups = min(examples, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // tiles)))
-    return -(-examples // groups)
+    groups = min(segments, max(1, -(-GEMM_FOLD_PROGRAMS_PER_SM * multiprocessors // tiles)))
+    return -(-segments // groups)
 
 
 #: Name of the rule by which :func:`~ordered_ssd.fold.fold_example_gemms` times its bit-neutral variants at the
 #: first launch of a shape and keeps the least costly (:data:`GEMM_FOLD_VARIANTS`). v1 ranked them by GPU time
-#: alone; v2 (2026-12-01) by GPU time plus the host time of their launches (``primitives._gpu_and_host_ms``): at
+#: alone; v2 (2026-12-01) by GPU time plus the host time of their launches (``gemm._gpu_and_host_ms``): at
 #: S5 (64 examples of 512 positions) v1 took ``"partials"`` for in_proj, 22 groups of 3 examples, 44 launches, on a
 #: step that waits on the host.
 GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
@@ -169,19 +195,20 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: that rule ``gemm-timed-v2`` times, each ``(kind, (BM, BN, BK, GROUP_M, num_warps, num_stages))``; the first is
 #: the static choice (the pinned configuration, :func:`gemm_fold_config`, and rule ``gemm-chain-v1``):
 #:
-#: * ``"chain"``: ``kernels.gemm_fold_chain_kernel``, programs per (group of examples, tile), the running sum
+#: * ``"chain"``: ``kernels.gemm_fold_chain_kernel``, programs per (group of segments, tile), the running sum
 #:   handed down a chain;
-#: * ``"nest"`` / ``"nest-flat"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all examples in
-#:   registers (``"nest-flat"``: the example and K loops flattened into one pipelined loop);
-#: * ``"partials"``: ``kernels.gemm_partials_kernel`` writes the fp32 partials of a group of examples (at most
-#:   :data:`GEMM_FOLD_WORKSPACE_BYTES`, taken only where one partial fits it) in parallel, then
-#:   ``kernels.fold_kernel`` adds them to the running sum in example order; two launches per group.
+#: * ``"nest"`` / ``"nest-flat"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all segments in
+#:   registers (``"nest-flat"``: the segment and K loops flattened into one pipelined loop);
+#: * ``"partials"``: ``kernels.gemm_partials_kernel`` writes the fp32 partials of all segments in parallel (timed
+#:   only where they fit :data:`GEMM_FOLD_WORKSPACE_BYTES` together, so one group: two launches whatever the batch),
+#:   then ``kernels.fold_kernel`` adds them to the running sum in segment order.
 #:
 #: Why every variant gives the same bits: each output element is ``init`` (or +0.0) plus, one fp32 addition per
-#: example in example order, a partial computed from that example alone as a chain of tensor-core products over
-#: K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages and which program or
-#: launch computes which partial decide no addition. Checked bit for bit on the H200 (triton 3.6.0) at 12
-#: projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01) and by ``tests/gpu/fold/test_gemm_fold.py``.
+#: segment (:data:`GEMM_FOLD_SEGMENT_L`) in segment order, a partial computed from that segment alone as a chain of
+#: tensor-core products over K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages
+#: and which program or launch computes which partial decide no addition. Checked bit for bit on the H200 (triton
+#: 3.6.0) at 12 projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01) and by
+#: ``tests/gpu/fold/test_gemm_fold.py``.
 GEMM_FOLD_VARIANTS = (
     ("chain", None),
     ("nest-flat", (128, 128, 64, 8, 8, 4)),
@@ -200,16 +227,8 @@ GEMM_FOLD_WORKSPACE_BYTES = 32 << 20
 GEMM_FOLD_TIMING = True
 
 
-#: Order-deciding. Sequence length from which :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs one
-#: cuBLAS GEMM per example instead of the fused one-launch fold (:func:`~ordered_ssd.fold.fold_example_gemms`).
-#: Short sequences: the per-example launches cost host time (bench S5: 128 GEMM launches per step) and the fused
-#: kernel was faster on the GPU too at L = 4096 (S2, S3); long ones: the fused kernel's tiles are too few for the
-#: long loop (bench S4, L 65536: in_proj 1.82 ms fused against 0.75 ms). Nothing between 4096 and 65536 was timed
-#: (``benchmarks/linear_grad_bench.py``).
-LINEAR_FUSED_BELOW_L = 8192
-
 #: Bit-neutral. Bound on the bytes of the fp32 buffer of per-example weight-gradient partials that
-#: :func:`~ordered_ssd.fold.fold_example_gemms_grouped` folds in one launch (at least one
+#: :func:`~ordered_ssd.fold.fold_example_gemms_grouped` (fp64, off CUDA) folds in one launch (at least one
 #: example; the group size depends on the shape alone and never changes a value).
 LINEAR_GROUP_BYTES = 64 << 20
 
@@ -225,20 +244,24 @@ CONV1D_BWD_BLOCK_D = 64
 
 #: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
 #: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:
-#: :func:`~ordered_ssd.fold.fold_example_gemms` below :data:`LINEAR_FUSED_BELOW_L`; 3: the conv1d weight/bias
+#: :func:`~ordered_ssd.fold.fold_example_gemms` below 8192 positions; 3: the conv1d weight/bias
 #: gradients from ordered-ssd's own per-(example, tile) partials kernel (:data:`CONV1D_BWD_TILE_L`) instead of
 #: causal-conv1d's channel-first backward called once per example; 4: at ``L == 1`` (one position per example)
 #: :func:`~ordered_ssd.fold.fold_example_gemms` adds every example's partial to the running sum as a separate fp32
 #: addition (the kernels no longer let Triton compile ``L == 1`` as a constant, which folded the addition into
 #: the tensor-core accumulation for all but each program's first example, so the bits could depend on the grouping);
 #: other lengths are expected to keep version 3's bits (the same fp32 additions in the sm_90 code; the committed
-#: digests, ``L`` = 100, matched on the H200).
-REDUCTION_VERSION = 4
+#: digests, ``L`` = 100, matched on the H200); 5: the projections' weight gradients on CUDA come from
+#: :func:`~ordered_ssd.fold.fold_example_gemms` at every sequence length, over per-(example, segment) partials of
+#: :data:`GEMM_FOLD_SEGMENT_L` positions (from 8192 positions on, version 4 ran one cuBLAS GEMM per example, so its
+#: launches grew with the batch); sequences up to :data:`GEMM_FOLD_SEGMENT_L` positions keep version 4's bits.
+REDUCTION_VERSION = 5
 
 
 def reduction_fingerprint(device=None) -> str:
     """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their settings (the fold
-    kernel's configurations, :data:`LINEAR_FUSED_BELOW_L`, :data:`CONV1D_BWD_TILE_L`); part of the determinism fingerprint.
+    kernel's configurations, :data:`GEMM_FOLD_SEGMENT_L`, :data:`CONV1D_BWD_TILE_L`); part of the determinism
+    fingerprint.
 
     ``device`` None: the pinned :data:`GEMM_FOLD_CONFIGS`. A CUDA ``device``: the configurations
     :func:`gemm_fold_config` picks for its shared-memory limit (on a device where every pinned one fits, such as the
@@ -250,18 +273,17 @@ def reduction_fingerprint(device=None) -> str:
         limit = _resources.shared_memory_limit(device)
     configs = gemm_fold_configs_for(limit)
     settings = json.dumps({"configs": {str(k): list(v) for k, v in configs.items()},
-                           "fused_below_l": LINEAR_FUSED_BELOW_L, "conv1d_tile_l": CONV1D_BWD_TILE_L},
+                           "segment_l": GEMM_FOLD_SEGMENT_L, "conv1d_tile_l": CONV1D_BWD_TILE_L},
                           sort_keys=True)
     return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
 
 def linear_weight_grad_is_fused(dy: torch.Tensor, weight_dtype: torch.dtype) -> bool:
     """Order-deciding rule: whether :func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad` runs
-    :func:`~ordered_ssd.fold.fold_example_gemms` (one launch) rather than one cuBLAS GEMM per example: on CUDA,
-    bf16/fp16/fp32 inputs, an fp32 accumulator and sequences shorter than :data:`LINEAR_FUSED_BELOW_L`. Depends on
-    the shape and dtypes only (never on the batch size), so an example's partial has the same bits alone or in any
-    batch."""
-    return (dy.device.type == "cuda" and dy.dtype in GEMM_FOLD_CONFIGS and dy.shape[1] < LINEAR_FUSED_BELOW_L
+    :func:`~ordered_ssd.fold.fold_example_gemms` (one launch, any sequence length) rather than one GEMM per example
+    (:func:`~ordered_ssd.fold.fold_example_gemms_grouped`): on CUDA, bf16/fp16/fp32 inputs and an fp32
+    accumulator. Depends on the device type and dtypes only (never on the batch size)."""
+    return (dy.device.type == "cuda" and dy.dtype in GEMM_FOLD_CONFIGS
             and accumulation_dtype(weight_dtype) == torch.float32)
 
 

@@ -51,25 +51,23 @@ def ordered_linear_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,
                                bias_dtype: Optional[torch.dtype] = None, *,
                                group_bytes: int = LINEAR_GROUP_BYTES) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))`` over examples, example 0 first.
+    """``dW`` = the lexical fold of per-example (on CUDA per-(example, segment)) partials ``dy_b^T x_b``, and
+    ``db = fold_b(fold_l(dy_b))`` over examples, example 0 first.
 
     Args: dy [B, L, out]; x [B, L, in]; ``weight_dtype`` / ``bias_dtype``: dtypes of the results (no bias
     gradient when ``bias_dtype`` is None); ``group_bytes``: see :data:`~ordered_ssd.fold.LINEAR_GROUP_BYTES`.
 
-    Two algorithms, chosen by :func:`~ordered_ssd.fold.linear_weight_grad_is_fused` from the shape and dtypes
-    alone; both give the bits of :class:`~ordered_ssd.fold.LexicalFold` over per-example fp32 partials, example 0
-    first:
+    Two algorithms, chosen by :func:`~ordered_ssd.fold.linear_weight_grad_is_fused` from the device type and
+    dtypes alone (never the batch size):
 
-    - fused (CUDA, ``L <`` :data:`~ordered_ssd.fold.LINEAR_FUSED_BELOW_L`):
-      :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton launch at a pinned configuration; each program
-      computes its tile's partials of a group of consecutive examples, one example at a time, and adds them to
-      the tile's running sum, which passes from group to group in example order;
-    - per example (long sequences, fp64, off CUDA): :func:`~ordered_ssd.fold.fold_example_gemms_grouped`, one
-      cuBLAS GEMM with fp32 output per example
-      (``torch.mm(..., out_dtype=torch.float32)``; a plain fp32 GEMM for fp32 inputs and off CUDA) into a slot of a
-      group buffer (slots 256-byte aligned), each group folded into the running sum by one
-      :func:`~ordered_ssd.fold.fold_dims` launch; the group size never changes a value. cuBLAS picks its
-      algorithm per GPU model, so these bits are fixed per GPU model (the scope of the guarantee).
+    - fused (CUDA, bf16/fp16/fp32, any ``L``): :func:`~ordered_ssd.fold.fold_example_gemms`, one Triton launch at a
+      pinned configuration whatever ``B``: the lexical fold of per-(example, segment) fp32 partials, example 0's
+      first (segments of :data:`~ordered_ssd.fold.GEMM_FOLD_SEGMENT_L` positions; one per example up to that
+      length), each computed from its segment alone; the programs hand the running sum on in segment order;
+    - per example (fp64, off CUDA): :func:`~ordered_ssd.fold.fold_example_gemms_grouped`, one GEMM in the
+      accumulation dtype per example into a slot of a group buffer, each group folded into the running sum by one
+      :func:`~ordered_ssd.fold.fold_dims` launch: the bits of :class:`~ordered_ssd.fold.LexicalFold` over
+      per-example partials, example 0 first, whatever the group size.
 
     The bias partial of an example is a fold over its positions in order, and those are folded over examples
     (:func:`~ordered_ssd.fold.fold_example_sums`: one launch on CUDA).

@@ -147,7 +147,7 @@ def test_fold_example_gemms_rejects_bad_input():
 
 
 def test_tile_offset_guard():
-    from ordered_ssd.fold.primitives import _tile_offsets_overflow
+    from ordered_ssd.fold.gemm import _tile_offsets_overflow
 
     assert not _tile_offsets_overflow(torch.empty(2, 3, 5), 64)
     wide = torch.empty(1, 4, 2 ** 25, device="meta")  # rows of 2**25 elements: 64 rows reach 2**31
@@ -159,9 +159,9 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     from ordered_ssd.fold import settings
 
     base = settings.reduction_fingerprint()
-    assert base == "v4 gemm=d93bf44d8b2a"  # version 4: separate additions at L == 1 (the settings hash as in v3)
+    assert base == "v5 gemm=3b8b8e8e52a3"  # version 5: segments of GEMM_FOLD_SEGMENT_L positions
     assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
-    monkeypatch.setattr(settings, "LINEAR_FUSED_BELOW_L", settings.LINEAR_FUSED_BELOW_L * 2)
+    monkeypatch.setattr(settings, "GEMM_FOLD_SEGMENT_L", settings.GEMM_FOLD_SEGMENT_L * 2)
     longer = settings.reduction_fingerprint()
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
                         {**settings.GEMM_FOLD_CONFIGS, torch.bfloat16: (64, 64, 32, 8, 4, 2)})
@@ -211,11 +211,11 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
     limit = {"bytes": 232448}
     monkeypatch.setattr(resources, "shared_memory_limit", lambda device: limit["bytes"])
     pinned = settings.reduction_fingerprint()
-    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v4 gemm=")  # H200
+    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v5 gemm=")  # H200
     assert settings.reduction_fingerprint("cpu") == pinned
     limit["bytes"] = 101376
     small = settings.reduction_fingerprint("cuda:0")
-    assert small != pinned and small.startswith("v4 gemm=") and len(small.split("=")[1]) == 12
+    assert small != pinned and small.startswith("v5 gemm=") and len(small.split("=")[1]) == 12
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS", {**settings.GEMM_FOLD_CONFIGS,
                                                         torch.bfloat16: (128, 128, 64, 8, 8, 3),
                                                         torch.float16: (128, 128, 64, 8, 8, 3)})
@@ -225,9 +225,10 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
 def test_gemm_fold_chain_kernel_under_the_interpreter():
     """The chained GEMM fold's handoff (tickets, per-tile counts, running sum through ``out``) on the CPU under
     Triton's interpreter, which runs the programs one at a time in ticket order: the result of ``E`` examples in one
-    launch is the lexical fold of the single-example launches (and continues from ``init``), over several tiles and
-    a partial last K block, with the same bits for any number of examples per program; fp32 with IEEE products, so
-    it also agrees with an fp64 reference to fp32 rounding."""
+    launch is the lexical fold of the single-segment launches, example-major (and continues from ``init``), over
+    several tiles, a partial last K block and examples of one, two and three segments (a shorter last one), with
+    the same bits for any number of segments per program; a segment length at or above ``L`` gives the bits of one
+    segment per example; fp32 with IEEE products, so it also agrees with an fp64 reference to fp32 rounding."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""
@@ -235,42 +236,53 @@ def test_gemm_fold_chain_kernel_under_the_interpreter():
         from tests.fold.interpreter import allow_runtime_loop_bounds
         allow_runtime_loop_bounds()
         from ordered_ssd.fold import LexicalFold, kernels
+        from ordered_ssd.fold.gemm import _aligned_strides, _pow2_divisor
         from tests.helpers import bits_equal
 
-        def chain(a, b, init=None, epp=1, BM=16, BN=16, BK=16, GROUP_M=2):
+        def chain(a, b, init=None, spp=1, SEG=1024, BM=16, BN=16, BK=16, GROUP_M=2):
             E, L, M = a.shape
             N = b.shape[2]
+            nseg = max(1, triton.cdiv(L, SEG))
             out = torch.empty(M, N, dtype=torch.float32)
             tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-            groups = triton.cdiv(E, epp)
+            groups = triton.cdiv(E * nseg, spp)
             sync = torch.zeros(tiles + 1, dtype=torch.int32)
+            # the alignment hints as the library passes them (8 and 2 among the cases below)
+            (aq, sa), (bq, sb) = _aligned_strides(a), _aligned_strides(b)
+            mq, nq = _pow2_divisor(M), _pow2_divisor(N)
             kernels.gemm_fold_chain_kernel[(groups * tiles,)](
-                a, b, init if init is not None else out, out, sync, E, L, M, N, *a.stride(), *b.stride(), epp,
-                HAS_INIT=init is not None, IEEE=True, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M)
+                a, b, init if init is not None else out, out, sync, E * nseg, nseg, L, M // mq, N // nq, *sa, *sb,
+                spp, HAS_INIT=init is not None, IEEE=True, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, SEG=SEG, AQ=aq,
+                BQ=bq, MQ=mq, NQ=nq)
             assert sync[:tiles].tolist() == [groups] * tiles and sync[tiles].item() == groups * tiles
             return out
 
         g = torch.Generator().manual_seed(5)
         cases = 0
-        for E, L, M, N in ((5, 37, 40, 24), (3, 16, 16, 50)):
+        for E, L, M, N, SEG in ((5, 37, 40, 24, 1024), (5, 37, 40, 24, 16), (3, 16, 16, 50, 16),
+                                (3, 16, 16, 50, 8)):
             a = torch.randn(E, L, M, generator=g)
             b = torch.randn(E, L, N, generator=g)
             init = torch.randn(M, N, generator=g)
-            got = chain(a, b)
+            got = chain(a, b, SEG=SEG)
+            nseg = -(-L // SEG)
             fold = LexicalFold(torch.float32)
             for e in range(E):
-                fold.add(chain(a[e:e + 1], b[e:e + 1]))
-            assert bits_equal(got, fold.result()), (E, L, M, N)
-            for epp in (2, 3, E, E + 4):  # the grouping of the examples changes no bit
-                assert bits_equal(chain(a, b, epp=epp), got), (E, epp)
-                assert bits_equal(chain(a, b, init=init, epp=epp), chain(a, b, init=init)), (E, epp)
-            assert bits_equal(chain(a[2:], b[2:], init=chain(a[:2], b[:2])), got)
+                for s in range(nseg):  # each segment alone, as an example of its own
+                    fold.add(chain(a[e:e + 1, s * SEG:(s + 1) * SEG], b[e:e + 1, s * SEG:(s + 1) * SEG]))
+            assert bits_equal(got, fold.result()), (E, L, M, N, SEG)
+            for spp in (2, 3, E * nseg, E * nseg + 4):  # the grouping of the segments changes no bit
+                assert bits_equal(chain(a, b, spp=spp, SEG=SEG), got), (E, spp)
+                assert bits_equal(chain(a, b, init=init, spp=spp, SEG=SEG), chain(a, b, init=init, SEG=SEG)), spp
+            assert bits_equal(chain(a[2:], b[2:], init=chain(a[:2], b[:2], SEG=SEG), SEG=SEG), got)
+            if nseg == 1:
+                assert bits_equal(chain(a, b, SEG=L), got)  # a segment of exactly L positions
             ref = sum(a[e].double().t() @ b[e].double() for e in range(E))
             assert float((got.double() - ref).abs().max()) < 1e-4 * float(ref.abs().max())
             cases += 1
         print("cases", cases)
     """)
-    assert "cases 2" in run_python(code, interpret=True)
+    assert "cases 4" in run_python(code, interpret=True)
 
 
 def test_gemm_fold_chain_kernel_compiles_for_sm90_with_acquire_release_handoff():
@@ -287,7 +299,8 @@ def test_gemm_fold_chain_kernel_compiles_for_sm90_with_acquire_release_handoff()
         from ordered_ssd.fold import kernels
 
         fn = kernels.gemm_fold_chain_kernel
-        const = {"HAS_INIT": True, "IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}
+        const = {"HAS_INIT": True, "IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "SEG": 4096, "AQ": 1,
+                 "BQ": 1, "MQ": 1, "NQ": 1}
         sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "init_ptr": "*fp32",
                                                   "out_ptr": "*fp32", "sync_ptr": "*i32"}.get(n, "i32")
                for n in fn.arg_names}
@@ -307,27 +320,63 @@ def test_gemm_fold_chain_kernel_compiles_for_sm90_with_acquire_release_handoff()
     assert "compiled" in run_python(code, interpret=False)
 
 
-def test_gemm_chain_rule_splits_the_examples_by_the_tiles():
-    from ordered_ssd.fold import GEMM_FOLD_PROGRAMS_PER_SM, fold_example_gemms, gemm_fold_examples_per_program
+def test_gemm_chain_rule_splits_the_segments_by_the_tiles():
+    from ordered_ssd.fold import GEMM_FOLD_PROGRAMS_PER_SM, fold_example_gemms, gemm_fold_segments_per_program
 
     assert GEMM_FOLD_PROGRAMS_PER_SM == 8
-    # (examples, tiles, SMs) -> examples per program: about 8 programs per SM, never more groups than examples
-    assert gemm_fold_examples_per_program(64, 156, 132) == 10  # S5's in_proj on the H200: 7 groups
-    assert gemm_fold_examples_per_program(64, 18, 132) == 2  # few tiles: 59 groups wanted, 32 of 2 examples
-    assert gemm_fold_examples_per_program(8, 1072, 132) == 8  # many tiles: one program per tile
-    assert gemm_fold_examples_per_program(2, 280, 132) == 1
-    assert gemm_fold_examples_per_program(1, 5, 132) == 1
-    assert gemm_fold_examples_per_program(0, 5, 132) == 1
-    with pytest.raises(ValueError, match=r"examples_per_program: expected None or an int >= 1, got 0"):
-        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=0)
-    with pytest.raises(TypeError, match=r"examples_per_program: expected None or an int, got bool"):
-        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=True)
-    with pytest.raises(TypeError, match=r"examples_per_program: expected None or an int, got float"):
-        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), examples_per_program=2.0)
+    # (segments, tiles, SMs) -> segments per program: about 8 programs per SM, never more groups than segments
+    assert gemm_fold_segments_per_program(64, 156, 132) == 10  # S5's in_proj on the H200: 7 groups
+    assert gemm_fold_segments_per_program(64, 18, 132) == 2  # few tiles: 59 groups wanted, 32 of 2 segments
+    assert gemm_fold_segments_per_program(8, 1072, 132) == 8  # many tiles: one program per tile
+    assert gemm_fold_segments_per_program(2, 280, 132) == 1
+    assert gemm_fold_segments_per_program(1, 5, 132) == 1
+    assert gemm_fold_segments_per_program(0, 5, 132) == 1
+    with pytest.raises(ValueError, match=r"segments_per_program: expected None or an int >= 1, got 0"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), segments_per_program=0)
+    with pytest.raises(TypeError, match=r"segments_per_program: expected None or an int, got bool"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), segments_per_program=True)
+    with pytest.raises(TypeError, match=r"segments_per_program: expected None or an int, got float"):
+        fold_example_gemms(torch.zeros(2, 3, 4), torch.zeros(2, 3, 5), segments_per_program=2.0)
     with pytest.raises(TypeError, match=r"tiles: expected an int, got float"):
-        gemm_fold_examples_per_program(4, 2.0, 132)
-    with pytest.raises(ValueError, match=r"tiles >= 1 .* got examples=4, tiles=0, multiprocessors=132"):
-        gemm_fold_examples_per_program(4, 0, 132)
-    # off CUDA the grouping is ignored (a per-example torch fold); the same result for any value
+        gemm_fold_segments_per_program(4, 2.0, 132)
+    with pytest.raises(ValueError, match=r"tiles >= 1 .* got segments=4, tiles=0, multiprocessors=132"):
+        gemm_fold_segments_per_program(4, 0, 132)
+    # off CUDA the grouping is ignored (a torch fold); the same result for any value
     a, b = torch.randn(3, 4, 5), torch.randn(3, 4, 6)
-    assert torch.equal(fold_example_gemms(a, b, examples_per_program=2), fold_example_gemms(a, b))
+    assert torch.equal(fold_example_gemms(a, b, segments_per_program=2), fold_example_gemms(a, b))
+
+
+def test_gemm_fold_segments_rule():
+    """Reduction version 5: an example is cut into segments of ``GEMM_FOLD_SEGMENT_L`` positions (the last one
+    shorter), one for ``L`` up to it; the count depends on ``L`` alone."""
+    from ordered_ssd.fold import GEMM_FOLD_SEGMENT_L, gemm_fold_segments
+
+    assert GEMM_FOLD_SEGMENT_L == 16384
+    assert [gemm_fold_segments(n) for n in (0, 1, 8192, 16383, 16384, 16385, 32768, 65536)] == [1, 1, 1, 1, 1, 2, 2, 4]
+    with pytest.raises(TypeError, match="seqlen: expected an int, got float"):
+        gemm_fold_segments(2.0)
+    with pytest.raises(TypeError, match="seqlen: expected an int, got bool"):
+        gemm_fold_segments(True)
+    with pytest.raises(ValueError, match="seqlen: expected an int >= 0, got -1"):
+        gemm_fold_segments(-1)
+
+
+def test_fold_example_gemms_off_cuda_folds_the_segments_in_order(monkeypatch):
+    """Off CUDA the same partition as the kernels: per example its segments in order, example 0 first; with a
+    segment length at or above ``L`` the per-example fold; continuing from ``init`` gives the whole batch's bits."""
+    from ordered_ssd.fold import fold_example_gemms, settings
+
+    g = torch.Generator().manual_seed(4)
+    dy, x = torch.randn(3, 11, 6, generator=g), torch.randn(3, 11, 5, generator=g)
+    whole = fold_example_gemms(dy, x)
+    monkeypatch.setattr(settings, "GEMM_FOLD_SEGMENT_L", 4)  # segments of 4, 4 and 3 positions
+    got = fold_example_gemms(dy, x)
+    fold = LexicalFold(torch.float32)
+    for e in range(3):
+        for s in (0, 4, 8):
+            fold.add(torch.mm(dy[e, s:s + 4].t(), x[e, s:s + 4]))
+    assert bits_equal(got, fold.result())
+    assert bits_equal(fold_example_gemms(dy[1:], x[1:], init=fold_example_gemms(dy[:1], x[:1])), got)
+    assert not bits_equal(got, whole)  # another order: other bits here
+    monkeypatch.setattr(settings, "GEMM_FOLD_SEGMENT_L", 11)
+    assert bits_equal(fold_example_gemms(dy, x), whole)

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from ordered_ssd.fold import GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, primitives, settings
+from ordered_ssd.fold import GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, gemm, settings
 
 STATIC = ("chain", (128, 128, 64, 8, 8, 4))
 
@@ -26,10 +26,10 @@ def test_fastest_picks_the_least_time_and_the_earlier_variant_on_a_tie():
         calls[v] = calls.get(v, 0) + 1
         return times[v][calls[v] - 1]
 
-    assert primitives._fastest(["s", "x", "y", "z"], launch, timer) == "z"  # min over rounds: z 0.9
+    assert gemm._fastest(["s", "x", "y", "z"], launch, timer) == "z"  # min over rounds: z 0.9
     assert launched[:4] == ["s", "x", "y", "z"]  # each launched once (compiled) before any timing
     assert calls == {"s": 2, "x": 2, "y": 2, "z": 2}
-    assert primitives._fastest(["s", "x", "y"], lambda v: None, lambda fn: 1.0) == "s"  # a tie: the earlier
+    assert gemm._fastest(["s", "x", "y"], lambda v: None, lambda fn: 1.0) == "s"  # a tie: the earlier
 
 
 def test_cost_is_gpu_time_plus_the_host_time_of_the_launches(monkeypatch):
@@ -55,10 +55,10 @@ def test_cost_is_gpu_time_plus_the_host_time_of_the_launches(monkeypatch):
     stream = type("Stream", (), {"synchronize": lambda self: synced.append(1)})()
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
     calls = []
-    cost = primitives._gpu_and_host_ms(lambda: (calls.append(1), time.sleep(0.02)), repeats=3)
+    cost = gemm._gpu_and_host_ms(lambda: (calls.append(1), time.sleep(0.02)), repeats=3)
     assert len(calls) == 3 and synced == [1]  # the stream synchronized once, before the span
     assert 21.0 <= cost < 41.0  # 1 ms of GPU per call + at least 20 ms of host (sleep may overrun, not underrun)
-    quick = primitives._gpu_and_host_ms(lambda: None, repeats=3)
+    quick = gemm._gpu_and_host_ms(lambda: None, repeats=3)
     assert 1.0 <= quick < 1.5  # the GPU's 1 ms per call, and next to no host time
 
 
@@ -69,7 +69,7 @@ def test_fastest_drops_a_variant_that_does_not_fit_but_never_the_static_one():
         if v == "oom":
             raise torch.cuda.OutOfMemoryError("out of memory")
 
-    picked = primitives._fastest(["s", "big", "oom", "x"], launch, lambda fn: {"s": 2.0, "x": 1.0}[probe(fn)])
+    picked = gemm._fastest(["s", "big", "oom", "x"], launch, lambda fn: {"s": 2.0, "x": 1.0}[probe(fn)])
     assert picked == "x"
 
     def launch_static_fails(v):
@@ -77,7 +77,7 @@ def test_fastest_drops_a_variant_that_does_not_fit_but_never_the_static_one():
             raise ValueError("the static choice does not fit")
 
     with pytest.raises(ValueError, match="the static choice does not fit"):
-        primitives._fastest(["s", "x"], launch_static_fails, lambda fn: 1.0)
+        gemm._fastest(["s", "x"], launch_static_fails, lambda fn: 1.0)
     # an error while timed drops the variant too (the workspace of "partials" may run out of memory then)
     rounds = {"x": 0}
 
@@ -90,12 +90,12 @@ def test_fastest_drops_a_variant_that_does_not_fit_but_never_the_static_one():
             return 0.5
         return 1.0
 
-    assert primitives._fastest(["s", "x", "y"], lambda v: None, timer) == "s"
+    assert gemm._fastest(["s", "x", "y"], lambda v: None, timer) == "s"
     with pytest.raises(ValueError, match="static"):
-        primitives._fastest(["s", "x"], lambda v: None,
+        gemm._fastest(["s", "x"], lambda v: None,
                             lambda fn: (_ for _ in ()).throw(ValueError("static")) if probe(fn) == "s" else 1.0)
     with pytest.raises(RuntimeError, match="other"):  # any other error propagates
-        primitives._fastest(["s", "x"], lambda v: (_ for _ in ()).throw(RuntimeError("other")), lambda fn: 1.0)
+        gemm._fastest(["s", "x"], lambda v: (_ for _ in ()).throw(RuntimeError("other")), lambda fn: 1.0)
 
 
 _LAST = []
@@ -110,12 +110,12 @@ def probe(fn):
 @pytest.fixture(autouse=True)
 def _record_launches(monkeypatch):
     _LAST.clear()
-    real = primitives._fastest
+    real = gemm._fastest
 
     def fastest(variants, launch, timer, rounds=2):
         return real(variants, lambda v: (_LAST.append(v), launch(v)), timer, rounds)
 
-    monkeypatch.setattr(primitives, "_fastest", fastest)
+    monkeypatch.setattr(gemm, "_fastest", fastest)
     yield
 
 
@@ -130,38 +130,39 @@ def h200(monkeypatch):
 
 def test_timed_variants_on_sm90_half_dtypes(h200):
     a = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
-    got = primitives._timed_variants(a, STATIC, 1000, 512)
+    got = gemm._timed_variants(a, STATIC, 1000, 512, 2)
     assert got[0] == STATIC and got[1:] == list(GEMM_FOLD_VARIANTS[1:])
-    assert primitives._timed_variants(a.half(), STATIC, 1000, 512) == got
-    # a partial larger than the workspace bound: no "partials" variant
-    big = primitives._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 4 + 1, 512)
+    assert gemm._timed_variants(a.half(), STATIC, 1000, 512, 2) == got
+    # the partials of all segments larger than the workspace bound: no "partials" variant (one group only)
+    big = gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8 + 1, 512, 2)
     assert [v for v in got if v[0] != "partials"] == big
-    assert primitives._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 4, 512) == got
+    assert gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8, 512, 2) == got
+    assert gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8, 512, 3) == big
 
 
 def test_timed_variants_off_sm90_fp32_small_shared_memory_or_hook_off(h200, monkeypatch):
     from csrc_bindings import _resources
 
     a = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
-    assert primitives._timed_variants(a.float(), STATIC, 10, 512) == []
+    assert gemm._timed_variants(a.float(), STATIC, 10, 512, 2) == []
     monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", False)
-    assert primitives._timed_variants(a, STATIC, 10, 512) == []
+    assert gemm._timed_variants(a, STATIC, 10, 512, 2) == []
     monkeypatch.setattr(settings, "GEMM_FOLD_TIMING", True)
     monkeypatch.setattr(_resources, "shared_memory_limit", lambda device: 101376)  # sm_86/sm_89's
-    small = primitives._timed_variants(a, STATIC, 10, 512)
+    small = gemm._timed_variants(a, STATIC, 10, 512, 2)
     assert small[0] == STATIC and small[1:] and all(
         settings.gemm_fold_shared_bytes(c, torch.bfloat16) <= 101376 for _, c in small[1:])
     assert ("partials", (128, 256, 64, 8, 8, 3)) not in small
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert primitives._timed_variants(a, STATIC, 10, 512) == []
+    assert gemm._timed_variants(a, STATIC, 10, 512, 2) == []
 
 
 def test_nothing_is_timed_at_one_position_per_example(h200):
     """At L = 1 the static choice only: the variants gave other bits there before reduction version 4 (Triton
     compiled L == 1 as a constant) and have not been compared on a GPU since."""
     a = torch.zeros(2, 1, 4, dtype=torch.bfloat16)
-    assert primitives._timed_variants(a, STATIC, 10, 1) == []
-    assert primitives._timed_variants(a, STATIC, 10, 2)[0] == STATIC
+    assert gemm._timed_variants(a, STATIC, 10, 1, 2) == []
+    assert gemm._timed_variants(a, STATIC, 10, 2, 2)[0] == STATIC
 
 
 def test_every_variant_takes_the_static_k_block():
@@ -175,7 +176,7 @@ def test_every_variant_takes_the_static_k_block():
 def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
     """The nest kernel (flattened or not) and the partials kernel followed by the ordered fold, on the CPU under
     Triton's interpreter (fp32, IEEE products): the bits of the chain kernel, with and without ``init``, over several
-    tiles, a partial last K block and several workspace groups."""
+    tiles, a partial last K block, several workspace groups and examples of three segments."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""
@@ -184,58 +185,64 @@ def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
         allow_runtime_loop_bounds()
         from ordered_ssd.fold import kernels
         from tests.helpers import bits_equal
-        K = dict(IEEE=True, BM=16, BN=16, BK=16, GROUP_M=2)
+        def consts(L, SEG):  # no alignment hints: the sizes and strides as they are
+            return max(1, triton.cdiv(L, SEG)), dict(IEEE=True, BM=16, BN=16, BK=16, GROUP_M=2, SEG=SEG, AQ=1, BQ=1,
+                                                     MQ=1, NQ=1)
 
-        def chain(a, b, init):
+        def chain(a, b, init, SEG):
             E, L, M = a.shape
             N = b.shape[2]
+            nseg, K = consts(L, SEG)
             out = torch.empty(M, N, dtype=torch.float32)
             tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
             sync = torch.zeros(tiles + 1, dtype=torch.int32)
-            kernels.gemm_fold_chain_kernel[(tiles,)](a, b, init if init is not None else out, out, sync, E, L, M, N,
-                                                     *a.stride(), *b.stride(), E, HAS_INIT=init is not None, **K)
+            kernels.gemm_fold_chain_kernel[(tiles,)](a, b, init if init is not None else out, out, sync, E * nseg,
+                                                     nseg, L, M, N, *a.stride(), *b.stride(), E * nseg,
+                                                     HAS_INIT=init is not None, **K)
             return out
 
-        def nest(a, b, init, flat):
+        def nest(a, b, init, flat, SEG):
             E, L, M = a.shape
             N = b.shape[2]
+            nseg, K = consts(L, SEG)
             out = torch.empty(M, N, dtype=torch.float32)
             tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
-            kernels.gemm_fold_nest_kernel[(tiles,)](a, b, init if init is not None else out, out, E, L, M, N,
-                                                    *a.stride(), *b.stride(), HAS_INIT=init is not None, FLAT=flat,
-                                                    **K)
+            kernels.gemm_fold_nest_kernel[(tiles,)](a, b, init if init is not None else out, out, E * nseg, nseg, L,
+                                                    M, N, *a.stride(), *b.stride(), HAS_INIT=init is not None,
+                                                    FLAT=flat, **K)
             return out
 
-        def partials(a, b, init, group):
+        def partials(a, b, init, group, SEG):
             E, L, M = a.shape
             N = b.shape[2]
+            nseg, K = consts(L, SEG)
             out = torch.empty(M, N, dtype=torch.float32)
             buf = torch.empty(group, M * N, dtype=torch.float32)
             tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
-            for e0 in range(0, E, group):
-                n = min(group, E - e0)
-                kernels.gemm_partials_kernel[(tiles, n)](a, b, buf, e0, L, M, N, *a.stride(), *b.stride(), **K)
-                src = (init if init is not None else out) if e0 == 0 else out
+            for u0 in range(0, E * nseg, group):
+                n = min(group, E * nseg - u0)
+                kernels.gemm_partials_kernel[(tiles, n)](a, b, buf, u0, nseg, L, M, N, *a.stride(), *b.stride(), **K)
+                src = (init if init is not None else out) if u0 == 0 else out
                 kernels.fold_kernel[(triton.cdiv(M * N, 64),)](buf, src, out, n, M * N, buf.stride(0),
-                                                              HAS_INIT=(init is not None) or e0 > 0, BLOCK=64)
+                                                              HAS_INIT=(init is not None) or u0 > 0, BLOCK=64)
             return out
 
         g = torch.Generator().manual_seed(3)
         cases = 0
-        for E, L, M, N in ((5, 37, 40, 24), (3, 16, 16, 50)):
+        for E, L, M, N, SEG in ((5, 37, 40, 24, 4096), (3, 16, 16, 50, 4096), (3, 37, 40, 24, 16)):
             a = torch.randn(E, L, M, generator=g)
             b = torch.randn(E, L, N, generator=g).transpose(1, 2).contiguous().transpose(1, 2)
             init = torch.randn(M, N, generator=g)
             for i in (None, init):
-                want = chain(a, b, i)
+                want = chain(a, b, i, SEG)
                 for flat in (True, False):
-                    assert bits_equal(nest(a, b, i, flat), want), ("nest", flat, E)
+                    assert bits_equal(nest(a, b, i, flat, SEG), want), ("nest", flat, E)
                 for group in (1, 2, E):
-                    assert bits_equal(partials(a, b, i, group), want), ("partials", group, E)
+                    assert bits_equal(partials(a, b, i, group, SEG), want), ("partials", group, E)
                 cases += 1
         print("cases", cases)
     """)
-    assert "cases 4" in run_python(code, interpret=True)
+    assert "cases 6" in run_python(code, interpret=True)
 
 
 def test_variant_kernels_compile_for_sm90_on_tensor_cores():
@@ -252,7 +259,8 @@ def test_variant_kernels_compile_for_sm90_on_tensor_cores():
         done = 0
         for kind, (BM, BN, BK, G, w, s) in GEMM_FOLD_VARIANTS[1:]:
             fn = kernels.gemm_partials_kernel if kind == "partials" else kernels.gemm_fold_nest_kernel
-            const = {"IEEE": False, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": G}
+            const = {"IEEE": False, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": G, "SEG": 4096, "AQ": 1, "BQ": 1,
+                     "MQ": 1, "NQ": 1}
             if kind != "partials":
                 const.update(HAS_INIT=True, FLAT=kind == "nest-flat")
             sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16"}.get(
@@ -270,8 +278,9 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
     """Reduction version 4: the three GEMM-fold kernels take ``L`` with ``do_not_specialize``, so ``L == 1`` is not
     compiled as a constant (which unrolled the K loop and let Triton fold ``acc += p`` into the tensor-core
     accumulation); their other integer arguments keep Triton's specialisation. Ahead-of-time compiles for sm_90
-    at ``L`` = 1 given as a constant show what that did: the chain kernel's loop over a program's further examples
-    (and the nest kernel's only product) accumulate into the running sum."""
+    at ``L`` = 1 given as a constant, with one segment per example (``NSEG`` = 1, which Triton does specialise as a
+    constant), show what that did: the chain kernel's loop over a program's further segments (and the nest kernel's
+    only product) accumulate into the running sum."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent(r"""
@@ -287,7 +296,8 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
         for name, fn, extra in (("chain", kernels.gemm_fold_chain_kernel, {"HAS_INIT": True}),
                                 ("nest", kernels.gemm_fold_nest_kernel, {"HAS_INIT": True, "FLAT": True})):
             for L in ("one", "i32"):
-                const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, **extra}
+                const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "SEG": 4096, "AQ": 1,
+                         "BQ": 1, "MQ": 1, "NQ": 1, "NSEG": 1, **extra}
                 if L == "one":
                     const["L"] = 1
                 sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
@@ -323,3 +333,40 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
         print("checked")
     """)
     assert "checked" in run_python(code, interpret=False)
+
+
+def test_alignment_hints_give_the_gemm_folds_16_byte_copies():
+    """A width such as S5's in_proj (3224, a multiple of 8 but not of 16 elements) gives Triton no divisibility
+    hint, so without help the kernels load scalar by scalar with two buffers; passed divided by 8 and multiplied
+    back by a constant (``MQ``, ``AQ``, ...: ``gemm._aligned_strides``), the sizes and strides let the chain
+    and nest kernels pipeline 16-byte asynchronous copies on sm_90 (ahead-of-time compiles; no GPU needed)."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent(r"""
+        import re
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from ordered_ssd.fold import kernels
+
+        got = {}
+        for name, fn in (("chain", kernels.gemm_fold_chain_kernel), ("nest", kernels.gemm_fold_nest_kernel),
+                         ("partials", kernels.gemm_partials_kernel)):
+            for q in (1, 8):
+                const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "SEG": 4096, "AQ": q, "BQ": q,
+                         "MQ": q, "NQ": q, "s_am": 1, "s_bn": 1}  # unit feature strides: Triton specialises 1
+                const.update({k: v for k, v in (("HAS_INIT", True), ("FLAT", True)) if k in fn.arg_names})
+                sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
+                    n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+                attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+                         if n.endswith("_ptr")}  # 16-byte aligned tensors, as torch allocates them
+                k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 4})
+                ptx = k.asm["ptx"]
+                got[(name, q)] = len(re.findall(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 0x10",
+                                                ptx))
+                assert "wgmma.mma_async" in ptx, (name, q)
+        assert all(got[(n, 1)] == 0 and got[(n, 8)] > 0 for n in ("chain", "nest", "partials")), got
+        print("copies", got)
+    """)
+    assert "copies" in run_python(code, interpret=False)

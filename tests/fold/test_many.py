@@ -166,9 +166,9 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
             assert adds == {"add.f32"}, adds
 
         fn = kernels.fold_many_kernel
-        for nseg, ones in ((1, ("M0",)), (3, ("KI0", "MI0", "MI1", "KO2", "M2")), (8, ("KI1", "M0", "M7"))):
-            const = {"NSEG": nseg, "BLOCK": 256}
-            const.update({n: None for n in fn.arg_names if n[-1].isdigit() and int(n[-1]) >= nseg})
+        for nfolds, ones in ((1, ("M0",)), (3, ("KI0", "MI0", "MI1", "KO2", "M2")), (8, ("KI1", "M0", "M7"))):
+            const = {"NFOLDS": nfolds, "BLOCK": 256}
+            const.update({n: None for n in fn.arg_names if n[-1].isdigit() and int(n[-1]) >= nfolds})
             const.update({n: 1 for n in ones})
             check(fn, {n: "constexpr" if n in const else ("*fp32" if n[0] in "po" else "i32") for n in fn.arg_names},
                   const)

@@ -17,7 +17,7 @@ def _static_configs_unless_marked(request, monkeypatch):
     capture, the tests that snapshot the autotuners' state, and the fold's timed-choice test
     (``tests/gpu/fold/test_gemm_fold.py``) (``native_timing`` marks). Child processes that a test starts are not
     reached by this fixture: they run with the timing on, as users do. A key already timed earlier in the process
-    keeps its timed choice (``_configs._timed``, ``fold.primitives._gemm_timed``). Put back after the test.
+    keeps its timed choice (``_configs._timed``, ``fold.gemm._gemm_timed``). Put back after the test.
     """
     if request.node.get_closest_marker("native_timing") is None:
         from csrc_bindings import _configs  # imports nothing native

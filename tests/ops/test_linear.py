@@ -12,7 +12,8 @@ from ordered_ssd.ops.linear import ordered_linear, ordered_linear_bwd, ordered_l
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
     """ordered_linear_weight_grad folds a group of GEMM partials per launch; any group size gives the bits of the
-    per-example LexicalFold (the algorithm it replaced)."""
+    per-example LexicalFold (the algorithm it replaced), with the GEMMs in the accumulation dtype (fp64 for
+    fp64)."""
     from ordered_ssd.ops.linear import ordered_linear_weight_grad
 
     g = torch.Generator().manual_seed(7)
@@ -22,10 +23,10 @@ def test_linear_weight_grad_groups_give_the_per_example_fold(dtype):
     wd = torch.float64 if dtype == torch.float64 else torch.float32
     fw, fb = LexicalFold(wd), LexicalFold(wd)
     for b in range(B):
-        fw.add(torch.mm(dy[b].t().float(), x[b].float()))
+        fw.add(torch.mm(dy[b].t().to(wd), x[b].to(wd)))
         fb.add(fold_dims(dy[b], 0, dtype=torch.float32))
     ref_w, ref_b = fw.result(), fb.result()
-    for group_bytes in (1, 4 * 64 * 2, 4 * 64 * 3, 1 << 30):  # groups of 1, 2, 3 and all 7
+    for group_bytes in (1, 4 * 64 * 2, 4 * 64 * 3, 1 << 30):  # groups of 1, 2, 3 and all 7 (fp64: 1, 1, 1, 7)
         dW, db = ordered_linear_weight_grad(dy, x, wd, wd, group_bytes=group_bytes)
         assert bits_equal(dW, ref_w) and bits_equal(db, ref_b), group_bytes
     dW, db = ordered_linear_weight_grad(dy, x, torch.bfloat16, None)

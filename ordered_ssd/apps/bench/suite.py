@@ -113,8 +113,7 @@ def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
 def _fold_variants(shape: Shape) -> list:
     """The projection-fold variants that rule ``gemm-timed-v2`` chose in this process for ``shape``'s two weight
     gradients (``E = B``, ``L``, the row dtype, ``[M, N]`` of :meth:`Shape.projection_weights`): ``[{"M", "N",
-    "variant", "config"}]``, sorted; empty where the rule timed nothing (off sm_90, fp32, ``L = 1``, sequences of
-    ``LINEAR_FUSED_BELOW_L`` positions or more)."""
+    "variant", "config"}]``, sorted; empty where the rule timed nothing (off sm_90, fp32, ``L = 1``)."""
     from ordered_ssd.fold import gemm_fold_timed_choices
 
     projections = set(shape.projection_weights())

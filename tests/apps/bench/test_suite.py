@@ -270,12 +270,12 @@ def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
     projections at the same batch, length and dtype (S5 and G1: bf16, B64, L512)."""
     from ordered_ssd.apps.bench import suite
     from ordered_ssd.apps.bench.shapes import named_or_parsed_shape
-    from ordered_ssd.fold import primitives
+    from ordered_ssd.fold import gemm
 
     shape = named_or_parsed_shape("S5")  # B64 L512 d768 N64 G1 P64 bf16: in_proj [3224, 768], out_proj [768, 1536]
     cfg = (128, 128, 64, 8, 8, 4)
     s = ((1, 1, 1), (1, 1, 1), False)
-    monkeypatch.setattr(primitives, "_gemm_timed", {
+    monkeypatch.setattr(gemm, "_gemm_timed", {
         (0, torch.bfloat16, 64, 512, 3224, 768, *s): ("partials", cfg),
         (0, torch.bfloat16, 64, 512, 768, 1536, *s): ("nest-flat", cfg),
         (0, torch.float16, 64, 512, 768, 1536, *s): ("chain", cfg),  # another dtype
@@ -287,5 +287,5 @@ def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
         {"M": 3224, "N": 768, "variant": "partials", "config": list(cfg)}]
     assert suite._fold_variants(named_or_parsed_shape("G1")) == [
         {"M": 1072, "N": 256, "variant": "nest", "config": list(cfg)}]
-    monkeypatch.setattr(primitives, "_gemm_timed", {})
+    monkeypatch.setattr(gemm, "_gemm_timed", {})
     assert suite._fold_variants(shape) == []

@@ -1,9 +1,10 @@
 """GPU: ``fold_example_gemms`` (one Triton launch for a projection's weight gradient) is the lexical fold of
 per-example partials that do not depend on the rest of the batch.
 
-Checked bit for bit: the batch result against a :class:`LexicalFold` over the kernel's own single-example results
-(so an example's partial is the same alone or in any batch, and the examples are added one at a time, example 0
-first); continuing from ``init`` against the whole batch; repeats; strided inputs. And by value against fp64.
+Checked bit for bit: the batch result against a :class:`LexicalFold` over the kernel's own single-segment results
+(so a segment's partial is the same alone or in any batch, and the segments are added one at a time, example 0's
+first; up to ``GEMM_FOLD_SEGMENT_L`` positions an example is one segment); continuing from ``init`` against the
+whole batch; repeats; strided inputs. And by value against fp64.
 """
 
 import pytest
@@ -50,22 +51,24 @@ def test_fold_example_gemms_is_the_fold_of_single_example_partials(dtype, E, L, 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 # (40, 1, 520, 300): one position per example (reduction version 4: L is never compiled as a constant)
+# (2, 40000, 136, 200): three segments per example, the last one shorter (reduction version 5)
 @pytest.mark.parametrize("E,L,M,N", [(64, 100, 300, 200), (13, 512, 3224, 96), (2, 64, 1000, 1000),
-                                     (40, 1, 520, 300)])
-def test_examples_per_program_changes_no_bit(dtype, E, L, M, N):
-    """Rule ``gemm-chain-v1`` is bit-neutral: any grouping of the examples (1 per program, the rule's, all of them,
+                                     (40, 1, 520, 300), (2, 40000, 136, 200)])
+def test_segments_per_program_changes_no_bit(dtype, E, L, M, N):
+    """Rule ``gemm-chain-v1`` is bit-neutral: any grouping of the segments (1 per program, the rule's, all of them,
     uneven last groups) gives the same bits, 20 times over (the chain's hand-off under load: no lost or reordered
     addition)."""
-    from ordered_ssd.fold import fold_example_gemms
+    from ordered_ssd.fold import fold_example_gemms, gemm_fold_segments
 
     dy, x = _inputs(E, L, M, N, dtype, seed=7)
     init = torch.randn(M, N, device="cuda")
-    want = fold_example_gemms(dy, x, examples_per_program=E)  # one program per tile: the examples in one loop
-    want_init = fold_example_gemms(dy, x, init, examples_per_program=E)
-    for epp in sorted({1, 2, 3, 7, max(1, E // 2), E, None}, key=lambda v: -1 if v is None else v):
-        for _ in range(20 if epp in (1, None) else 3):
-            assert bits_equal(fold_example_gemms(dy, x, examples_per_program=epp), want), epp
-        assert bits_equal(fold_example_gemms(dy, x, init, examples_per_program=epp), want_init), epp
+    S = E * gemm_fold_segments(L)
+    want = fold_example_gemms(dy, x, segments_per_program=S)  # one program per tile: the segments in one loop
+    want_init = fold_example_gemms(dy, x, init, segments_per_program=S)
+    for spp in sorted({1, 2, 3, 7, max(1, S // 2), S, None}, key=lambda v: -1 if v is None else v):
+        for _ in range(20 if spp in (1, None) else 3):
+            assert bits_equal(fold_example_gemms(dy, x, segments_per_program=spp), want), spp
+        assert bits_equal(fold_example_gemms(dy, x, init, segments_per_program=spp), want_init), spp
 
 
 def test_fold_example_gemms_strided_inputs_and_the_linear_grad():
@@ -97,29 +100,56 @@ def test_empty_batch_and_negative_zero_init():
     assert bits_equal(fold_example_gemms(dy1, x1, init=init), fold_example_gemms(dy1, x1))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_long_sequences_take_one_cublas_gemm_per_example(dtype):
-    """From ``LINEAR_FUSED_BELOW_L`` positions the weight gradient is one fp32-output cuBLAS GEMM per example,
-    folded in groups: the bits of one GEMM and one add per example, for any group size."""
-    from ordered_ssd.fold import LexicalFold
-    from ordered_ssd.fold import LINEAR_FUSED_BELOW_L, linear_weight_grad_is_fused
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_long_sequences_fold_their_segments_in_order(dtype):
+    """Reduction version 5: past ``GEMM_FOLD_SEGMENT_L`` positions an example's partials are per segment (the last
+    one shorter), each the bits of that segment alone, folded segment by segment, example 0's first; continuing from
+    ``init`` at any example gives the batch's bits; ``ordered_linear_weight_grad`` takes this fold at every length;
+    and a segment length of at least ``L`` gives the per-example fold (the bits of version 4)."""
+    from ordered_ssd.fold import GEMM_FOLD_SEGMENT_L, LexicalFold, fold_example_gemms, linear_weight_grad_is_fused
+    from ordered_ssd.fold import settings
     from ordered_ssd.ops.linear import ordered_linear_weight_grad
 
-    E, L, M, N = 3, LINEAR_FUSED_BELOW_L, 72, 40
+    SEG = GEMM_FOLD_SEGMENT_L
+    E, L, M, N = 3, 2 * SEG + 100, 136, 72
     dy, x = _inputs(E, L, M, N, dtype, seed=11)
-    assert not linear_weight_grad_is_fused(dy, torch.float32)
-    assert linear_weight_grad_is_fused(dy[:, :L - 1], torch.float32)
+    assert linear_weight_grad_is_fused(dy, torch.float32)
+    got = fold_example_gemms(dy, x)
     fold = LexicalFold(torch.float32)
     for e in range(E):
-        if dtype == torch.float32:
-            fold.add(torch.mm(dy[e].t(), x[e]))
-        else:
-            fold.add(torch.mm(dy[e].t(), x[e], out_dtype=torch.float32))
-    ref = fold.result()
-    slot = -(-M * N // 64) * 64
-    for group_bytes in (1, 4 * slot * 2, 1 << 40):  # groups of 1, 2 and all 3
-        dW, _ = ordered_linear_weight_grad(dy, x, torch.float32, group_bytes=group_bytes)
-        assert bits_equal(dW, ref), group_bytes
+        for s0 in (0, SEG, 2 * SEG):
+            fold.add(fold_example_gemms(dy[e:e + 1, s0:s0 + SEG], x[e:e + 1, s0:s0 + SEG]))
+    assert bits_equal(got, fold.result())
+    for k in (1, 2):
+        assert bits_equal(fold_example_gemms(dy[k:], x[k:], init=fold_example_gemms(dy[:k], x[:k])), got), k
+    dW, _ = ordered_linear_weight_grad(dy, x, torch.float32)
+    assert bits_equal(dW, got)
+    ref = torch.einsum("elm,eln->mn", dy.double(), x.double())
+    # fp32 sums of ~10^5 products: 2.3e-5 of the largest entry measured in bf16/fp16 on the H200
+    assert (got.double() - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
+    with pytest.MonkeyPatch.context() as mp:  # one segment per example: the per-example fold
+        mp.setattr(settings, "GEMM_FOLD_SEGMENT_L", L)
+        whole = fold_example_gemms(dy, x)
+        per_example = LexicalFold(torch.float32)
+        for e in range(E):
+            per_example.add(fold_example_gemms(dy[e:e + 1], x[e:e + 1]))
+        assert bits_equal(whole, per_example.result())
+    assert not bits_equal(whole, got)  # another order, other bits
+
+
+def test_fp64_projection_weight_grad_is_the_per_example_fp64_fold():
+    """fp64 on CUDA keeps the per-example GEMMs (``fold_example_gemms_grouped``), in fp64 throughout."""
+    from ordered_ssd.fold import LexicalFold, linear_weight_grad_is_fused
+    from ordered_ssd.ops.linear import ordered_linear_weight_grad
+
+    dy, x = _inputs(3, 300, 72, 40, torch.float64, seed=12)
+    assert not linear_weight_grad_is_fused(dy, torch.float64)
+    fold = LexicalFold(torch.float64)
+    for e in range(3):
+        fold.add(torch.mm(dy[e].t(), x[e]))
+    for group_bytes in (1, 1 << 40):  # groups of 1 and all 3
+        dW, db = ordered_linear_weight_grad(dy, x, torch.float64, torch.float64, group_bytes=group_bytes)
+        assert dW.dtype == torch.float64 and bits_equal(dW, fold.result()), group_bytes
 
 
 def test_fold_kernels_on_cuda_equal_the_cpu_fold():
@@ -140,6 +170,7 @@ def test_fold_kernels_on_cuda_equal_the_cpu_fold():
 VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's out_proj), few long ones
     (64, 512, 768, 1536),
     (3, 4096, 520, 2048),
+    (2, 40000, 520, 256),  # three segments per example
 ]
 
 
@@ -147,12 +178,13 @@ VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's o
 @pytest.mark.parametrize("E,L,M,N", VARIANT_CASES)
 def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
     """Rule ``gemm-timed-v2`` is bit-neutral: every variant of ``GEMM_FOLD_VARIANTS`` that the rule would time here
-    (one program per tile, flattened or not; per-example partials in a workspace then an ordered fold; any tile,
-    warps, stages) gives the bits of the static chain, with and without ``init``, 3 times each; a batch that needs
-    several workspace groups is among the cases."""
+    (one program per tile, flattened or not; per-segment partials in a workspace then an ordered fold; any tile,
+    warps, stages) gives the bits of the static chain, with and without ``init``, 3 times each; the partials
+    variant also where the rule would not time it (several workspace groups)."""
     from csrc_bindings import _resources
-    from ordered_ssd.fold import GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES, kernels
-    from ordered_ssd.fold.primitives import _launch_gemm_variant, _timed_variants
+    from ordered_ssd.fold import (GEMM_FOLD_SEGMENT_L, GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES,
+                                  gemm_fold_segments, kernels)
+    from ordered_ssd.fold.gemm import _launch_gemm_variant, _timed_variants
     from ordered_ssd.fold.settings import gemm_fold_config
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -163,20 +195,22 @@ def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
     with pytest.MonkeyPatch.context() as mp:
         from ordered_ssd.fold import settings
         mp.setattr(settings, "GEMM_FOLD_TIMING", True)
-        variants = _timed_variants(dy, static, M * N, L)
-    fits = 4 * M * N <= GEMM_FOLD_WORKSPACE_BYTES
+        variants = _timed_variants(dy, static, M * N, L, E * gemm_fold_segments(L))
+    fits = 4 * M * N * E * gemm_fold_segments(L) <= GEMM_FOLD_WORKSPACE_BYTES
     assert variants[0] == static and len(variants) == len(GEMM_FOLD_VARIANTS) - (0 if fits else 2)
     assert {k for k, _ in variants} == {"chain", "nest", "nest-flat"} | ({"partials"} if fits else set())
+    partials = [v for v in GEMM_FOLD_VARIANTS if v[0] == "partials"]
 
     def run(variant, with_init):
         out = torch.empty(M, N, dtype=torch.float32, device="cuda")
         src = init if with_init else out
-        _launch_gemm_variant(kernels, variant, dy, x, src, with_init, out, None)
+        segments = (E * gemm_fold_segments(L), gemm_fold_segments(L), GEMM_FOLD_SEGMENT_L)
+        _launch_gemm_variant(kernels, variant, dy, x, src, with_init, out, segments, None)
         return out
 
     for with_init in (False, True):
         want = run(static, with_init)
-        for variant in variants[1:]:
+        for variant in variants[1:] + ([] if fits else partials):
             for _ in range(3):
                 assert bits_equal(run(variant, with_init), want), (variant, with_init)
 
@@ -185,20 +219,20 @@ def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
 def test_timed_choice_is_kept_per_shape_and_gives_the_static_bits(monkeypatch):
     """The first call of a shape times the variants (by GPU plus host time, ``_gpu_and_host_ms``) and keeps the least
     costly for that shape (a second call times nothing); the result has the static choice's bits; another shape is timed
-    on its own; an explicit ``examples_per_program`` is never timed."""
-    from ordered_ssd.fold import fold_example_gemms, gemm_fold_config, gemm_fold_timed_choices, primitives
+    on its own; an explicit ``segments_per_program`` is never timed."""
+    from ordered_ssd.fold import fold_example_gemms, gemm_fold_config, gemm_fold_timed_choices, gemm
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("rule gemm-timed-v2 times its variants on sm_90 only")
-    monkeypatch.setattr(primitives, "_gemm_timed", {})
+    monkeypatch.setattr(gemm, "_gemm_timed", {})
     calls = []
-    real = primitives._fastest
-    monkeypatch.setattr(primitives, "_fastest", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    real = gemm._fastest
+    monkeypatch.setattr(gemm, "_fastest", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     dy, x = _inputs(16, 512, 1000, 300, torch.bfloat16, seed=17)
-    static = fold_example_gemms(dy, x, examples_per_program=2)
+    static = fold_example_gemms(dy, x, segments_per_program=2)
     assert calls == [] and gemm_fold_timed_choices() == {}
     got = fold_example_gemms(dy, x)
-    assert calls == [primitives._gpu_and_host_ms] and len(gemm_fold_timed_choices()) == 1  # rule v2's cost
+    assert calls == [gemm._gpu_and_host_ms] and len(gemm_fold_timed_choices()) == 1  # rule v2's cost
     assert bits_equal(got, static)
     for _ in range(3):
         assert bits_equal(fold_example_gemms(dy, x), static)
@@ -209,4 +243,4 @@ def test_timed_choice_is_kept_per_shape_and_gives_the_static_bits(monkeypatch):
     assert key[1:6] == (torch.bfloat16, 16, 512, 1000, 300)
     from csrc_bindings import _resources
     static_choice = ("chain", gemm_fold_config(torch.bfloat16, _resources.shared_memory_limit(dy.device)))
-    assert choice in primitives._timed_variants(dy, static_choice, 1000 * 300, 512)
+    assert choice in gemm._timed_variants(dy, static_choice, 1000 * 300, 512, 16)

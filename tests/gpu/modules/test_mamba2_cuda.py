@@ -1,4 +1,5 @@
 """The native ordered path of OrderedMamba2 on the GPU: bits, literal mode, accuracy, no global state."""
+import collections
 import hashlib
 import json
 import os
@@ -226,3 +227,46 @@ def test_seq_idx_packed_sequences(mem_eff):
         e_o = rel_err(first[name].double().cpu(), r)
         e_n = rel_err(got_n[name].double().cpu(), r)
         assert e_o <= 2 * e_n + 2e-3, (name, e_o, e_n)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_training_step_launch_count_does_not_depend_on_the_batch(packed):
+    """One forward and backward of the layer launches as many CUDA kernels, copies and fills at ``B`` = 1 as at
+    ``B`` = 3, with sequences of two projection-fold segments (``GEMM_FOLD_SEGMENT_L + 100`` positions; reduction
+    version 5) and, with ``seq_idx``, more packed sequences in the larger batch. The literal mode's count grows with
+    ``B`` (so the counter does see per-example launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ordered_ssd.fold import GEMM_FOLD_SEGMENT_L
+
+    layer = _make(256, 64, 64, 1, 64, torch.bfloat16, {})
+    L = GEMM_FOLD_SEGMENT_L + 100
+
+    def count(B, literal=False):
+        u, dout = _inputs(layer, B, L, torch.bfloat16)
+        seq_idx = None
+        if packed:  # sequences of 700 positions at B = 1, of 301 at B = 3
+            pos = torch.arange(L, device="cuda", dtype=torch.int32)
+            seq_idx = (pos // (700 if B == 1 else 301)).expand(B, L).contiguous()
+
+        def step():
+            layer.zero_grad(set_to_none=True)
+            uu = u.clone().requires_grad_(True)
+            layer(uu, seq_idx=seq_idx).backward(dout)
+
+        layer.literal = literal
+        try:
+            step()  # compile and warm up outside the count
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+        finally:
+            layer.literal = False
+        return collections.Counter(e.name for e in prof.events()
+                                   if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    counts = {B: count(B) for B in (1, 3)}
+    assert counts[1] == counts[3] and sum(counts[1].values()) > 20, (counts[3] - counts[1], counts[1] - counts[3])
+    literal = {B: sum(count(B, literal=True).values()) for B in (1, 3)}
+    assert literal[3] > literal[1], literal
