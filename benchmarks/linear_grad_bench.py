@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,27 +45,11 @@ def projections(shape):
             ("out_proj", shape.B, shape.L, shape.d_model, d_inner)]
 
 
-def _with_config(cfg):
-    """``fold_example_gemms`` at another bf16 launch configuration (for choosing the pinned one)."""
+def _patched(patch):
+    """``fold_example_gemms(dy, x)`` under ``patch`` (a ``unittest.mock`` patch of a fold setting; for choosing it)."""
     def run(dy, x):
-        saved = fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16]
-        fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16] = cfg
-        try:
+        with patch:
             return fold_example_gemms(dy, x)
-        finally:
-            fold_mod.GEMM_FOLD_CONFIGS[torch.bfloat16] = saved
-    return run
-
-
-def _with_segment(seg):
-    """``fold_example_gemms`` with ``GEMM_FOLD_SEGMENT_L = seg`` (for choosing the setting)."""
-    def run(dy, x):
-        saved = fold_settings.GEMM_FOLD_SEGMENT_L
-        fold_settings.GEMM_FOLD_SEGMENT_L = seg
-        try:
-            return fold_example_gemms(dy, x)
-        finally:
-            fold_settings.GEMM_FOLD_SEGMENT_L = saved
     return run
 
 
@@ -79,9 +64,11 @@ def bench_one(E, L, M, N, repeats, device, check, configs=(), segments=()):
         "fused": lambda: fold_example_gemms(dy, x),
     }
     for cfg in configs:
-        steps["fused" + "x".join(map(str, cfg))] = (lambda f: (lambda: f(dy, x)))(_with_config(cfg))
+        patch = mock.patch.dict(fold_mod.GEMM_FOLD_CONFIGS, {torch.bfloat16: cfg})  # another bf16 configuration
+        steps["fused" + "x".join(map(str, cfg))] = (lambda f: (lambda: f(dy, x)))(_patched(patch))
     for seg in segments:
-        steps[f"fused@{seg}"] = (lambda f: (lambda: f(dy, x)))(_with_segment(seg))
+        patch = mock.patch.object(fold_settings, "GEMM_FOLD_SEGMENT_L", seg)
+        steps[f"fused@{seg}"] = (lambda f: (lambda: f(dy, x)))(_patched(patch))
     for f in steps.values():  # warm-up (compilation)
         for _ in range(3):
             f()
