@@ -218,9 +218,11 @@ def _gpu_and_host_ms(fn, repeats: int = 3) -> float:
     return (start.elapsed_time(end) + 1000.0 * host) / repeats
 
 
-def _fastest(variants: list, launch, timer, rounds: int = 2):
+def _fastest(variants: list, launch, timer, rounds: int = 3):
     """Rule ``gemm-timed-v2``: ``launch`` every variant once (compiles it), then time each ``rounds`` times,
-    interleaved, with ``timer(fn) -> ms`` (a cost); the least cost wins, the earlier variant on a tie. A variant that
+    interleaved, with ``timer(fn) -> ms`` (a cost); a variant's least cost over the rounds ranks it, the least wins,
+    the earlier variant on a tie (3 rounds since 2026-12-01: with 2, the choice at G2's in_proj moved between runs
+    to a variant 20 % slower). A variant that
     Triton refuses for a resource (``ValueError``) or that runs out of memory, at its first launch or while timed, is
     dropped, except the static choice ``variants[0]``, whose error propagates. The winner gives the bits of every other
     (docstring of :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS`)."""
@@ -295,11 +297,10 @@ def _launch_gemm_variant(kernels, variant, a, b, init_c, has_init, out, segments
             _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_chain_kernel, (-(-NU // spp) * tiles,),
                                       (a, b, init_c, out, sync, NU, NSEG, L, *mn, *strides, spp),
                                       {"HAS_INIT": has_init, **consts}, config, a, explicit=True, sizes=sizes)
-        elif kind in ("nest", "nest-flat"):
+        elif kind == "nest":
             _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_nest_kernel, (tiles,),
                                       (a, b, init_c, out, NU, NSEG, L, *mn, *strides),
-                                      {"HAS_INIT": has_init, "FLAT": kind == "nest-flat", **consts}, config, a,
-                                      explicit=True, sizes=sizes)
+                                      {"HAS_INIT": has_init, **consts}, config, a, explicit=True, sizes=sizes)
         elif kind == "partials":
             # segments on grid axis 1: at most 65535 per launch
             group = max(1, min(NU, 65535, GEMM_FOLD_WORKSPACE_BYTES // (4 * M * N)))

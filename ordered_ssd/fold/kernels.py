@@ -229,15 +229,13 @@ def gemm_fold_chain_kernel(a_ptr, b_ptr, init_ptr, out_ptr, sync_ptr, NU, NSEG, 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
 def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NU, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn,
-                          HAS_INIT: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, BM: tl.constexpr,
+                          HAS_INIT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SEG: tl.constexpr,
                           AQ: tl.constexpr, BQ: tl.constexpr, MQ: tl.constexpr, NQ: tl.constexpr):
     """``out = fold_u(partial_u)``, one program per tile of ``out`` over all ``NU`` segments: per segment the
     partial of :func:`_gemm_partial` (K blocks of BK positions in order from +0.0, fp32 accumulation), added to the
     tile's running sum (``init`` or +0.0) in registers, segment 0 first: the additions of
-    :func:`gemm_fold_chain_kernel`, without the hand-off. ``FLAT``: the segment loop and the K loop are flattened
-    into one software-pipelined loop (``tl.range(flatten=True)``), so the loads of the next segment's first K
-    blocks overlap the current segment's last products; the loop body, and hence every bit, is the same.
+    :func:`gemm_fold_chain_kernel`, without the hand-off.
     ``M``, ``N`` and the strides as in :func:`gemm_fold_chain_kernel`."""
     M = M * MQ
     N = N * NQ
@@ -248,7 +246,7 @@ def gemm_fold_nest_kernel(a_ptr, b_ptr, init_ptr, out_ptr, NU, NSEG, L, M, N, s_
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if HAS_INIT:
         acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
-    for u in tl.range(0, NU, flatten=FLAT):  # the partial's K loop is inlined: a loop nest to flatten
+    for u in range(0, NU):
         p = _gemm_partial(a_ptr, b_ptr, u, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE, BM, BN,
                           BK, SEG, AQ, BQ)
         acc += p

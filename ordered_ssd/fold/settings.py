@@ -197,8 +197,7 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #:
 #: * ``"chain"``: ``kernels.gemm_fold_chain_kernel``, programs per (group of segments, tile), the running sum
 #:   handed down a chain;
-#: * ``"nest"`` / ``"nest-flat"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all segments in
-#:   registers (``"nest-flat"``: the segment and K loops flattened into one pipelined loop);
+#: * ``"nest"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all segments in registers;
 #: * ``"partials"``: ``kernels.gemm_partials_kernel`` writes the fp32 partials of all segments in parallel (timed
 #:   only where they fit :data:`GEMM_FOLD_WORKSPACE_BYTES` together, so one group: two launches whatever the batch),
 #:   then ``kernels.fold_kernel`` adds them to the running sum in segment order.
@@ -207,14 +206,25 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: segment (:data:`GEMM_FOLD_SEGMENT_L`) in segment order, a partial computed from that segment alone as a chain of
 #: tensor-core products over K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages
 #: and which program or launch computes which partial decide no addition. Checked bit for bit on the H200 (triton
-#: 3.6.0) at 12 projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01) and by
+#: 3.6.0) at 12 projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01), at 17 (every grid row's
+#: kind of projection, 2026-12-01, session 16, with the chain at 64 x 64 tiles among 16 candidates) and by
 #: ``tests/gpu/fold/test_gemm_fold.py``.
+#:
+#: Why these (docs/performance.md, "Projection-fold variants"): over those 17 projections the static chain was
+#: the fastest or within 3 % of it on 11; ``"nest"`` at 128 x 128 on the out_proj-like ones (S5, G4, G2 out_proj,
+#: S1 in_proj); the chain at 64 x 64 where the output has few tiles (G1's in_proj, 18 tiles at 128 x 128: 0.19 ms
+#: against 0.28); ``"partials"`` where all partials fit one workspace (G1's out_proj: 0.11 against 0.27).
+#: ``"nest"`` at 128 x 128 with 4 warps was the fastest at G11's in_proj in an earlier session (3.08 ms against
+#: 4.68 for the chain). Until 2026-12-01 the list had three ``"nest-flat"`` entries, the nest kernel with
+#: ``tl.range(flatten=True)`` on its segment loop; Triton 3.6 compiled that loop nest unchanged (the same TTGIR
+#: but for the attribute), so they were ``"nest"`` under another name, and ``"nest"`` at 128 x 128 x 8 warps
+#: was listed twice.
 GEMM_FOLD_VARIANTS = (
     ("chain", None),
-    ("nest-flat", (128, 128, 64, 8, 8, 4)),
-    ("nest-flat", (128, 128, 64, 8, 4, 3)),
-    ("nest-flat", (64, 128, 64, 8, 4, 4)),
+    ("chain", (64, 64, 64, 8, 4, 4)),
     ("nest", (128, 128, 64, 8, 8, 4)),
+    ("nest", (128, 128, 64, 8, 4, 3)),
+    ("nest", (64, 128, 64, 8, 4, 4)),
     ("partials", (128, 256, 64, 8, 8, 3)),
     ("partials", (128, 128, 64, 8, 8, 4)),
 )

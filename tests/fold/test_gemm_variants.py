@@ -13,7 +13,7 @@ STATIC = ("chain", (128, 128, 64, 8, 8, 4))
 
 def test_fastest_picks_the_least_time_and_the_earlier_variant_on_a_tie():
     launched = []
-    times = {"s": [3.0, 2.5], "x": [1.0, 2.0], "y": [1.5, 1.0], "z": [0.9, 5.0]}
+    times = {"s": [3.0, 2.5, 2.6], "x": [1.0, 2.0, 1.1], "y": [1.5, 1.0, 0.95], "z": [5.0, 0.9, 5.0]}
 
     def launch(v):
         launched.append(v)
@@ -26,9 +26,11 @@ def test_fastest_picks_the_least_time_and_the_earlier_variant_on_a_tie():
         calls[v] = calls.get(v, 0) + 1
         return times[v][calls[v] - 1]
 
-    assert gemm._fastest(["s", "x", "y", "z"], launch, timer) == "z"  # min over rounds: z 0.9
+    assert gemm._fastest(["s", "x", "y", "z"], launch, timer) == "z"  # min over 3 rounds: z 0.9 (round 2)
     assert launched[:4] == ["s", "x", "y", "z"]  # each launched once (compiled) before any timing
-    assert calls == {"s": 2, "x": 2, "y": 2, "z": 2}
+    assert calls == {"s": 3, "x": 3, "y": 3, "z": 3}
+    calls.clear()
+    assert gemm._fastest(["s", "x", "y", "z"], launch, timer, rounds=1) == "x"  # first round only: x 1.0
     assert gemm._fastest(["s", "x", "y"], lambda v: None, lambda fn: 1.0) == "s"  # a tie: the earlier
 
 
@@ -112,8 +114,8 @@ def _record_launches(monkeypatch):
     _LAST.clear()
     real = gemm._fastest
 
-    def fastest(variants, launch, timer, rounds=2):
-        return real(variants, lambda v: (_LAST.append(v), launch(v)), timer, rounds)
+    def fastest(variants, launch, timer, **kwargs):  # the real default rounds
+        return real(variants, lambda v: (_LAST.append(v), launch(v)), timer, **kwargs)
 
     monkeypatch.setattr(gemm, "_fastest", fastest)
     yield
@@ -169,14 +171,15 @@ def test_every_variant_takes_the_static_k_block():
     """The variants differ only in what the docstring calls bit-neutral: BK (the K block of a partial's product
     chain) is the pinned bf16/fp16 one."""
     for kind, config in GEMM_FOLD_VARIANTS[1:]:
-        assert kind in ("nest", "nest-flat", "partials") and config[2] == settings.GEMM_FOLD_CONFIGS[torch.bfloat16][2]
+        assert kind in ("chain", "nest", "partials") and config[2] == settings.GEMM_FOLD_CONFIGS[torch.bfloat16][2]
     assert GEMM_FOLD_VARIANTS[0] == ("chain", None)
 
 
 def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
-    """The nest kernel (flattened or not) and the partials kernel followed by the ordered fold, on the CPU under
-    Triton's interpreter (fp32, IEEE products): the bits of the chain kernel, with and without ``init``, over several
-    tiles, a partial last K block, several workspace groups and examples of three segments."""
+    """The nest kernel, the chain kernel in groups of 1, 2 and all but one segment (groups that start inside an
+    example too) and the partials kernel followed by the ordered fold, on the CPU under Triton's interpreter (fp32,
+    IEEE products): the bits of the chain kernel in one group, with and without ``init``, over several tiles, a
+    partial last K block, several workspace groups and examples of three segments."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""
@@ -189,19 +192,21 @@ def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
             return max(1, triton.cdiv(L, SEG)), dict(IEEE=True, BM=16, BN=16, BK=16, GROUP_M=2, SEG=SEG, AQ=1, BQ=1,
                                                      MQ=1, NQ=1)
 
-        def chain(a, b, init, SEG):
+        def chain(a, b, init, SEG, spp=None):
             E, L, M = a.shape
             N = b.shape[2]
             nseg, K = consts(L, SEG)
+            spp = E * nseg if spp is None else spp
             out = torch.empty(M, N, dtype=torch.float32)
             tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
             sync = torch.zeros(tiles + 1, dtype=torch.int32)
-            kernels.gemm_fold_chain_kernel[(tiles,)](a, b, init if init is not None else out, out, sync, E * nseg,
-                                                     nseg, L, M, N, *a.stride(), *b.stride(), E * nseg,
-                                                     HAS_INIT=init is not None, **K)
+            # the interpreter runs the programs one at a time in launch order, the tickets' order: no wait spins
+            kernels.gemm_fold_chain_kernel[(triton.cdiv(E * nseg, spp) * tiles,)](
+                a, b, init if init is not None else out, out, sync, E * nseg, nseg, L, M, N, *a.stride(),
+                *b.stride(), spp, HAS_INIT=init is not None, **K)
             return out
 
-        def nest(a, b, init, flat, SEG):
+        def nest(a, b, init, SEG):
             E, L, M = a.shape
             N = b.shape[2]
             nseg, K = consts(L, SEG)
@@ -209,7 +214,7 @@ def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
             tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
             kernels.gemm_fold_nest_kernel[(tiles,)](a, b, init if init is not None else out, out, E * nseg, nseg, L,
                                                     M, N, *a.stride(), *b.stride(), HAS_INIT=init is not None,
-                                                    FLAT=flat, **K)
+                                                    **K)
             return out
 
         def partials(a, b, init, group, SEG):
@@ -235,8 +240,9 @@ def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
             init = torch.randn(M, N, generator=g)
             for i in (None, init):
                 want = chain(a, b, i, SEG)
-                for flat in (True, False):
-                    assert bits_equal(nest(a, b, i, flat, SEG), want), ("nest", flat, E)
+                assert bits_equal(nest(a, b, i, SEG), want), ("nest", E)
+                for spp in (1, 2, E * max(1, triton.cdiv(L, SEG)) - 1):
+                    assert bits_equal(chain(a, b, i, SEG, spp), want), ("chain", spp, E)
                 for group in (1, 2, E):
                     assert bits_equal(partials(a, b, i, group, SEG), want), ("partials", group, E)
                 cases += 1
@@ -258,12 +264,13 @@ def test_variant_kernels_compile_for_sm90_on_tensor_cores():
 
         done = 0
         for kind, (BM, BN, BK, G, w, s) in GEMM_FOLD_VARIANTS[1:]:
-            fn = kernels.gemm_partials_kernel if kind == "partials" else kernels.gemm_fold_nest_kernel
+            fn = {"partials": kernels.gemm_partials_kernel, "nest": kernels.gemm_fold_nest_kernel,
+                  "chain": kernels.gemm_fold_chain_kernel}[kind]
             const = {"IEEE": False, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": G, "SEG": 4096, "AQ": 1, "BQ": 1,
                      "MQ": 1, "NQ": 1}
             if kind != "partials":
-                const.update(HAS_INIT=True, FLAT=kind == "nest-flat")
-            sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16"}.get(
+                const.update(HAS_INIT=True)
+            sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
                 n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": w, "num_stages": s})
@@ -294,7 +301,7 @@ def test_gemm_fold_kernels_never_compile_the_length_as_a_constant():
             assert flags["L"] is True and not any(v for k, v in flags.items() if k != "L"), flags
         fused = {}
         for name, fn, extra in (("chain", kernels.gemm_fold_chain_kernel, {"HAS_INIT": True}),
-                                ("nest", kernels.gemm_fold_nest_kernel, {"HAS_INIT": True, "FLAT": True})):
+                                ("nest", kernels.gemm_fold_nest_kernel, {"HAS_INIT": True})):
             for L in ("one", "i32"):
                 const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "SEG": 4096, "AQ": 1,
                          "BQ": 1, "MQ": 1, "NQ": 1, "NSEG": 1, **extra}
@@ -355,7 +362,7 @@ def test_alignment_hints_give_the_gemm_folds_16_byte_copies():
             for q in (1, 8):
                 const = {"IEEE": False, "BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "SEG": 4096, "AQ": q, "BQ": q,
                          "MQ": q, "NQ": q, "s_am": 1, "s_bn": 1}  # unit feature strides: Triton specialises 1
-                const.update({k: v for k, v in (("HAS_INIT", True), ("FLAT", True)) if k in fn.arg_names})
+                const.update({"HAS_INIT": True} if "HAS_INIT" in fn.arg_names else {})
                 sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
                     n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
                 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names

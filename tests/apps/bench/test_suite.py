@@ -277,13 +277,13 @@ def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
     s = ((1, 1, 1), (1, 1, 1), False)
     monkeypatch.setattr(gemm, "_gemm_timed", {
         (0, torch.bfloat16, 64, 512, 3224, 768, *s): ("partials", cfg),
-        (0, torch.bfloat16, 64, 512, 768, 1536, *s): ("nest-flat", cfg),
+        (0, torch.bfloat16, 64, 512, 768, 1536, *s): ("nest", cfg),
         (0, torch.float16, 64, 512, 768, 1536, *s): ("chain", cfg),  # another dtype
         (0, torch.bfloat16, 32, 512, 768, 1536, *s): ("nest", cfg),  # another batch
         (0, torch.bfloat16, 64, 512, 1072, 256, *s): ("nest", cfg),  # G1's in_proj
     })
     assert suite._fold_variants(shape) == [
-        {"M": 768, "N": 1536, "variant": "nest-flat", "config": list(cfg)},
+        {"M": 768, "N": 1536, "variant": "nest", "config": list(cfg)},
         {"M": 3224, "N": 768, "variant": "partials", "config": list(cfg)}]
     assert suite._fold_variants(named_or_parsed_shape("G1")) == [
         {"M": 1072, "N": 256, "variant": "nest", "config": list(cfg)}]
