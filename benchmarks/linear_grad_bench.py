@@ -8,7 +8,9 @@ For each shape and projection:
   ``L >= 8192`` up to reduction version 4; still the path for fp64 and off CUDA);
 - ``fused``: :func:`ordered_ssd.fold.fold_example_gemms`, one launch;
 - ``fused@S`` (``--segments``): the same with ``GEMM_FOLD_SEGMENT_L = S`` (other bits where ``L > S``; for
-  choosing the setting).
+  choosing the setting);
+- ``--variants``: every launch variant of ``GEMM_FOLD_VARIANTS`` that fits (the static chain first), launched
+  directly, untimed by the rule, with a check that each gives the static chain's bits.
 
 GPU ms by CUDA events (median, interleaved, :func:`ordered_ssd.apps.bench.time_interleaved`), host ms to enqueue.
 It also checks the fused result's bits against a :class:`~ordered_ssd.fold.LexicalFold` over its own
@@ -53,7 +55,29 @@ def _patched(patch):
     return run
 
 
-def bench_one(E, L, M, N, repeats, device, check, configs=(), segments=()):
+def _variant_steps(dy, x, steps):
+    """Add a step per variant of ``GEMM_FOLD_VARIANTS`` (the static chain first; ``partials`` where all its
+    partials fit the workspace) to ``steps``; returns ``{name: its output}``."""
+    from csrc_bindings import _resources
+    from ordered_ssd.fold import gemm, kernels
+
+    E, L, M = dy.shape
+    N = x.shape[2]
+    static = ("chain", fold_settings.gemm_fold_config(dy.dtype, _resources.shared_memory_limit(dy.device)))
+    nseg = fold_settings.gemm_fold_segments(L)
+    segments = (E * nseg, nseg, fold_settings.GEMM_FOLD_SEGMENT_L)
+    outs = {}
+    for v in [static] + list(fold_settings.GEMM_FOLD_VARIANTS[1:]):
+        if v[0] == "partials" and 4 * M * N * E * nseg > fold_settings.GEMM_FOLD_WORKSPACE_BYTES:
+            continue
+        name = f"{v[0]} " + "x".join(map(str, v[1]))
+        out = outs[name] = torch.empty(M, N, dtype=torch.float32, device=dy.device)
+        steps[name] = (lambda v, out: lambda: gemm._launch_gemm_variant(kernels, v, dy, x, out, False, out, segments,
+                                                                        None))(v, out)
+    return outs
+
+
+def bench_one(E, L, M, N, repeats, device, check, configs=(), segments=(), variants=False):
     g = torch.Generator(device=device).manual_seed(0)
     dy = torch.randn(E, L, M, device=device, generator=g).to(torch.bfloat16)
     x = torch.randn(E, L, N, device=device, generator=g).to(torch.bfloat16)
@@ -69,13 +93,19 @@ def bench_one(E, L, M, N, repeats, device, check, configs=(), segments=()):
     for seg in segments:
         patch = mock.patch.object(fold_settings, "GEMM_FOLD_SEGMENT_L", seg)
         steps[f"fused@{seg}"] = (lambda f: (lambda: f(dy, x)))(_patched(patch))
+    outs = _variant_steps(dy, x, steps) if variants else {}
     for f in steps.values():  # warm-up (compilation)
         for _ in range(3):
             f()
+    bits = {}
+    if outs:
+        first = next(iter(outs.values()))  # the static chain's
+        bits = {m: torch.equal(o.view(torch.int32), first.view(torch.int32)) for m, o in outs.items()}
     host = {}
     times = time_interleaved(lambda m: steps[m](), list(steps), repeats, device, host=host)
     res = {m: {"ms": statistics.median(times[m]), "host_ms": statistics.median(host[m])} for m in steps}
     res["configs_ms"] = {m: res[m]["ms"] for m in steps if m.startswith("fused")}
+    res["variants"] = {m: {"ms": res[m]["ms"], "bits_of_static": bits[m]} for m in outs}
     res["timed_choices"] = {str(k): list(v) for k, v in fold_mod.gemm_fold_timed_choices().items()
                             if k[2:6] == (E, L, M, N)}
     res["fused_vs_grouped"] = res["fused"]["ms"] / res["grouped"]["ms"]
@@ -105,6 +135,8 @@ def main():
     ap.add_argument("--segments", default="", help="more GEMM_FOLD_SEGMENT_L values to time, ','-separated")
     ap.add_argument("--configs", default="", help="more bf16 launch configurations to time, ';'-separated "
                     "BM,BN,BK,GROUP_M,num_warps,num_stages")
+    ap.add_argument("--variants", action="store_true", help="time every variant of GEMM_FOLD_VARIANTS directly and "
+                    "check it gives the static chain's bits")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("linear_grad_bench.py: needs CUDA")
@@ -118,7 +150,7 @@ def main():
     for name in args.shapes.split(";" if ";" in args.shapes else ","):
         shape = named_or_parsed_shape(name)
         for proj, E, L, M, N in projections(shape):
-            r = bench_one(E, L, M, N, args.repeats, device, not args.no_check, configs, segments)
+            r = bench_one(E, L, M, N, args.repeats, device, not args.no_check, configs, segments, args.variants)
             results[f"{shape.name}/{proj}"] = r
             torch.cuda.empty_cache()
             print(f"| {shape.name} | {proj} | {E} x {L} | {M} x {N} | {r['native']['ms']:.3f} | "
@@ -130,6 +162,9 @@ def main():
                   flush=True)
             if configs or segments:
                 print("  configs ms: " + ", ".join(f"{k} {v:.3f}" for k, v in r["configs_ms"].items()), flush=True)
+            if r["variants"]:
+                print("  variants ms (bits of the static chain): " + ", ".join(
+                    f"{k} {v['ms']:.3f} ({v['bits_of_static']})" for k, v in r["variants"].items()), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": results}, f,
