@@ -7,7 +7,9 @@
 #                                               3: the other module tests and the rest), for a machine that gives one
 #                                               command less time than the whole suite takes (the project's device
 #                                               tool gives 10 minutes, in which the seven processes together did not
-#                                               finish in 2026-12; part 1 did; parts 2 and 3 alone are not yet timed)
+#                                               finish in 2026-12; part 1 did; parts 2 and 3 alone are not yet timed;
+#                                               parts 2 and 3 and `check` started together in one call got 33 %, 37 %,
+#                                               28 % and 1 % of their tests done in 480 s, and no check result)
 #   bash benchmarks/gpu_gate.sh bench    ordered-ssd bench --breakdown
 #   bash benchmarks/gpu_gate.sh check    ordered-ssd check --native
 #
