@@ -37,8 +37,9 @@ Any candidate gives the same bits (the proof), so which one the timing picks cha
 differ between processes, never a bit. Not timed: during CUDA-graph capture (the static choice above launches,
 and the next launch outside a capture times), when an output's bytes overlap another argument's, for an explicit
 ``config``, and (the key then keeps its static choice for the process) when the live autotuner's configurations
-are not the spec's candidates (mamba-ssm's deterministic mode cuts them to one) or it runs out of memory while
-timing. The autotuner object gets its ``cache`` and its record of the run back (:func:`csrc_bindings._native.
+are neither the spec's candidates nor a part of them (or it has a hook) or it runs out of memory while timing.
+Where mamba-ssm's deterministic mode cut the live list to one candidate, the package's own autotuner times all of
+them (:func:`csrc_bindings._native._tuner_for`). The autotuner object gets its ``cache`` and its record of the run back (:func:`csrc_bindings._native.
 _launch_timed`).
 
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure

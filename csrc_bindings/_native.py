@@ -322,14 +322,49 @@ def live_configs(tuner) -> tuple:
     return tuple((dict(c.kwargs), c.num_warps, c.num_stages) for c in tuner.configs)
 
 
-def _live_is_spec(tuner, spec) -> bool:
-    """Whether the live autotuner times exactly ``spec.candidates`` without hooks (mamba-ssm's deterministic mode,
-    read at its import, cuts the list to one configuration: nothing would be timed)."""
+def _hookless(tuner) -> bool:
+    """Whether an autotuner object has configurations and no hook (``reset_to_zero``, ``restore_value``,
+    ``pre_hook``)."""
     configs = getattr(tuner, "configs", None)
-    if (not configs or getattr(tuner, "reset_to_zero", None) or getattr(tuner, "restore_value", None)
-            or any(c.pre_hook is not None for c in configs)):
-        return False
-    return live_configs(tuner) == spec.candidates
+    return bool(configs) and not (getattr(tuner, "reset_to_zero", None) or getattr(tuner, "restore_value", None)
+                                  or any(c.pre_hook is not None for c in configs))
+
+
+def _live_is_spec(tuner, spec) -> bool:
+    """Whether the live autotuner times exactly ``spec.candidates`` without hooks."""
+    return _hookless(tuner) and live_configs(tuner) == spec.candidates
+
+
+#: this package's own autotuner per kernel name, for kernels whose live one mamba-ssm's deterministic mode cut
+#: (:func:`_tuner_for`); never handed to upstream
+_own_tuners: dict = {}
+
+
+def _tuner_for(spec, tuner):
+    """The autotuner that times a key of ``spec`` (rule ``native-autotune-v1``): upstream's own object ``tuner``
+    where it times exactly ``spec.candidates``; where mamba-ssm's deterministic mode (``MAMBA_DETERMINISTIC``, read
+    at its import: ``autotune_configs``) cut its list to fewer of them, this package's own ``triton.autotune`` object
+    over the same function (``tuner.fn``: upstream's heuristics and JIT function) with ``spec.candidates`` and
+    upstream's key, made once per kernel (upstream's object is not changed, and a native layer in the process keeps
+    its cut list). Any candidate gives the same bits (the neutrality proof), so this changes speed only: without it
+    the key kept its static configuration in such a process. None (not timed) for any other list or a hook."""
+    if _live_is_spec(tuner, spec):
+        return tuner
+    live = live_configs(tuner) if _hookless(tuner) else ()
+    if not live or len(live) >= len(spec.candidates) or any(c not in spec.candidates for c in live):
+        return None
+    own = _own_tuners.get(spec.name)
+    if own is None:
+        own = _own_tuners[spec.name] = _make_own_tuner(spec, tuner)
+    return own
+
+
+def _make_own_tuner(spec, tuner):
+    """A ``triton.autotune`` object over ``tuner.fn`` with ``spec.candidates`` and ``tuner``'s key (a seam for the
+    CPU tests)."""
+    import triton
+    configs = [triton.Config(dict(kw), num_warps=w, num_stages=st) for kw, w, st in spec.candidates]
+    return triton.autotune(configs=configs, key=list(tuner.keys))(tuner.fn)
 
 
 def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
@@ -339,10 +374,13 @@ def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
     run put back: a native ``Mamba2`` in the process times its own keys as before). ``grid``: a function of the
     configuration's block sizes.
 
+    Where mamba-ssm's deterministic mode cut the live autotuner's list, the timing goes through this package's own
+    autotuner with the full list instead (:func:`_tuner_for`).
+
     Returns False, having launched nothing (the caller launches the static configuration): during a CUDA-graph
     capture on ``ref``'s device; when an output's bytes overlap another tensor argument's (the timing's repeated
-    launches would change an input); when the live autotuner's configurations are not ``spec.candidates`` (mamba-ssm's
-    deterministic mode, or a hook) or it runs out of memory while timing (a warning): the key then keeps its static
+    launches would change an input); when the live autotuner's configurations are neither ``spec.candidates`` nor a
+    part of them (or it has a hook) or it runs out of memory while timing (a warning): the key then keeps its static
     choice for the process.
 
     Raises:
@@ -356,8 +394,8 @@ def _launch_timed(spec, grid, args: dict, ref: torch.Tensor) -> bool:
         if o is not None and any(_overlap(o, t) for n, t in tensors if n != name):
             return False
     key = key_of(spec, args)
-    tuner = native().kernels[spec.name]  # the triton.autotune object (kernel_jit checked it)
-    if not _live_is_spec(tuner, spec):
+    tuner = _tuner_for(spec, native().kernels[spec.name])  # the triton.autotune object (kernel_jit checked it)
+    if tuner is None:
         _record_timed(spec, key, ref, None, 0)
         return False
     with device_guard(ref):

@@ -202,13 +202,50 @@ def test_a_choice_outside_the_candidates_raises(faked):
         run_kernel("chunk_scan_fwd", make_problem(dtype=torch.bfloat16, **PROVEN_SIZES))
 
 
-def test_an_autotuner_cut_to_one_configuration_is_not_timed(faked):
-    """mamba-ssm's deterministic mode (read at its import) leaves one configuration: nothing would be timed, so the
-    key keeps its static choice for the process, and the tuner is not asked again."""
+def test_an_autotuner_cut_by_the_deterministic_mode_is_timed_by_an_own_tuner(faked, monkeypatch):
+    """mamba-ssm's deterministic mode (read at its import) cuts the live list to one of the candidates: the key is
+    timed by this package's own tuner over all the candidates (made once per kernel), the live tuner is not asked
+    and keeps its list and cache, and later launches take the choice."""
+    tri, log = faked
+    _tuners(tri, log, 0)
+    live = tri.kernels["chunk_scan_fwd"]
+    live.configs = live.configs[-1:]  # the one config mamba-ssm keeps (the cheapest)
+    made = []
+    monkeypatch.setattr(_native, "_own_tuners", {})
+    monkeypatch.setattr(_native, "_make_own_tuner",
+                        lambda spec, tuner: made.append((spec.name, tuner)) or FakeTuner(spec, log, 2))
+    p = make_problem(dtype=torch.bfloat16, **PROVEN_SIZES)
+    key = {"chunk_size": 64, "hdim": 32, "dstate": 16, "IS_CAUSAL": True}
+    for _ in range(3):
+        run_kernel("chunk_scan_fwd", p)
+    assert made == [("chunk_scan_fwd", live)]
+    assert [e.get("tuned") for e in log] == [True, None, None]
+    cand = KERNELS["chunk_scan_fwd"].candidates[2]
+    got = timed_config("chunk_scan_fwd", key, torch.bfloat16, "sm_90")
+    assert got is not None and dict(got.meta) == cand[0] and (got.num_warps, got.num_stages) == cand[1:]
+    assert all((e["num_warps"], e["num_stages"]) == cand[1:] for e in log[1:])
+    assert len(live.configs) == 1 and live.cache == {("native's own key",): "native's own choice"}
+
+
+@pytest.mark.parametrize("change", ["foreign", "superset", "hook"])
+def test_an_autotuner_with_another_list_is_not_timed(faked, monkeypatch, change):
+    """A live list that is not the candidates nor a part of them (another configuration, more of them) or a hook:
+    nothing is timed, the key keeps its static choice for the process and the tuner is not asked again."""
     tri, log = faked
     _tuners(tri, log, 0)
     tuner = tri.kernels["chunk_scan_fwd"]
-    tuner.configs = tuner.configs[:1]
+    monkeypatch.setattr(_native, "_own_tuners", {})
+    monkeypatch.setattr(_native, "_make_own_tuner", lambda spec, t: pytest.fail("no own tuner expected"))
+    if change == "foreign":
+        tuner.configs = [SimpleNamespace(kwargs={"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 8, "BLOCK_SIZE_K": 8},
+                                         num_warps=1, num_stages=1, pre_hook=None)]
+    elif change == "superset":
+        tuner.configs = tuner.configs + [SimpleNamespace(kwargs={"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 8,
+                                                                 "BLOCK_SIZE_K": 8}, num_warps=1, num_stages=1,
+                                                         pre_hook=None)]
+    else:
+        tuner.configs = tuner.configs[:1]
+        tuner.configs[0].pre_hook = lambda nargs: None
     p = make_problem(dtype=torch.bfloat16, **PROVEN_SIZES)
     key = {"chunk_size": 64, "hdim": 32, "dstate": 16, "IS_CAUSAL": True}
     static = pinned_config("chunk_scan_fwd", key, torch.bfloat16, "sm_90")

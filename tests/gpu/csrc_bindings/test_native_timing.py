@@ -69,3 +69,58 @@ def test_timed_choices_give_the_static_choices_bits(shape, monkeypatch):
         for k, t in tuners.items():
             t.cache.clear()
             t.cache.update(saved[k])
+
+
+_DET_CHILD = r"""
+import json, sys
+import torch
+from csrc_bindings import _configs
+from csrc_bindings._native import native
+from mamba_ssm.utils.determinism import use_deterministic_mode
+from ordered_ssd import OrderedMamba2
+sys.path.insert(0, ".")
+from tests.gpu.csrc_bindings.test_native_timing import STEP_KERNELS, _step
+
+torch.manual_seed(0)
+layer = OrderedMamba2(d_model=256, d_state=64, headdim=64, ngroups=2, chunk_size=128, device="cuda")
+g = torch.Generator(device="cuda").manual_seed(1)
+u = torch.randn(3, 320, 256, device="cuda", generator=g).to(torch.float16)
+dout = torch.randn(3, 320, 256, device="cuda", generator=g).to(torch.float16)
+first = _step(layer, u, dout, torch.float16)
+later = _step(layer, u, dout, torch.float16)
+print(json.dumps({"det": bool(use_deterministic_mode()), "first": first, "later": later,
+                  "timed": sorted(k.split("/")[2] for k in _configs.timed_configs()),
+                  "counts": sorted(_configs.timing_counts().values()),
+                  "live": {k: len(native().kernels[k].configs) for k in sorted(STEP_KERNELS)}}))
+"""
+
+
+def test_deterministic_mode_process_times_the_full_candidate_lists_with_the_same_bits():
+    """In a process started with mamba-ssm's deterministic switches (``MAMBA_DETERMINISTIC=1``: its autotuners hold
+    one configuration each), the rule's kernels are timed over all their candidates by the package's own
+    autotuners (``_native._tuner_for``), upstream's lists stay cut to one, and a training step gives the bits of a
+    process without the switches (fresh processes, SHA-256 of the output, the input gradient and every parameter
+    gradient)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from csrc_bindings._registry import KERNELS
+
+    runs = {}
+    for det in (True, False):
+        env = {k: v for k, v in os.environ.items() if k not in ("MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC")}
+        if det:
+            env.update(MAMBA_DETERMINISTIC="1", CAUSAL_CONV1D_DETERMINISTIC="1")
+        res = subprocess.run([sys.executable, "-c", _DET_CHILD], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[det] = json.loads(res.stdout.strip().splitlines()[-1])
+    on, off = runs[True], runs[False]
+    assert on["det"] is True and off["det"] is False
+    assert set(on["timed"]) == STEP_KERNELS == set(off["timed"])
+    assert on["counts"] == off["counts"] and min(on["counts"]) > 1  # every candidate timed, as without the switch
+    assert all(n == 1 for n in on["live"].values()), on["live"]  # upstream's lists still cut to one
+    assert all(off["live"][k] == len(KERNELS[k].candidates) for k in STEP_KERNELS), off["live"]
+    assert on["first"] == on["later"] == off["first"] == off["later"]
