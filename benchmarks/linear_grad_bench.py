@@ -57,7 +57,8 @@ def _patched(patch):
 
 def _variant_steps(dy, x, steps):
     """Add a step per variant of ``GEMM_FOLD_VARIANTS`` (the static chain first; ``partials`` where all its
-    partials fit the workspace) to ``steps``; returns ``{name: its output}``."""
+    partials fit the workspace; the TMA kinds where both operands allow TMA) to ``steps``; returns
+    ``{name: its output}``."""
     from csrc_bindings import _resources
     from ordered_ssd.fold import gemm, kernels
 
@@ -69,6 +70,8 @@ def _variant_steps(dy, x, steps):
     outs = {}
     for v in [static] + list(fold_settings.GEMM_FOLD_VARIANTS[1:]):
         if v[0] == "partials" and 4 * M * N * E * nseg > fold_settings.GEMM_FOLD_WORKSPACE_BYTES:
+            continue
+        if v[0].startswith("tma") and not (gemm.tma_ready(dy) and gemm.tma_ready(x)):
             continue
         name = f"{v[0]} " + "x".join(map(str, v[1]))
         out = outs[name] = torch.empty(M, N, dtype=torch.float32, device=dy.device)

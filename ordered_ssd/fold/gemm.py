@@ -148,7 +148,7 @@ def fold_example_gemms(a: torch.Tensor, b: torch.Tensor, init: Optional[torch.Te
     key = (a.device.index, a.dtype, E, L, M, N, a.stride(), b.stride(), init is not None, seg)
     chosen = _gemm_timed.get(key)  # a shape timed before keeps its choice
     if chosen is None:
-        variants = _timed_variants(a, static, M * N, L, E * nseg)
+        variants = _timed_variants(a, static, M * N, L, E * nseg, b)
         if not variants or torch.cuda.is_current_stream_capturing():
             launch(static)  # not timed (or inside a CUDA-graph capture): the static choice, the same bits
             return out
@@ -169,11 +169,13 @@ def gemm_fold_timed_choices() -> dict:
     return dict(_gemm_timed)
 
 
-def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int, segments: int) -> list:
-    """The variants rule ``gemm-timed-v2`` times for ``a`` (CUDA, checked) with ``seqlen`` positions per example,
-    ``segments`` segments in all and an output of ``mn`` elements: :data:`GEMM_FOLD_VARIANTS` with the static choice
-    first, the configurations that fit the device's shared memory, and ``"partials"`` only where the fp32 partials
-    of all segments fit :data:`GEMM_FOLD_WORKSPACE_BYTES` (one group: its launches do not grow with the batch); for
+def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int, segments: int,
+                    b: Optional[torch.Tensor] = None) -> list:
+    """The variants rule ``gemm-timed-v2`` times for ``a`` (and ``b``; CUDA, checked) with ``seqlen`` positions per
+    example, ``segments`` segments in all and an output of ``mn`` elements: :data:`GEMM_FOLD_VARIANTS` with the
+    static choice first, the configurations that fit the device's shared memory, ``"partials"`` only where the fp32
+    partials of all segments fit :data:`GEMM_FOLD_WORKSPACE_BYTES` (one group: its launches do not grow with the
+    batch), and the ``"tma"`` kinds only where :func:`tma_ready` holds for ``a`` and ``b`` (``b`` None: ``a``); for
     bf16/fp16 inputs on sm_90 (where their bit-neutrality was checked) while
     ``GEMM_FOLD_TIMING`` is on; else none (the static choice).
 
@@ -188,8 +190,11 @@ def _timed_variants(a: torch.Tensor, static: tuple, mn: int, seqlen: int, segmen
 
     limit = _resources.shared_memory_limit(a.device)
     out = [static]
+    tma = tma_ready(a) and (b is None or tma_ready(b))
     for kind, config in GEMM_FOLD_VARIANTS[1:]:
         if kind == "partials" and 4 * mn * segments > GEMM_FOLD_WORKSPACE_BYTES:
+            continue
+        if kind.startswith("tma") and not tma:
             continue
         if config[2] == static[1][2] and gemm_fold_shared_bytes(config, a.dtype) <= limit:
             out.append((kind, config))
@@ -314,8 +319,36 @@ def _launch_gemm_variant(kernels, variant, a, b, init_c, has_init, out, segments
                 # the partials in segment order onto init (then onto what the groups before left in out)
                 first = (init_c.view(-1) if has_init else None) if u0 == 0 else flat
                 _fold_rows(buf[:n], first, torch.float32, out=flat, block=1024)  # block as measured in exp7
+        elif kind in ("tma", "tma-persistent"):
+            for name, t in (("a", a), ("b", b)):
+                if not tma_ready(t):
+                    raise ValueError(f"{name}: the {kind!r} variant expects bf16/fp16 with unit stride on the last "
+                                     f"axis and 16-byte aligned data and strides, got {t.dtype}, strides "
+                                     f"{t.stride()}, data pointer {t.data_ptr()}")
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [1, BK, BM])
+            b_desc = TensorDescriptor(b, list(b.shape), list(b.stride()), [1, BK, BN])
+            tma_consts = {"HAS_INIT": has_init, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GROUP_M, "SEG": SEG}
+            if kind == "tma":
+                _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_tma_kernel, (tiles,),
+                                          (a_desc, b_desc, init_c, out, NU, NSEG, L, M, N), tma_consts, config, a,
+                                          explicit=True, sizes=sizes)
+            else:
+                programs = min(tiles, _resources.multiprocessor_count(a.device))
+                _resources.launch_fitting("fold_example_gemms", kernels.gemm_fold_tma_persistent_kernel, (programs,),
+                                          (a_desc, b_desc, init_c, out, NU, NSEG, L, M, N, programs), tma_consts,
+                                          config, a, explicit=True, sizes=sizes)
         else:
             raise ValueError(f"variant: expected a kind of GEMM_FOLD_VARIANTS, got {kind!r}")
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether the ``"tma"`` variants of :data:`~ordered_ssd.fold.GEMM_FOLD_VARIANTS` can load ``t`` [E, L, W]
+    (a CUDA tensor): bf16 or fp16, unit stride on the last axis, the data pointer and the other two strides
+    multiples of 16 bytes (what a TMA descriptor requires)."""
+    return (t.dtype in (torch.bfloat16, torch.float16) and t.stride(2) == 1 and t.data_ptr() % 16 == 0
+            and t.stride(0) % 8 == 0 and t.stride(1) % 8 == 0)
 
 
 def fold_example_gemms_grouped(dy: torch.Tensor, x: torch.Tensor, weight_dtype: torch.dtype,

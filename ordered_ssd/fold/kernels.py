@@ -159,9 +159,9 @@ def _gemm_partial(a_ptr, b_ptr, u, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, 
 
 
 @triton.jit
-def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    """Row and column offsets of tile ``pid`` of an ``[M, N]`` output in the grouped order of the GEMM folds (for L2
-    reuse; it only decides which program owns which tile, never a value)."""
+def _tile_start(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """First row and first column of tile ``pid`` of an ``[M, N]`` output in the grouped order of the GEMM folds
+    (for L2 reuse; it only decides which program owns which tile, never a value)."""
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     width = GROUP_M * num_n
@@ -169,7 +169,14 @@ def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexp
     gsz = min(num_m - first_m, GROUP_M)
     pid_m = first_m + (pid % width) % gsz
     pid_n = (pid % width) // gsz
-    return pid_m * BM + tl.arange(0, BM), pid_n * BN + tl.arange(0, BN)
+    return pid_m * BM, pid_n * BN
+
+
+@triton.jit
+def _tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Row and column offsets of tile ``pid`` (:func:`_tile_start`)."""
+    om, on = _tile_start(pid, M, N, BM, BN, GROUP_M)
+    return om + tl.arange(0, BM), on + tl.arange(0, BN)
 
 
 @triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
@@ -270,6 +277,65 @@ def gemm_partials_kernel(a_ptr, b_ptr, p_ptr, U0, NSEG, L, M, N, s_ab, s_al, s_a
                       BN, BK, SEG, AQ, BQ)
     offs = j.to(tl.int64) * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(p_ptr + offs, p, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _tma_partial(a_desc, b_desc, u, NSEG, L, om, on, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 SEG: tl.constexpr):
+    """:func:`_gemm_partial` with the operand blocks loaded by the tensor memory accelerator (TMA, sm_90):
+    ``a_desc`` / ``b_desc`` are host tensor descriptors over ``a`` [E, L, M] and ``b`` [E, L, N] with blocks
+    ``[1, BK, BM]`` / ``[1, BK, BN]``; the block at ``(e, start + k0, om)`` is the one :func:`_gemm_partial` loads,
+    and the positions past ``L`` (the only positions past a segment's end that a K block of a segment can reach,
+    every segment but an example's last being a multiple of ``BK`` long) and the rows past ``M`` / ``N`` arrive as
+    zeros, as its masked loads give them. The same products in the same order."""
+    e = u // NSEG
+    start = (u - e * NSEG) * SEG
+    n = min(SEG, L - start)
+    p = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in tl.range(0, n, BK):
+        a = a_desc.load([e, start + k0, om]).reshape(BK, BM)
+        b = b_desc.load([e, start + k0, on]).reshape(BK, BN)
+        p = tl.dot(a.T, b, p)
+    return p
+
+
+@triton.jit
+def _tma_tile(a_desc, b_desc, init_ptr, out_ptr, t, NU, NSEG, L, M, N, HAS_INIT: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SEG: tl.constexpr):
+    """Tile ``t`` of ``out``: the additions of :func:`gemm_fold_nest_kernel` (the running sum ``init`` or +0.0 in
+    registers, plus each segment's partial, segment 0 first), the partials by :func:`_tma_partial`."""
+    om, on = _tile_start(t, M, N, BM, BN, GROUP_M)
+    rm = om + tl.arange(0, BM)
+    rn = on + tl.arange(0, BN)
+    out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+    out_offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if HAS_INIT:
+        acc += tl.load(init_ptr + out_offs, mask=out_mask, other=0.0).to(tl.float32)
+    for u in tl.range(0, NU):
+        acc += _tma_partial(a_desc, b_desc, u, NSEG, L, om, on, BM, BN, BK, SEG)
+    tl.store(out_ptr + out_offs, acc, mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
+def gemm_fold_tma_kernel(a_desc, b_desc, init_ptr, out_ptr, NU, NSEG, L, M, N, HAS_INIT: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                         SEG: tl.constexpr):
+    """:func:`gemm_fold_nest_kernel` with TMA loads (:func:`_tma_partial`): one program per tile of ``out``.
+    bf16/fp16 ``a`` and ``b`` with unit stride on their last axis and 16-byte aligned data and strides."""
+    _tma_tile(a_desc, b_desc, init_ptr, out_ptr, tl.program_id(0), NU, NSEG, L, M, N, HAS_INIT, BM, BN, BK, GROUP_M,
+              SEG)
+
+
+@triton.jit(do_not_specialize=["L"])  # L == 1 as a constant would fuse acc += p (module doc)
+def gemm_fold_tma_persistent_kernel(a_desc, b_desc, init_ptr, out_ptr, NU, NSEG, L, M, N, PROGRAMS,
+                                    HAS_INIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                                    GROUP_M: tl.constexpr, SEG: tl.constexpr):
+    """:func:`gemm_fold_tma_kernel` on ``PROGRAMS`` programs (the launch's grid), each taking the tiles ``pid``,
+    ``pid + PROGRAMS``, ... in turn: which program computes a tile decides no addition."""
+    tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS):
+        _tma_tile(a_desc, b_desc, init_ptr, out_ptr, t, NU, NSEG, L, M, N, HAS_INIT, BM, BN, BK, GROUP_M, SEG)
 
 
 @triton.jit

@@ -200,15 +200,22 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: * ``"nest"``: ``kernels.gemm_fold_nest_kernel``, one program per tile over all segments in registers;
 #: * ``"partials"``: ``kernels.gemm_partials_kernel`` writes the fp32 partials of all segments in parallel (timed
 #:   only where they fit :data:`GEMM_FOLD_WORKSPACE_BYTES` together, so one group: two launches whatever the batch),
-#:   then ``kernels.fold_kernel`` adds them to the running sum in segment order.
+#:   then ``kernels.fold_kernel`` adds them to the running sum in segment order;
+#: * ``"tma"``: ``kernels.gemm_fold_tma_kernel``, the nest kernel with its operand blocks loaded by the tensor
+#:   memory accelerator (host tensor descriptors over ``[E, L, M]`` and ``[E, L, N]``); ``"tma-persistent"``:
+#:   ``kernels.gemm_fold_tma_persistent_kernel``, the same on ``min(tiles, multiprocessors)`` programs that take
+#:   the tiles in turn. Timed only where both operands allow TMA (``gemm.tma_ready``: unit stride on the last axis,
+#:   16-byte aligned data and strides).
 #:
 #: Why every variant gives the same bits: each output element is ``init`` (or +0.0) plus, one fp32 addition per
 #: segment (:data:`GEMM_FOLD_SEGMENT_L`) in segment order, a partial computed from that segment alone as a chain of
 #: tensor-core products over K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages
 #: and which program or launch computes which partial decide no addition. Checked bit for bit on the H200 (triton
 #: 3.6.0) at 12 projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01), at 17 (every grid row's
-#: kind of projection, 2026-12-01, session 16, with the chain at 64 x 64 tiles among 16 candidates) and by
-#: ``tests/gpu/fold/test_gemm_fold.py``.
+#: kind of projection, 2026-12-01, session 16, with the chain at 64 x 64 tiles among 16 candidates), at 20
+#: (the TMA kernels at 11 configurations, 2026-12-01, session 17) and by ``tests/gpu/fold/test_gemm_fold.py``.
+#: A TMA load zero-fills what lies past the tensor (positions past ``L``, rows past ``M`` or ``N``) as the other
+#: kernels' masked loads do, and a segment's K blocks never reach past its end but at ``L``.
 #:
 #: Why these (docs/performance.md, "Projection-fold variants"): over those 17 projections the static chain was
 #: the fastest or within 3 % of it on 11; ``"nest"`` at 128 x 128 on the out_proj-like ones (S5, G4, G2 out_proj,
@@ -218,7 +225,10 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: 4.68 for the chain). Until 2026-12-01 the list had three ``"nest-flat"`` entries, the nest kernel with
 #: ``tl.range(flatten=True)`` on its segment loop; Triton 3.6 compiled that loop nest unchanged (the same TTGIR
 #: but for the attribute), so they were ``"nest"`` under another name, and ``"nest"`` at 128 x 128 x 8 warps
-#: was listed twice.
+#: was listed twice. The TMA kernels (session 17, 20 projections, docs/performance.md "TMA projection folds"):
+#: persistent at 128 x 256 was the fastest of all at the long-example in_proj (G12's 1.74 ms against the chain's
+#: 2.02 and cuBLAS's 1.60; G6's 0.67 against 0.88), one tile per program at 128 x 128 with 4 warps, 64 x 128 and
+#: 64 x 64 at most out_proj-like ones and G1's in_proj.
 GEMM_FOLD_VARIANTS = (
     ("chain", None),
     ("chain", (64, 64, 64, 8, 4, 4)),
@@ -227,6 +237,11 @@ GEMM_FOLD_VARIANTS = (
     ("nest", (64, 128, 64, 8, 4, 4)),
     ("partials", (128, 256, 64, 8, 8, 3)),
     ("partials", (128, 128, 64, 8, 8, 4)),
+    ("tma", (128, 128, 64, 8, 4, 4)),
+    ("tma", (64, 128, 64, 8, 4, 4)),
+    ("tma", (64, 64, 64, 8, 4, 4)),
+    ("tma-persistent", (128, 256, 64, 8, 8, 3)),
+    ("tma-persistent", (128, 128, 64, 8, 8, 4)),
 )
 
 #: Bit-neutral. Bound on the fp32 workspace of the ``"partials"`` variant of :data:`GEMM_FOLD_VARIANTS` (bytes).

@@ -131,15 +131,36 @@ def h200(monkeypatch):
 
 
 def test_timed_variants_on_sm90_half_dtypes(h200):
-    a = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)  # strides (24, 8, 1): 16-byte multiples, as TMA needs
     got = gemm._timed_variants(a, STATIC, 1000, 512, 2)
     assert got[0] == STATIC and got[1:] == list(GEMM_FOLD_VARIANTS[1:])
+    assert gemm._timed_variants(a, STATIC, 1000, 512, 2, b=a[:, :, :4]) == got  # a narrower view: aligned
     assert gemm._timed_variants(a.half(), STATIC, 1000, 512, 2) == got
     # the partials of all segments larger than the workspace bound: no "partials" variant (one group only)
     big = gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8 + 1, 512, 2)
     assert [v for v in got if v[0] != "partials"] == big
     assert gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8, 512, 2) == got
     assert gemm._timed_variants(a, STATIC, GEMM_FOLD_WORKSPACE_BYTES // 8, 512, 3) == big
+
+
+def test_tma_variants_only_where_both_operands_allow_tma(h200):
+    """The "tma" kinds load through TMA descriptors: unit stride on the last axis, data pointer and the other
+    strides multiples of 16 bytes, bf16/fp16. Where a or b does not allow that, rule gemm-timed-v2 times the
+    other variants only (the same bits either way)."""
+    a = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
+    every = gemm._timed_variants(a, STATIC, 1000, 512, 2)
+    assert {k for k, _ in every} == {"chain", "nest", "partials", "tma", "tma-persistent"}
+    others = [v for v in every if not v[0].startswith("tma")]
+    for bad in (torch.zeros(2, 3, 4, dtype=torch.bfloat16),          # position stride 4 elements: 8 bytes
+                torch.zeros(2, 8, 3, dtype=torch.bfloat16).transpose(1, 2),  # not unit stride on the last axis
+                torch.zeros(2, 3, 9, dtype=torch.bfloat16)[:, :, 1:]):  # data 2 bytes past an aligned start
+        assert not gemm.tma_ready(bad)
+        assert gemm._timed_variants(bad, STATIC, 1000, 512, 2) == others
+        assert gemm._timed_variants(a, STATIC, 1000, 512, 2, b=bad) == others
+    assert gemm.tma_ready(a) and gemm.tma_ready(a.half()) and not gemm.tma_ready(a.float())
+    with pytest.raises(ValueError, match="'tma' variant expects bf16/fp16 with unit stride"):
+        gemm._launch_gemm_variant(None, ("tma", (64, 64, 64, 8, 4, 4)), a, torch.zeros(2, 3, 4, dtype=a.dtype),
+                                  None, False, torch.empty(8, 4), (2, 1, 4096), None)
 
 
 def test_timed_variants_off_sm90_fp32_small_shared_memory_or_hook_off(h200, monkeypatch):
@@ -171,7 +192,8 @@ def test_every_variant_takes_the_static_k_block():
     """The variants differ only in what the docstring calls bit-neutral: BK (the K block of a partial's product
     chain) is the pinned bf16/fp16 one."""
     for kind, config in GEMM_FOLD_VARIANTS[1:]:
-        assert kind in ("chain", "nest", "partials") and config[2] == settings.GEMM_FOLD_CONFIGS[torch.bfloat16][2]
+        assert kind in ("chain", "nest", "partials", "tma", "tma-persistent")
+        assert config[2] == settings.GEMM_FOLD_CONFIGS[torch.bfloat16][2]
     assert GEMM_FOLD_VARIANTS[0] == ("chain", None)
 
 
@@ -251,6 +273,67 @@ def test_variant_kernels_under_the_interpreter_give_the_chains_bits():
     assert "cases 6" in run_python(code, interpret=True)
 
 
+def test_tma_kernels_under_the_interpreter_give_the_chains_bits():
+    """The two TMA kernels (one tile per program; persistent on 1, 2 and 5 programs) on the CPU under Triton's
+    interpreter, fp16 inputs (the interpreter's descriptor loads return bf16 as raw integers): the bits of the
+    chain kernel in one group, with and without ``init``, over several tiles, partial tiles at the edges of M and
+    N, a partial last K block and examples of three segments."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        import torch, triton
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        from tests.fold.interpreter import allow_runtime_loop_bounds
+        allow_runtime_loop_bounds()
+        from ordered_ssd.fold import kernels
+        from tests.helpers import bits_equal
+        T = dict(BM=16, BN=16, BK=16, GROUP_M=2)
+
+        def chain(a, b, init, SEG):
+            E, L, M = a.shape
+            N = b.shape[2]
+            nseg = max(1, triton.cdiv(L, SEG))
+            out = torch.empty(M, N, dtype=torch.float32)
+            tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+            sync = torch.zeros(tiles + 1, dtype=torch.int32)
+            kernels.gemm_fold_chain_kernel[(tiles,)](
+                a, b, init if init is not None else out, out, sync, E * nseg, nseg, L, M, N, *a.stride(),
+                *b.stride(), E * nseg, HAS_INIT=init is not None, IEEE=False, SEG=SEG, AQ=1, BQ=1, MQ=1, NQ=1, **T)
+            return out
+
+        def tma(a, b, init, SEG, programs=None):
+            E, L, M = a.shape
+            N = b.shape[2]
+            nseg = max(1, triton.cdiv(L, SEG))
+            out = torch.empty(M, N, dtype=torch.float32)
+            tiles = triton.cdiv(M, 16) * triton.cdiv(N, 16)
+            ad = TensorDescriptor(a, list(a.shape), list(a.stride()), [1, 16, 16])
+            bd = TensorDescriptor(b, list(b.shape), list(b.stride()), [1, 16, 16])
+            args = (ad, bd, init if init is not None else out, out, E * nseg, nseg, L, M, N)
+            if programs is None:
+                kernels.gemm_fold_tma_kernel[(tiles,)](*args, HAS_INIT=init is not None, SEG=SEG, **T)
+            else:
+                kernels.gemm_fold_tma_persistent_kernel[(programs,)](*args, programs, HAS_INIT=init is not None,
+                                                                     SEG=SEG, **T)
+            return out
+
+        g = torch.Generator().manual_seed(5)
+        cases = 0
+        for E, L, M, N, SEG in ((5, 37, 40, 24, 4096), (3, 16, 16, 56, 4096), (3, 37, 40, 24, 16)):
+            a = torch.randn(E, L, M, generator=g).half()
+            b = torch.randn(E, L, N, generator=g).half()
+            init = torch.randn(M, N, generator=g)
+            for i in (None, init):
+                want = chain(a, b, i, SEG)
+                assert bits_equal(tma(a, b, i, SEG), want), ("tma", E)
+                for programs in (1, 2, 5):
+                    assert bits_equal(tma(a, b, i, SEG, programs), want), ("tma-persistent", programs, E)
+                cases += 1
+        print("cases", cases)
+    """)
+    assert "cases 6" in run_python(code, interpret=True)
+
+
 def test_variant_kernels_compile_for_sm90_on_tensor_cores():
     """Ahead-of-time compile for sm_90 (no GPU needed) at every configuration of the variants: each compiles, fits
     the H200's shared memory, and its products run on wgmma."""
@@ -265,16 +348,20 @@ def test_variant_kernels_compile_for_sm90_on_tensor_cores():
         done = 0
         for kind, (BM, BN, BK, G, w, s) in GEMM_FOLD_VARIANTS[1:]:
             fn = {"partials": kernels.gemm_partials_kernel, "nest": kernels.gemm_fold_nest_kernel,
-                  "chain": kernels.gemm_fold_chain_kernel}[kind]
+                  "chain": kernels.gemm_fold_chain_kernel, "tma": kernels.gemm_fold_tma_kernel,
+                  "tma-persistent": kernels.gemm_fold_tma_persistent_kernel}[kind]
             const = {"IEEE": False, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": G, "SEG": 4096, "AQ": 1, "BQ": 1,
-                     "MQ": 1, "NQ": 1}
-            if kind != "partials":
-                const.update(HAS_INIT=True)
-            sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32"}.get(
+                     "MQ": 1, "NQ": 1, "HAS_INIT": kind != "partials"}
+            const = {n: v for n, v in const.items() if n in fn.arg_names}
+            sig = {n: "constexpr" if n in const else {"a_ptr": "*bf16", "b_ptr": "*bf16", "sync_ptr": "*i32",
+                                                      "a_desc": f"tensordesc<bf16[1,{BK},{BM}]>",
+                                                      "b_desc": f"tensordesc<bf16[1,{BK},{BN}]>"}.get(
                 n, "*fp32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": w, "num_stages": s})
-            assert "wgmma.mma_async" in k.asm["ptx"] and k.metadata.shared <= 232448, (kind, BM, BN)
+            ptx = k.asm["ptx"]
+            assert "wgmma.mma_async" in ptx and k.metadata.shared <= 232448, (kind, BM, BN)
+            assert ("cp.async.bulk.tensor.3d" in ptx) == kind.startswith("tma"), kind  # TMA loads, and only there
             done += 1
         print("compiled", done)
     """)

@@ -179,41 +179,52 @@ VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's o
 @pytest.mark.parametrize("E,L,M,N", VARIANT_CASES)
 def test_every_variant_gives_the_static_choices_bits(dtype, E, L, M, N):
     """Rule ``gemm-timed-v2`` is bit-neutral: every variant of ``GEMM_FOLD_VARIANTS`` that the rule would time here
-    (the chain at other tiles; one program per tile; per-segment partials in a workspace then an ordered fold; any
-    tile, warps, stages) gives the bits of the static chain, with and without ``init``, 3 times each; the partials
-    variant also where the rule would not time it (several workspace groups)."""
+    (the chain at other tiles; one program per tile; per-segment partials in a workspace then an ordered fold; the
+    TMA kernels, one tile per program or persistent; any tile, warps, stages) gives the bits of the static chain,
+    with and without ``init``, 3 times each; the partials variant also where the rule would not time it (several
+    workspace groups). Twice: contiguous inputs (TMA only where their widths make the strides 16-byte multiples),
+    and views of wider buffers whose strides are (TMA at every width: the loads past M or N zero-filled)."""
     from csrc_bindings import _resources
     from ordered_ssd.fold import (GEMM_FOLD_SEGMENT_L, GEMM_FOLD_VARIANTS, GEMM_FOLD_WORKSPACE_BYTES,
                                   gemm_fold_segments, kernels)
-    from ordered_ssd.fold.gemm import _launch_gemm_variant, _timed_variants
+    from ordered_ssd.fold.gemm import _launch_gemm_variant, _timed_variants, tma_ready
     from ordered_ssd.fold.settings import gemm_fold_config
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("rule gemm-timed-v2 times its variants on sm_90 only")
-    dy, x = _inputs(E, L, M, N, dtype, seed=13)
     init = torch.randn(M, N, device="cuda")
-    static = ("chain", gemm_fold_config(dtype, _resources.shared_memory_limit(dy.device)))
-    with pytest.MonkeyPatch.context() as mp:
-        from ordered_ssd.fold import settings
-        mp.setattr(settings, "GEMM_FOLD_TIMING", True)
-        variants = _timed_variants(dy, static, M * N, L, E * gemm_fold_segments(L))
+    static = ("chain", gemm_fold_config(dtype, _resources.shared_memory_limit(init.device)))
     fits = 4 * M * N * E * gemm_fold_segments(L) <= GEMM_FOLD_WORKSPACE_BYTES
-    assert variants[0] == static and len(variants) == len(GEMM_FOLD_VARIANTS) - (0 if fits else 2)
-    assert {k for k, _ in variants} == {"chain", "nest"} | ({"partials"} if fits else set())
     partials = [v for v in GEMM_FOLD_VARIANTS if v[0] == "partials"]
+    n_tma = sum(k.startswith("tma") for k, _ in GEMM_FOLD_VARIANTS)
+    for padded in (False, True):
+        dy, x = _inputs(E, L, M, N, dtype, seed=13)
+        if padded:  # the same values in buffers 8 elements wider than the next multiple of 8
+            dy = torch.cat([dy, dy.new_zeros(E, L, -M % 8 + 8)], 2)[:, :, :M]
+            x = torch.cat([x, x.new_zeros(E, L, -N % 8 + 8)], 2)[:, :, :N]
+        tma = tma_ready(dy) and tma_ready(x)
+        assert tma or not padded
+        with pytest.MonkeyPatch.context() as mp:
+            from ordered_ssd.fold import settings
+            mp.setattr(settings, "GEMM_FOLD_TIMING", True)
+            variants = _timed_variants(dy, static, M * N, L, E * gemm_fold_segments(L), x)
+        assert variants[0] == static
+        assert len(variants) == len(GEMM_FOLD_VARIANTS) - (0 if fits else 2) - (0 if tma else n_tma)
+        assert {k for k, _ in variants} == ({"chain", "nest"} | ({"partials"} if fits else set())
+                                            | ({"tma", "tma-persistent"} if tma else set()))
 
-    def run(variant, with_init):
-        out = torch.empty(M, N, dtype=torch.float32, device="cuda")
-        src = init if with_init else out
-        segments = (E * gemm_fold_segments(L), gemm_fold_segments(L), GEMM_FOLD_SEGMENT_L)
-        _launch_gemm_variant(kernels, variant, dy, x, src, with_init, out, segments, None)
-        return out
+        def run(variant, with_init):
+            out = torch.empty(M, N, dtype=torch.float32, device="cuda")
+            src = init if with_init else out
+            segments = (E * gemm_fold_segments(L), gemm_fold_segments(L), GEMM_FOLD_SEGMENT_L)
+            _launch_gemm_variant(kernels, variant, dy, x, src, with_init, out, segments, None)
+            return out
 
-    for with_init in (False, True):
-        want = run(static, with_init)
-        for variant in variants[1:] + ([] if fits else partials):
-            for _ in range(3):
-                assert bits_equal(run(variant, with_init), want), (variant, with_init)
+        for with_init in (False, True):
+            want = run(static, with_init)
+            for variant in variants[1:] + ([] if fits else partials):
+                for _ in range(3):
+                    assert bits_equal(run(variant, with_init), want), (variant, with_init, padded)
 
 
 @pytest.mark.native_timing
