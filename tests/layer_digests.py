@@ -18,12 +18,21 @@ digests with the previous table matched the previous entries (the same call, 12 
 ``python -m tests.layer_digests --device cpu|cuda --out FILE`` only when a change is meant to alter bits (and then
 bump the reduction version, see docs/native.md).
 Reduction version 4 (2026-12-01) changes bits only at ``L == 1``; these configurations have ``L`` = 100.
+
+``tests/data/layer_digests_cpu_models.json`` holds the CPU configurations' digests per CPU model: CI's machines
+include CPU models whose MKL gives other matmul bits at the same ISA level (AVX512). The entry of ``GenuineIntel
+family 6 model 207`` was recorded on 2026-12-02 by the code of commit e9bf14b and of this one alike (the same
+digests from both, in two fresh processes each), after the main fixture's CPU entries failed there at e9bf14b too:
+the machine, not the code, had changed. Add a model with ``python -m tests.layer_digests --device cpu
+--cpu-model-entry --out tests/data/layer_digests_cpu_models.json``, from a commit whose digests match on a machine
+already covered.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 
 import torch
 
@@ -61,6 +70,8 @@ CONFIGS = {
 #: Where the digests were recorded; a test on another torch build or CPU capability (or another GPU model) skips:
 #: the bits of the reference path's matmuls and of the kernels are fixed per build and device, not across them.
 RECORDED_ON = "_recorded_on"
+#: CPU digests per CPU model (:func:`cpu_fixture`): ``{model: {"_recorded_on": environment, "digests": {...}}}``
+CPU_MODEL_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "layer_digests_cpu_models.json")
 
 
 def step_digests(name: str) -> dict:
@@ -98,9 +109,28 @@ def step_digests(name: str) -> dict:
         torch.random.set_rng_state(rng)
 
 
+def cpu_model() -> str:
+    """``"GenuineIntel family 6 model 207"``: the CPU model (Linux's ``/proc/cpuinfo``; ``platform.processor()``
+    elsewhere). MKL picks its matmul kernels by CPU model, not only by the ISA level torch reports: two machines of
+    capability AVX512 gave other bits for the same fp64 step (2026-12-02)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                k, _, v = line.partition(":")
+                fields[k.strip()] = v.strip()
+    except OSError:
+        pass
+    if {"vendor_id", "cpu family", "model"} <= set(fields):
+        return f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
+    return platform.processor() or platform.machine()
+
+
 def environment(device: str) -> dict:
     """What the recorded bits of ``device`` depend on besides the code: the torch build and the CPU capability,
-    or the GPU model."""
+    or the GPU model. (The CPU model, :func:`cpu_model`, selects among the CPU digests: :func:`cpu_fixture`.)"""
     if device == "cpu":
         return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
     return {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
@@ -119,15 +149,47 @@ def recorded_on(device: str) -> dict:
         return json.load(f)[RECORDED_ON][device]
 
 
+def cpu_fixture():
+    """``(digests, where)``: the CPU configurations' recorded digests for this machine, or ``(None, why)``.
+
+    :data:`CPU_MODEL_FIXTURES` holds digests per CPU model (:func:`cpu_model`), each with the environment it was
+    recorded in; a machine whose model has an entry is compared with it. Any other machine of the main fixture's
+    environment (torch build and capability; its CPU model was not recorded) is compared with the main fixture."""
+    model = cpu_model()
+    if os.path.exists(CPU_MODEL_FIXTURES):
+        with open(CPU_MODEL_FIXTURES) as f:
+            entry = json.load(f).get(model)
+        if entry is not None:
+            if entry[RECORDED_ON] != environment("cpu"):
+                return None, f"digests of {model} recorded on {entry[RECORDED_ON]}, this is {environment('cpu')}"
+            return entry["digests"], f"{model}, {entry[RECORDED_ON]}"
+    if environment("cpu") != recorded_on("cpu"):
+        return None, f"digests recorded on {recorded_on('cpu')}, this is {environment('cpu')} ({model})"
+    return load_fixture(), f"the main fixture, {recorded_on('cpu')}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.layer_digests", description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), required=True)
     ap.add_argument("--out", required=True, help="JSON file to write ({config: {tensor: sha256}})")
+    ap.add_argument("--cpu-model-entry", action="store_true",
+                    help="add (or replace) this CPU model's entry in --out, a file of the form of "
+                         "tests/data/layer_digests_cpu_models.json")
     ap.add_argument("--only", default=None, help="comma-separated configuration names (default: all of the device)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else [n for n, cfg in CONFIGS.items() if cfg[0] == args.device]
     res = {name: step_digests(name) for name in names}
-    res[RECORDED_ON] = {args.device: environment(args.device)}
+    if args.cpu_model_entry:
+        if args.device != "cpu":
+            ap.error("--cpu-model-entry: expected --device cpu")
+        fixtures = {}
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                fixtures = json.load(f)
+        fixtures[cpu_model()] = {RECORDED_ON: environment("cpu"), "digests": res}
+        res = fixtures
+    else:
+        res[RECORDED_ON] = {args.device: environment(args.device)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(f"{len(names)} configurations written to {args.out}")
