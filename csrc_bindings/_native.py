@@ -16,11 +16,13 @@ import importlib
 import importlib.metadata
 import operator
 import re
+import sys
 import threading
 from types import SimpleNamespace
 
 import torch
 
+from . import _plans, _resources
 from ._resources import launch_fitting, layer_sizes
 from ._spec import TIMING_PENDING, key_of
 
@@ -287,7 +289,10 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
 
-    if cfg.speed == TIMING_PENDING and _launch_timed(spec, grid, args, ref):
+    pending = cfg.speed == TIMING_PENDING
+    if _plans.recording():  # a planned launcher's first call of a signature: this launch goes into its plan
+        _plans.note_launch(spec, grid(dict(cfg.meta)) if callable(grid) else grid, pos, cfg, ref, full, pending)
+    if pending and _launch_timed(spec, grid, args, ref):
         return
     if callable(grid):
         grid = grid(dict(cfg.meta))
@@ -434,3 +439,6 @@ def set_timed_recorder(record) -> None:
     imported."""
     global _record_timed
     _record_timed = record
+
+
+_plans.bind(native=sys.modules[__name__], resources=_resources)  # what a launcher's plan replays through

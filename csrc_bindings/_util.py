@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from ._plans import note_buffer, note_zeroed
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -83,13 +85,16 @@ def check_groups(nheads: int, ngroups: int) -> None:
 def out_buffer(buf, shape, dtype, like: torch.Tensor, name: str, zero: bool = False) -> torch.Tensor:
     """Return ``buf`` (checked: shape, dtype, device) or a new ``torch.empty`` / ``torch.zeros`` buffer."""
     if buf is None:
-        return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=like.device)
+        buf = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=like.device)
+        note_buffer(buf, zero)  # kept in the launcher's plan, when one is being recorded
+        return buf
     shape = _shape(shape)
     check_shape(name, buf, shape)
     check(buf.dtype == dtype, f"{name}: expected dtype {dtype}, got {buf.dtype}")
     check(buf.device == like.device, f"{name}: expected device {like.device}, got {buf.device}")
     if zero:
         buf.zero_()
+        note_zeroed(buf)  # redone by the launcher's plan, when one is being recorded
     return buf
 
 

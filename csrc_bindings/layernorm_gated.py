@@ -13,6 +13,7 @@ import torch
 
 from ._configs import KernelConfig
 from ._native import launch
+from ._plans import alloc, alloc_like, planned
 from ._spec import KernelSpec
 from ._util import cdiv, check, check_last_stride_1, check_rows, check_shape, next_pow2, out_buffer
 
@@ -51,6 +52,7 @@ def _groups(x: torch.Tensor, group_size):
 
 
 # ------------------------------------------------------------------------------------------------- rmsnorm_gated_fwd
+@planned
 def launch_rmsnorm_gated_fwd(x, weight, eps, *, z=None, bias=None, group_size=None, norm_before_gate=True,
                              config=None, out=None):
     """Gated (grouped) RMSNorm forward: ``y = rmsnorm(x) * w (+ b)``, times ``silu(z)`` after the norm
@@ -83,9 +85,9 @@ def launch_rmsnorm_gated_fwd(x, weight, eps, *, z=None, bias=None, group_size=No
         check_rows("bias", bias, (N,), "[N]")
     cfg = _rms_config("rmsnorm_gated_fwd", group_size, x, config)
     if out is None:
-        out = torch.empty_like(x)
+        out = alloc_like(x)
     check_rows("out", out, (M, N), "[M, N]")
-    rstd = torch.empty((ngroups * M,), dtype=torch.float32, device=x.device)
+    rstd = alloc((ngroups * M,), torch.float32, x.device)
     args = dict(X=x, Y=out, W=weight, B=bias, Z=z, Mean=None, Rstd=rstd, stride_x_row=x.stride(0),
                 stride_y_row=out.stride(0), stride_z_row=z.stride(0) if z is not None else 0, M=M, N=group_size,
                 eps=eps, HAS_BIAS=bias is not None, HAS_Z=z is not None, NORM_BEFORE_GATE=bool(norm_before_gate),
@@ -118,6 +120,7 @@ RMSNORM_GATED_FWD = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------- rmsnorm_gated_bwd
+@planned
 def launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=None, bias=None, group_size=None,
                              norm_before_gate=True, recompute_output=False, config=None, dx=None, dz=None, out=None,
                              dw_partial=None, db_partial=None):
@@ -158,17 +161,17 @@ def launch_rmsnorm_gated_bwd(dy, x, weight, eps, rstd, *, rows_per_program, z=No
     cfg = _rms_config("rmsnorm_gated_bwd", group_size, x, config)
     nblocks = cdiv(M, rows_per_program)
     if dx is None:
-        dx = torch.empty_like(x)
+        dx = alloc_like(x)
     check_rows("dx", dx, (M, N), "[M, N]")
     if z is not None:
         if dz is None:
-            dz = torch.empty_like(z)
+            dz = alloc_like(z)
         check_rows("dz", dz, (M, N), "[M, N]")
     else:
         check(dz is None, "dz: expected None without z, got a tensor")
     if recompute_output:
         if out is None:
-            out = torch.empty_like(x)
+            out = alloc_like(x)
         check_rows("out", out, (M, N), "[M, N]")
     else:
         out = None

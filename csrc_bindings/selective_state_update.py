@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ._configs import KernelConfig
 from ._native import launch
+from ._plans import planned
 from ._spec import KernelSpec
 from ._util import cdiv, check, check_groups, check_shape, next_pow2, out_buffer, strides
 
@@ -40,6 +41,7 @@ def _config(dstate: int, config) -> KernelConfig:
                         "explicit")
 
 
+@planned
 def launch_selective_state_update(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
                                   state_batch_indices=None, config=None, out=None):
     """One decoding step of the SSM, in place on ``state``. Source: ``_selective_scan_update_kernel`` (upstream

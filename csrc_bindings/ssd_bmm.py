@@ -9,6 +9,7 @@ import torch
 
 from ._configs import launch_config
 from ._native import dot_dtype, launch
+from ._plans import alloc_like, planned
 from ._spec import KernelSpec
 from ._util import cdiv, check, check_shape, out_buffer, strides
 
@@ -24,6 +25,7 @@ def _dims(a):
 
 
 # ----------------------------------------------------------------------------------------------------- bmm_chunk_fwd
+@planned
 def launch_bmm_chunk_fwd(a, b, chunk_size, *, seq_idx=None, causal=False, output_dtype=None, config=None,
                          out=None):
     """Per-chunk ``out[i, j] = a[i] . b[j]`` (``CB = C B^T`` in Mamba-2). Source: ``_bmm_chunk_fwd_kernel``.
@@ -103,6 +105,7 @@ BMM_CHUNK_FWD = KernelSpec(
 
 
 # ----------------------------------------------------------------------------------------------------- bmm_chunk_bwd
+@planned
 def launch_bmm_chunk_bwd(a, dout, *, residual=None, config=None, out=None):
     """``out[l] = sum_s dout[l, s] a[s] (+ residual)`` per chunk: the gradient of :func:`launch_bmm_chunk_fwd`
     w.r.t. its other operand. Source: ``_bmm_chunk_bwd_kernel``.
@@ -132,7 +135,7 @@ def launch_bmm_chunk_bwd(a, dout, *, residual=None, config=None, out=None):
         if residual.stride(-1) != 1 and residual.stride(1) != 1:
             residual = residual.contiguous()
     if out is None:
-        out = torch.empty_like(a)
+        out = alloc_like(a)
     else:
         check_shape("out", out, a.shape, "the shape of a")
         check(out.stride(-1) == 1 or out.stride(1) == 1,

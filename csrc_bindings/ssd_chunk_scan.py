@@ -9,6 +9,7 @@ import torch
 
 from ._configs import launch_config
 from ._native import launch, native
+from ._plans import planned
 from ._spec import KernelSpec
 from ._util import (cdiv, check, check_D, check_groups, check_last_stride_1, check_shape, next_pow2, nsplits,
                     out_buffer, strides)
@@ -18,6 +19,7 @@ _INF = float("inf")
 
 
 # ---------------------------------------------------------------------------------------------------- chunk_scan_fwd
+@planned
 def launch_chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, *, D=None, z=None, seq_idx=None, config=None,
                           out=None, out_x=None):
     """Output of the chunked scan: intra-chunk (``cb``) plus inter-chunk (``C . states``) terms, ``+ D x``, optional
@@ -127,6 +129,7 @@ CHUNK_SCAN_FWD = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------- chunk_scan_bwd_dz
+@planned
 def launch_chunk_scan_bwd_dz(x, z, out, dout, chunk_size, *, D=None, has_ddAcs=True, recompute_output=False,
                              config=None, dz=None, dout_x=None, dD_partial=None, ddA_cumsum=None, outz=None):
     """Backward through the ``silu(z)`` gate (and the ``D`` skip / ``dA_cumsum`` terms that reuse it).
@@ -220,6 +223,7 @@ CHUNK_SCAN_BWD_DZ = KernelSpec(
 
 
 # -------------------------------------------------------------------------------------------- chunk_scan_bwd_dstates
+@planned
 def launch_chunk_scan_bwd_dstates(C, dA_cumsum, dout, *, seq_idx=None, dtype=None, config=None,
                                   dprev_states=None):
     """Gradient w.r.t. the state entering each chunk, from the inter-chunk output term.
@@ -295,6 +299,7 @@ CHUNK_SCAN_BWD_DSTATES = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------- chunk_scan_bwd_dC
+@planned
 def launch_chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, *, C=None, seq_idx=None, ngroups=1,
                              nheads_per_program=None, config=None, dC_partial=None, ddA_partial=None):
     """Gradient w.r.t. ``C`` from the inter-chunk output term (and its ``dA_cumsum`` term).
@@ -391,6 +396,7 @@ CHUNK_SCAN_BWD_DC = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------ chunk_scan_bwd_dcb
+@planned
 def launch_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, *, seq_idx=None, ngroups=1, nheads_per_program=None,
                               config=None, dcb_partial=None):
     """Gradient w.r.t. ``CB`` (the intra-chunk ``C B^T``). Source: ``_chunk_scan_bwd_dcb_kernel`` (with
@@ -475,6 +481,7 @@ CHUNK_SCAN_BWD_DCB = KernelSpec(
 
 
 # --------------------------------------------------------------------------------------- chunk_scan_bwd_ddAcs_stable
+@planned
 def launch_chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb, *, config=None, ddA_partial=None):
     """The numerically stable intra-chunk ``dA_cumsum`` gradient. Source: ``_chunk_scan_bwd_ddAcs_stable_kernel``.
 

@@ -10,6 +10,7 @@ import torch
 
 from ._configs import launch_config
 from ._native import launch
+from ._plans import alloc_like, planned
 from ._spec import KernelSpec
 from ._util import cdiv, check_groups, check_shape, next_pow2, nsplits, out_buffer, strides
 
@@ -18,6 +19,7 @@ _INF = float("inf")
 
 
 # -------------------------------------------------------------------------------------------------- chunk_cumsum_fwd
+@planned
 def launch_chunk_cumsum_fwd(dt, A, chunk_size, *, dt_bias=None, dt_softplus=False, dt_limit=(0.0, _INF),
                             config=None, dA_cumsum=None, dt_out=None):
     """Per-chunk ``dt`` processing and cumulative sum of ``dt * A``. Source: ``_chunk_cumsum_fwd_kernel``.
@@ -94,6 +96,7 @@ CHUNK_CUMSUM_FWD = KernelSpec(
 
 
 # -------------------------------------------------------------------------------------------------- chunk_cumsum_bwd
+@planned
 def launch_chunk_cumsum_bwd(ddA, ddt_out, dt, A, *, dt_bias=None, dt_softplus=False, dt_limit=(0.0, _INF),
                             config=None, ddt=None, dA_partial=None, ddt_bias_partial=None):
     """Backward of :func:`launch_chunk_cumsum_fwd`. Source: ``_chunk_cumsum_bwd_kernel``.
@@ -129,7 +132,7 @@ def launch_chunk_cumsum_bwd(ddA, ddt_out, dt, A, *, dt_bias=None, dt_softplus=Fa
                 BLOCK_SIZE_CHUNK=next_pow2(chunk_size), DETERMINISTIC_REDUCTION=True)
     cfg = launch_config(CHUNK_CUMSUM_BWD, args, dt, config)
     if ddt is None:
-        ddt = torch.empty_like(dt)
+        ddt = alloc_like(dt)
     check_shape("ddt", ddt, dt.shape, "[B, L, H]")
     dA_partial = out_buffer(dA_partial, (batch, nchunks, nheads), torch.float32, dt, "dA_partial", zero=True)
     if dt_bias is not None:
@@ -185,6 +188,7 @@ CHUNK_CUMSUM_BWD = KernelSpec(
 
 
 # --------------------------------------------------------------------------------------------------- chunk_state_fwd
+@planned
 def launch_chunk_state_fwd(B, x, dt, dA_cumsum, *, seq_idx=None, states_in_fp32=True, config=None, states=None):
     """Per-chunk final states ``states[b, c, h] = sum_l exp(dA_cs_last - dA_cs_l) dt_l x_l B_l^T``.
     Source: ``_chunk_state_fwd_kernel``.
@@ -263,6 +267,7 @@ CHUNK_STATE_FWD = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------ chunk_state_bwd_db
+@planned
 def launch_chunk_state_bwd_db(x, dt, dA_cumsum, dstates, *, B=None, seq_idx=None, ngroups=1,
                               nheads_per_program=None, config=None, dB_partial=None, ddA_partial=None):
     """Gradient w.r.t. ``B`` of the chunk states (and the ``dA_cumsum`` term that goes with it).
@@ -365,6 +370,7 @@ CHUNK_STATE_BWD_DB = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------ chunk_state_varlen
+@planned
 def launch_chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, *, config=None, states=None):
     """The state at the end of each packed sequence of one example. Source: ``_chunk_state_varlen_kernel``
     (upstream ``chunk_state_varlen``, forward only).

@@ -9,6 +9,7 @@ import torch
 
 from ._configs import launch_config
 from ._native import launch, native
+from ._plans import alloc_like, planned
 from ._spec import KernelSpec
 from ._util import cdiv, check_D, check_groups, check_shape, next_pow2, out_buffer, strides
 
@@ -17,6 +18,7 @@ _INF = float("inf")
 
 
 # ------------------------------------------------------------------------------------- chunk_scan_chunk_state_bwd_dx
+@planned
 def launch_chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, *, D=None, seq_idx=None,
                                          config=None, dx=None, ddt_partial=None, dD_partial=None):
     """Fused gradient w.r.t. ``x`` from the intra-chunk scan and the chunk state (plus ``dt`` and ``D`` terms).
@@ -69,7 +71,7 @@ def launch_chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates,
     else:
         dD_partial = None
     if dx is None:
-        dx = torch.empty_like(x)
+        dx = alloc_like(x)
     check_shape("dx", dx, x.shape, "[B, L, H, P]")
     ddt_partial = out_buffer(ddt_partial, (batch, nheads, nchunks, chunk_size, tn), torch.float32, x, "ddt_partial",
                              zero=True)

@@ -9,6 +9,7 @@ import torch
 
 from ._configs import launch_config
 from ._native import launch
+from ._plans import alloc, alloc_like, planned
 from ._spec import KernelSpec
 from ._util import cdiv, check, check_shape, out_buffer, strides
 
@@ -17,6 +18,7 @@ _INF = float("inf")
 
 
 # ------------------------------------------------------------------------------------------------- state_passing_fwd
+@planned
 def launch_state_passing_fwd(states, dA_chunk_cumsum, *, initial_states=None, seq_idx=None, chunk_size=None,
                              out_dtype=None, config=None, out=None, final_states=None):
     """Sequential scan of the chunk states across chunks. Source: ``_state_passing_fwd_kernel``.
@@ -98,6 +100,7 @@ STATE_PASSING_FWD = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------- state_passing_bwd
+@planned
 def launch_state_passing_bwd(states, dA_chunk_cumsum, dout, *, dfinal_states=None, seq_idx=None,
                              has_initial_states=False, dstates_dtype=None, states_dtype=None, chunk_size=None,
                              config=None):
@@ -139,16 +142,16 @@ def launch_state_passing_bwd(states, dA_chunk_cumsum, dout, *, dfinal_states=Non
                 HAS_DFINAL_STATES=dfinal_states is not None, HAS_SEQ_IDX=seq_idx is not None)
     cfg = launch_config(STATE_PASSING_BWD, args, states, config)
     ddtype = dstates_dtype if dstates_dtype is not None else dout.dtype
-    dstates = torch.empty_like(dout, dtype=ddtype)
+    dstates = alloc_like(dout, dtype=ddtype)
     if states_dtype is not None and states_dtype != states.dtype:
-        states_converted = torch.empty_like(states, dtype=ddtype)
+        states_converted = alloc_like(states, dtype=ddtype)
         check(states_converted.stride() == states.stride(), f"states: expected dense strides "
               f"{tuple(states_converted.stride())} to be converted, got {tuple(states.stride())}")
     else:
         states_converted = None
-    dinitstates = torch.empty_like(dstates[:, 0]) if has_initial_states else None
+    dinitstates = alloc_like(dstates[:, 0]) if has_initial_states else None
     ntiles = cdiv(dim, cfg["BLOCK_SIZE"])
-    ddA_partial = torch.empty(batch, nheads, nchunks, ntiles, dtype=torch.float32, device=states.device)
+    ddA_partial = alloc((batch, nheads, nchunks, ntiles), torch.float32, states.device)
     args.update(dout_ptr=dout, out_ptr=states, dA_cs_ptr=dA_chunk_cumsum, dfinal_states_ptr=dfinal_states,
                 seq_idx_ptr=seq_idx, dstates_ptr=dstates, ddA_cs_ptr=ddA_partial, dinitstates_ptr=dinitstates,
                 states_converted_ptr=states_converted, CONVERT_STATES=states_converted is not None,

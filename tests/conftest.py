@@ -41,3 +41,13 @@ def _restore_global_torch_state():
     torch.random.set_rng_state(rng)
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    """Every test starts without launch plans (``csrc_bindings._plans``): a plan recorded under one test's stand-in
+    natives or configuration table must not replay in another."""
+    from csrc_bindings import _plans
+    _plans.clear()
+    yield
+    _plans.clear()

@@ -12,7 +12,8 @@ measures, over ``steps`` steps each:
   median, also split into the forward (``idle_forward_ms``, to the layer's output) and the backward
   (``idle_backward_ms``, ``out.backward``): the Python and launch cost alone, what remains to remove;
 * ``calls``: per function of the CUDA path (the public ops, the compositions ``ordered_*_fwd/bwd``, every
-  ``csrc_bindings`` launcher, the common launch path ``launch`` / ``launch_fitting`` (which calls Triton's ``run``),
+  ``csrc_bindings`` launcher, the common launch path ``launch`` / ``launch_fitting`` (which calls Triton's ``run``;
+  a launcher replaying its plan, ``csrc_bindings._plans``, reaches ``launch_fitting`` through ``replay`` instead),
   the fold launches of :mod:`ordered_ssd.fold`): calls per step and inclusive host microseconds per call and per
   step, over idle-GPU steps with every such function wrapped by a timer (:func:`timed_calls`; each wrapper adds
   about a microsecond; nested functions are counted in their callers too);
@@ -53,7 +54,7 @@ _PREFIXES = ("ordered_ssd.ops", "ordered_ssd.fold", "ordered_ssd.modules", "csrc
 def _timed_functions() -> Dict[str, Callable]:
     """``{label: function}``: the public ops, the compositions, the launchers, the launch path and the folds."""
     import csrc_bindings
-    from csrc_bindings import _native, _resources
+    from csrc_bindings import _native, _plans, _resources
 
     from ... import fold, ops
     from ...ops import (causal_conv1d, elementwise, layernorm_gated, linear, ssd_combined, ssd_split_conv1d)
@@ -68,6 +69,7 @@ def _timed_functions() -> Dict[str, Callable]:
         if name.startswith("launch_"):
             found[f"launcher {name}"] = getattr(csrc_bindings, name)
     found["launch path _native.launch"] = _native.launch
+    found["launch path _plans.replay (a launcher's plan)"] = _plans.replay
     found["launch path launch_fitting (Triton run)"] = _resources.launch_fitting
     for name in ("fold_many", "fold_example_sums", "fold_dims", "fold_example_gemms", "fold_example_gemms_grouped",
                  "lexical_cumsum", "conv1d_grad_partials"):

@@ -1,0 +1,366 @@
+"""Launch plans: a launcher's launches replayed for a call like one seen before, without the launcher's Python.
+
+A launcher (``launch_chunk_scan_fwd`` and the others decorated with :func:`planned`) checks its arguments, derives
+the kernel's sizes, strides and flags, resolves its configuration, allocates its outputs and launches: tens of
+microseconds of Python per call, about a quarter of a small layer step's host time (``docs/performance.md``, "Host
+time: launch plans"). All of that is a function of the arguments' shapes, strides, dtypes and devices, the
+non-tensor arguments and which arguments are the same tensor; only the data pointers differ between the steps of a
+training run. :func:`planned` therefore keeps, per launcher and such a **signature**, what the launcher did the first
+time (a **plan**): the buffers it allocated (shape, strides, dtype, device, zeroed or not), in order every launch
+(kernel, grid, positional arguments with each tensor argument named as "input ``i``" or "buffer ``j``",
+configuration) and every given buffer it zeroed (the work of upstream's autotuner pre-hooks), and what it returned.
+A later call with the same signature allocates the same buffers, zeroes and launches in the same order through
+:func:`csrc_bindings._resources.launch_fitting` (so through the compiled kernel kept by
+:mod:`csrc_bindings._launch_cache`) and returns the same structure, with this call's tensors: the same kernels with
+the same arguments as the launcher itself would launch, never a bit different (``tests/csrc_bindings/
+test_plans.py`` compares the launches of both paths argument by argument; the layer digests on the GPU hold).
+
+**A plan is kept only when the first call is fully accounted for**; otherwise that call's signature is launched by
+the launcher every time (no plan):
+
+* every tensor argument of every launch, every zeroed buffer and every returned tensor is one of the call's tensor
+  arguments (the same object) or a buffer the launcher allocated through :func:`alloc`, :func:`alloc_like` or
+  :func:`csrc_bindings._util.out_buffer` (a view, a copy such as ``.contiguous()`` of a strided input, or a tensor
+  from any other torch call makes the call unplannable);
+* every non-tensor argument is ``None``, a bool, int, float or str, a ``torch.dtype``, a
+  :class:`~csrc_bindings._configs.KernelConfig` or a tuple of these (a dict ``config`` is not planned);
+* no launch took upstream's autotuner (a key of rule ``native-autotune-v1`` still to be timed) and no CUDA graph was
+  being captured (the configuration can differ there); such a call keeps nothing, and the next call of its
+  signature is recorded again.
+
+**The signature** of a call: per positional and keyword argument (in call order, keywords by name) its type and,
+for a tensor, its shape, strides, dtype, device, whether its data pointer is 16-byte aligned (Triton specialises on
+it) and the first argument that is the same tensor object; for another value the value itself; and
+``_configs.NATIVE_TIMING`` (a test hook that changes the configuration a key resolves to).
+
+**What a decorated launcher must not do** (checked by reading each one when it is decorated; the list is
+:data:`PLANNED`): change a tensor in place other than through a launch or :func:`~csrc_bindings._util.out_buffer`'s
+zeroing (e.g. call ``zero_`` itself), read a
+tensor's values or data pointer, or depend on state other than its arguments and the configuration table (the
+resolved configuration of a key never changes within a process, but for ``native-autotune-v1``'s first timing,
+which is not planned). The causal-conv1d launchers (C++ calls) are not planned.
+
+Not thread-local: the plans are shared by threads (a plan holds no tensor); the recording is per thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Callable, Optional
+
+import torch
+
+#: plans kept per launcher before its plans are emptied (a signature is a few hundred bytes)
+MAX_PLANS = 1024
+
+_Tensor = torch.Tensor
+_SIMPLE = (type(None), bool, int, float, str, torch.dtype)
+_local = threading.local()
+_lock = threading.Lock()
+#: the launchers decorated with :func:`planned`, by name
+PLANNED: dict = {}
+
+
+class _Recording:
+    """What one launcher call did: its allocations (``id -> (index, tensor, zero)``) and, in order, its launches
+    and the zeroing of given buffers (``steps``)."""
+
+    __slots__ = ("allocs", "steps", "pending")
+
+    def __init__(self):
+        self.allocs: dict = {}
+        self.steps: list = []
+        self.pending = False
+
+
+def _recording() -> Optional[_Recording]:
+    return getattr(_local, "rec", None)
+
+
+def alloc(shape, dtype, device, *, zero: bool = False) -> torch.Tensor:
+    """``torch.empty`` (``torch.zeros`` with ``zero``) of ``shape``, kept in the call's plan as a buffer."""
+    t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.allocs[id(t)] = (len(rec.allocs), t, zero)
+    return t
+
+
+def alloc_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
+    """``torch.empty_like(x, dtype=dtype)``, kept in the call's plan as a buffer."""
+    t = torch.empty_like(x, dtype=dtype)
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.allocs[id(t)] = (len(rec.allocs), t, False)
+    return t
+
+
+def note_buffer(t: torch.Tensor, zero: bool) -> None:
+    """Keep ``t`` (just allocated by :func:`csrc_bindings._util.out_buffer`) in the call's plan as a buffer."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.allocs[id(t)] = (len(rec.allocs), t, zero)
+
+
+def note_zeroed(t: torch.Tensor) -> None:
+    """Keep the zeroing of ``t`` (a buffer the caller gave, just zeroed by :func:`csrc_bindings._util.out_buffer`)
+    in the call's plan, in its place among the launches."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.steps.append(("zero", t))
+
+
+def recording() -> bool:
+    """Whether a planned launcher's call is being recorded on this thread."""
+    return getattr(_local, "rec", None) is not None
+
+
+def note_launch(spec, grid: tuple, pos: tuple, cfg, ref: torch.Tensor, full: dict, pending: bool) -> None:
+    """Keep one launch of :func:`csrc_bindings._native.launch` in the call's plan: ``grid`` resolved, ``pos`` the
+    positional arguments, ``cfg`` the :class:`~csrc_bindings._configs.KernelConfig`, ``full`` the arguments by name
+    (their non-tensor part is kept for :func:`~csrc_bindings._resources.layer_sizes`'s messages); ``pending``: the
+    launch may take upstream's autotuner (the call is then not planned, and the next call of its signature is
+    recorded again: the key's configuration is settled by then)."""
+    rec = getattr(_local, "rec", None)
+    if rec is None:
+        return
+    if pending:
+        rec.pending = True
+        return
+    sizes = {k: v for k, v in full.items() if not isinstance(v, _Tensor)}
+    rec.steps.append(("launch", spec, grid, pos, cfg.as_dict(), cfg.source == "explicit", ref,
+                      (sizes, dict(cfg.meta))))
+
+
+def _value_key(v):
+    """A hashable stand-in for a non-tensor argument, or raises ``_Unplannable``."""
+    if isinstance(v, _SIMPLE):
+        return (type(v), v)
+    if isinstance(v, tuple):
+        return (tuple, tuple(_value_key(x) for x in v))
+    if type(v) in _bound["value_types"]:  # KernelConfig (frozen, hashable), registered by _configs
+        return (type(v), v)
+    raise _Unplannable
+
+
+class _Unplannable(Exception):
+    pass
+
+
+def signature(values: tuple) -> Optional[tuple]:
+    """The signature of a call whose arguments are ``values`` (positional, then keyword values; the keyword names
+    are added by the caller), or None when a value cannot be planned."""
+    key = []
+    first: dict = {}
+    try:
+        for i, v in enumerate(values):
+            if isinstance(v, _Tensor):
+                key.append((v.shape, v.stride(), v.dtype, v.device, not v.data_ptr() & 15,
+                            first.setdefault(id(v), i)))
+            else:
+                key.append(_value_key(v))
+    except _Unplannable:
+        return None
+    return tuple(key)
+
+
+class Plan:
+    """What a launcher call did (see the module docstring): ``buffers`` ``[(shape, strides, dtype, device,
+    zero)]``, ``steps`` in order, each ``("zero", source)`` (a given buffer zeroed) or ``("launch", spec, grid,
+    template, slots, ref, cfg, explicit, sizes)`` (``template`` the positional arguments with None where ``slots``
+    ``[(position, source)]`` put a tensor; a source is ``("in", i)`` or ``("buf", j)``), and ``result`` (the
+    returned structure, tensors as sources)."""
+
+    __slots__ = ("buffers", "steps", "result")
+
+    def __init__(self, buffers, steps, result):
+        self.buffers, self.steps, self.result = buffers, steps, result
+
+
+def replay(plan: Plan, values: tuple):
+    """Run ``plan`` for a call with arguments ``values``: allocate its buffers, zero and launch in its order (each
+    launch through ``_resources.launch_fitting`` under the device guard of its reference tensor), and return its
+    result structure with this call's tensors."""
+    native, resources = _bound["native"], _bound["resources"]
+    device_guard, kernel_jit = native.device_guard, native.kernel_jit
+    launch_fitting, layer_sizes = resources.launch_fitting, resources.layer_sizes
+    bufs = [torch.empty_strided(s, st, dtype=dt, device=dev).zero_() if zero else
+            torch.empty_strided(s, st, dtype=dt, device=dev)
+            for s, st, dt, dev, zero in plan.buffers] if plan.buffers else ()
+
+    def get(src):
+        return values[src[1]] if src[0] == "in" else bufs[src[1]]
+    for step in plan.steps:
+        if step[0] == "zero":
+            get(step[1]).zero_()
+            continue
+        _, spec, grid, template, slots, ref, cfg, explicit, sizes = step
+        pos = list(template)
+        for p, src in slots:
+            pos[p] = get(src)
+        r = get(ref)
+        with device_guard(r):
+            launch_fitting(spec.name, kernel_jit(spec), grid, tuple(pos), {}, cfg, r, explicit=explicit,
+                           sizes=lambda sizes=sizes: layer_sizes(*sizes))
+    return _rebuild(plan.result, get)
+
+
+def _rebuild(tmpl, get):
+    kind = tmpl[0]
+    if kind == "t":
+        return get(tmpl[1])
+    if kind == "c":
+        return tmpl[1]
+    items = [_rebuild(t, get) for t in tmpl[1]]
+    return tuple(items) if kind == "tuple" else items
+
+
+def _template(obj, source):
+    """The returned structure with tensors as sources (raises ``_Unplannable``)."""
+    if isinstance(obj, _Tensor):
+        return ("t", source(obj))
+    if isinstance(obj, (tuple, list)):
+        return ("tuple" if isinstance(obj, tuple) else "list", [_template(x, source) for x in obj])
+    if isinstance(obj, _SIMPLE):
+        return ("c", obj)
+    raise _Unplannable
+
+
+def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
+    inputs = {}
+    for i, v in enumerate(values):
+        if isinstance(v, _Tensor):
+            inputs.setdefault(id(v), i)
+    used: dict = {}  # alloc index -> new buffer index (only the buffers a launch or the result uses)
+    buffers = []
+
+    def source(t):
+        i = inputs.get(id(t))
+        if i is not None and values[i] is t:
+            return ("in", i)
+        a = rec.allocs.get(id(t))
+        if a is not None and a[1] is t:
+            j = used.get(a[0])
+            if j is None:
+                j = used[a[0]] = len(buffers)
+                buffers.append((tuple(t.shape), tuple(t.stride()), t.dtype, t.device, a[2]))
+            return ("buf", j)
+        raise _Unplannable
+    try:
+        steps = []
+        for step in rec.steps:
+            if step[0] == "zero":
+                steps.append(("zero", source(step[1])))
+                continue
+            _, spec, grid, pos, cfg, explicit, ref, sizes = step
+            template, slots = list(pos), []
+            for p, v in enumerate(pos):
+                if isinstance(v, _Tensor):
+                    slots.append((p, source(v)))
+                    template[p] = None
+                elif not isinstance(v, _SIMPLE):
+                    raise _Unplannable
+            steps.append(("launch", spec, tuple(grid), tuple(template), tuple(slots), source(ref), dict(cfg),
+                          explicit, sizes))
+        result_tmpl = _template(result, source)
+    except _Unplannable:
+        return None
+    return Plan(tuple(buffers), tuple(steps), result_tmpl)
+
+
+_plans: dict = {}  # launcher name -> {signature: Plan or None (unplannable)}
+_UNPLANNABLE = object()
+
+
+def planned(fn: Callable) -> Callable:
+    """Decorate a launcher: calls with a signature seen before replay its :class:`Plan` (module docstring)."""
+    name = fn.__name__
+    plans = _plans.setdefault(name, {})
+    PLANNED[name] = fn
+
+    @functools.wraps(fn)
+    def launcher(*args, **kwargs):
+        if getattr(_local, "rec", None) is not None or _off[0]:  # inside another launcher's recording, or off
+            return fn(*args, **kwargs)
+        values = args + tuple(kwargs.values()) if kwargs else args
+        sig = signature(values)
+        if sig is None:
+            return fn(*args, **kwargs)
+        key = (sig, tuple(kwargs), _configs_state()) if kwargs else (sig, _configs_state())
+        plan = plans.get(key)
+        if plan is not None:
+            if plan is _UNPLANNABLE:
+                return fn(*args, **kwargs)
+            return replay(plan, values)
+        rec = _local.rec = _Recording()
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _local.rec = None
+        if rec.pending or _capturing():  # the configuration is not settled yet (timed at this launch), or can
+            return result  # differ under a capture (no upstream timing there): record the next call again
+        made = _make_plan(rec, values, result)
+        with _lock:
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plans[key] = made if made is not None else _UNPLANNABLE
+        return result
+    launcher.__wrapped_launcher__ = fn
+    return launcher
+
+
+_off = [0]  # > 0 inside :func:`disabled`
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a CPU build of torch
+        return False
+
+
+def _configs_state():
+    """What a launcher's configuration depends on besides its arguments and the constant tables (registered by
+    ``_configs``: whether ``native-autotune-v1`` may time, ``_configs.NATIVE_TIMING``, a test hook)."""
+    return _bound["configs_state"]()
+
+
+#: what the modules that import this one register (this module imports none of them: no import cycle):
+#: ``native`` (``_native``: ``device_guard``, ``kernel_jit``), ``resources`` (``_resources``: ``launch_fitting``,
+#: ``layer_sizes``; read at each replay, so a wrapper set on the module is seen), ``value_types`` (non-tensor
+#: argument types a signature may hold by value), ``configs_state``
+_bound: dict = {"native": None, "resources": None, "value_types": frozenset(), "configs_state": lambda: None}
+
+
+def bind(**kw) -> None:
+    """Register what :data:`_bound` names (called once by ``_native`` and ``_configs`` at import)."""
+    for k, v in kw.items():
+        if k not in _bound:
+            raise KeyError(k)
+        _bound[k] = frozenset(_bound[k]) | frozenset(v) if k == "value_types" else v
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within: every planned launcher runs its own Python (no plan used or kept; tests compare both paths)."""
+    with _lock:
+        _off[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _off[0] -= 1
+
+
+def clear() -> None:
+    """Forget every plan (the next call of each signature runs its launcher and records again)."""
+    with _lock:
+        for plans in _plans.values():
+            plans.clear()
+
+
+def stats() -> dict:
+    """``{launcher: (plans, unplannable signatures)}`` (what is kept now)."""
+    return {name: (sum(p is not _UNPLANNABLE for p in plans.values()),
+                   sum(p is _UNPLANNABLE for p in plans.values())) for name, plans in _plans.items()}

@@ -1,0 +1,199 @@
+"""Launch plans (csrc_bindings._plans), on the CPU with the natives faked: a replayed call launches exactly what the
+launcher launches, with this call's tensors and fresh buffers; calls that cannot be accounted for are never
+planned. (The GPU test tests/gpu/csrc_bindings/test_plans.py compares the bits of both paths.)"""
+import json
+import pathlib
+
+import pytest
+import torch
+
+from csrc_bindings import _plans
+from tests.csrc_bindings.launch_record import fake_cuda_path, record_layer_steps
+
+LAYER_LAUNCHES = pathlib.Path(__file__).with_name("data") / "layer_launches.json"
+
+
+def test_replayed_layer_steps_launch_what_the_launchers_launch(monkeypatch):
+    """Six layer constructions with and without ``seq_idx``: the first round records the plans, the second replays
+    every planned launcher (each of its signatures was seen); both give the committed launch record, argument by
+    argument (storages numbered in first-seen order, so fresh buffers are new storages in both)."""
+    want = json.loads(LAYER_LAUNCHES.read_text())
+    first = record_layer_steps(monkeypatch)
+    kept = _plans.stats()
+    assert sum(n for n, _ in kept.values()) >= 18, kept  # the SSD, state-passing, bmm and RMSNorm launchers
+    assert all(bad == 0 for _, bad in kept.values()), kept  # every signature of these steps was planned
+    second = record_layer_steps(monkeypatch)
+    assert _plans.stats() == kept  # nothing recorded again: every call replayed
+    for got in (first, second):
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert got[name] == want[name], name
+
+
+def _bmm(a, b, chunk, **kw):
+    from csrc_bindings import launch_bmm_chunk_fwd
+    return launch_bmm_chunk_fwd(a, b, chunk, **kw)
+
+
+@pytest.fixture
+def fake_log(monkeypatch):
+    log = []
+    fake_cuda_path(monkeypatch, log)
+    return log
+
+
+def _tensor_args(entry):
+    return [a for a in entry["args"] if isinstance(a, torch.Tensor)]
+
+
+def test_a_replay_uses_this_calls_tensors_and_fresh_buffers(fake_log):
+    torch.manual_seed(0)
+    a1, b1 = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    a2, b2 = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    out1 = _bmm(a1, b1, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
+    out2 = _bmm(a2, b2, 16)
+    first, second = fake_log
+    assert second["kernel"] == first["kernel"] == "bmm_chunk_fwd"
+    assert second["grid"] == first["grid"] and second["num_warps"] == first["num_warps"]
+    assert second["num_stages"] == first["num_stages"]
+    t1, t2 = _tensor_args(first), _tensor_args(second)
+    assert t1[0] is a1 and t1[1] is b1 and t1[2] is out1
+    assert t2[0] is a2 and t2[1] is b2 and t2[2] is out2
+    assert out2 is not out1 and out2.data_ptr() != out1.data_ptr()
+    assert (out2.shape, out2.stride(), out2.dtype) == (out1.shape, out1.stride(), out1.dtype)
+    same = [x for x in first["args"] if not isinstance(x, torch.Tensor)]
+    assert same == [x for x in second["args"] if not isinstance(x, torch.Tensor)]
+
+
+def test_the_signature_tells_shapes_strides_dtypes_aliasing_and_values_apart(fake_log):
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    _bmm(a, b, 16)
+    _bmm(a, b, 32)  # another chunk size
+    _bmm(a, a, 16)  # the same tensor twice
+    _bmm(a.double(), b.double(), 16)  # another dtype
+    _bmm(torch.randn(2, 48, 1, 8), torch.randn(2, 48, 1, 8), 16)  # another shape
+    _bmm(a, b, 16, causal=True)  # a keyword
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (6, 0)
+    n = len(fake_log)
+    _bmm(b, a, 16)  # the first signature again: replayed
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (6, 0) and len(fake_log) == n + 1
+    t = _tensor_args(fake_log[-1])
+    assert t[0] is b and t[1] is a
+
+
+def test_a_copy_made_by_the_launcher_is_never_planned(fake_log):
+    """``bmm_chunk_fwd`` copies an input strided in both its last and its seqlen dim: a tensor the plan cannot
+    name, so that signature is launched by the launcher every time (and the copy is made every time)."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 40, 1, 16)[..., ::2]  # [2, 40, 1, 8], strided in dims -1 and 1
+    b = torch.randn(2, 40, 1, 8)
+    _bmm(a, b, 16)
+    _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 1)
+    first, second = fake_log
+    assert _tensor_args(first)[0] is not a and _tensor_args(second)[0] is not a  # a contiguous copy each time
+    assert _tensor_args(first)[0] is not _tensor_args(second)[0]
+    assert torch.equal(_tensor_args(second)[0], a)
+
+
+def test_unhashable_or_unknown_arguments_are_launched_every_time(fake_log):
+    from csrc_bindings import launch_chunk_cumsum_fwd
+    torch.manual_seed(0)
+    dt, A = torch.randn(2, 40, 4), torch.randn(4)
+    cfg = {"BLOCK_SIZE_H": 2, "num_warps": 4, "num_stages": 1}
+    launch_chunk_cumsum_fwd(dt, A, 16, config=cfg)  # a dict configuration: no signature
+    launch_chunk_cumsum_fwd(dt, A, 16, config=cfg)
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (0, 0)
+    assert [e["num_warps"] for e in fake_log] == [4, 4]
+
+
+def test_a_launch_taking_upstreams_autotuner_is_not_planned(fake_log, monkeypatch):
+    """A configuration still to be timed (``native-autotune-v1``) keeps no plan for its call (the recording sees
+    the pending mark before the launch); once the key's configuration is settled, the next call is planned."""
+    from csrc_bindings import _configs
+    from csrc_bindings._spec import TIMING_PENDING
+    real = _configs.launch_config
+
+    def pending(spec, args, ref, config=None):
+        import dataclasses
+        return dataclasses.replace(real(spec, args, ref, config), speed=TIMING_PENDING)
+    from csrc_bindings import ssd_chunk_state
+    monkeypatch.setattr(ssd_chunk_state, "launch_config", pending)
+    torch.manual_seed(0)
+    dt, A = torch.randn(2, 40, 4), torch.randn(4)
+    ssd_chunk_state.launch_chunk_cumsum_fwd(dt, A, 16)
+    ssd_chunk_state.launch_chunk_cumsum_fwd(dt, A, 16)
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (0, 0)
+    assert len(fake_log) == 2
+    monkeypatch.setattr(ssd_chunk_state, "launch_config", real)  # the key's configuration settled
+    ssd_chunk_state.launch_chunk_cumsum_fwd(dt, A, 16)
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (1, 0)
+    ssd_chunk_state.launch_chunk_cumsum_fwd(dt, A, 16)
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (1, 0) and len(fake_log) == 4
+
+
+def test_disabled_runs_the_launchers_and_keeps_nothing(fake_log):
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    with _plans.disabled():
+        _bmm(a, b, 16)
+        _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)
+    assert len(fake_log) == 2
+
+
+def test_bad_input_is_still_refused_on_a_planned_signature(fake_log):
+    """A plan is keyed by the shapes: an argument of another shape is another signature, whose first call runs
+    the launcher's checks."""
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    _bmm(a, b, 16)
+    with pytest.raises(ValueError, match="b: expected shape"):
+        _bmm(a, torch.randn(2, 40, 1, 9), 16)
+    assert len(fake_log) == 1
+
+
+def test_zeroed_buffers_are_zeroed_again(monkeypatch):
+    """A buffer the launcher asked zeroed (``out_buffer(zero=True)`` / ``alloc(zero=True)``) is zeroed on every
+    replay; an empty one is only allocated."""
+    log = []
+    fake_cuda_path(monkeypatch, log)
+
+    @_plans.planned
+    def launch_probe(x):
+        z = _plans.alloc((3,), torch.float32, x.device, zero=True)
+        e = _plans.alloc_like(x)
+        return z, e
+    z1, e1 = launch_probe(torch.ones(2))
+    z1.fill_(7.0)
+    z2, e2 = launch_probe(torch.ones(2))
+    assert _plans.stats()["launch_probe"] == (1, 0)
+    assert torch.equal(z2, torch.zeros(3)) and z2.data_ptr() != z1.data_ptr()
+    assert e2.shape == (2,) and e2.dtype == torch.float32
+
+
+def test_a_given_buffer_the_launcher_zeroes_is_zeroed_by_the_replay(fake_log):
+    """``chunk_cumsum_bwd`` zeroes the ``dA_partial`` and ``ddt_bias_partial`` it is given (the autotuner pre-hook's
+    work) before its launch; a replay zeroes this call's buffers, in the same place (the fake launch writes
+    nothing, so what the buffers hold afterwards is the zeroing alone)."""
+    from csrc_bindings import launch_chunk_cumsum_bwd
+    torch.manual_seed(0)
+    B, L, H, cs = 2, 40, 4, 16
+    C = -(-L // cs)
+
+    def call():
+        ddA, ddt_out = torch.randn(B, H, C, cs), torch.randn(B, H, C, cs)
+        dt, A, bias = torch.randn(B, L, H), torch.randn(H), torch.randn(H)
+        dA_partial = torch.full((B, C, H), 7.0)
+        ddt_bias_partial = torch.full((B, C, H), 7.0)
+        launch_chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=bias, dt_softplus=True, dA_partial=dA_partial,
+                                ddt_bias_partial=ddt_bias_partial)
+        return dA_partial, ddt_bias_partial
+    first = call()
+    assert _plans.stats()["launch_chunk_cumsum_bwd"] == (1, 0)
+    second = call()
+    assert len(fake_log) == 2
+    for t in first + second:
+        assert torch.equal(t, torch.zeros_like(t))
