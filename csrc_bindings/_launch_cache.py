@@ -197,7 +197,12 @@ def launch(jit, grid, args: tuple, kwargs: dict, ref: torch.Tensor, *, num_warps
     return compiled
 
 
+#: bumped by :func:`clear` (a launcher's plan, ``csrc_bindings._plans``, holds a kept kernel for its generation)
+generation = [0]
+
+
 def clear() -> None:
-    """Forget every kept kernel (the next launch of each key takes Triton's own path)."""
+    """Forget every kept kernel (the next launch of each key takes Triton's own path; launch plans forget theirs)."""
     with _lock:
         _caches.clear()
+        generation[0] += 1

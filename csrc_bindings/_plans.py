@@ -11,7 +11,8 @@ time (a **plan**): the buffers it allocated (shape, strides, dtype, device, zero
 configuration) and every given buffer it zeroed (the work of upstream's autotuner pre-hooks), and what it returned.
 A later call with the same signature allocates the same buffers, zeroes and launches in the same order through
 :func:`csrc_bindings._resources.launch_fitting` (so through the compiled kernel kept by
-:mod:`csrc_bindings._launch_cache`) and returns the same structure, with this call's tensors: the same kernels with
+:mod:`csrc_bindings._launch_cache`; from the second replay on CUDA straight through that kernel, whose key the
+signature fixes: :func:`_keep_kernel`) and returns the same structure, with this call's tensors: the same kernels with
 the same arguments as the launcher itself would launch, never a bit different (``tests/csrc_bindings/
 test_plans.py`` compares the launches of both paths argument by argument; the layer digests on the GPU hold).
 
@@ -22,8 +23,10 @@ the launcher every time (no plan):
   arguments (the same object) or a buffer the launcher allocated through :func:`alloc`, :func:`alloc_like` or
   :func:`csrc_bindings._util.out_buffer` (a view, a copy such as ``.contiguous()`` of a strided input, or a tensor
   from any other torch call makes the call unplannable);
-* every non-tensor argument is ``None``, a bool, int, float or str, a ``torch.dtype``, a
-  :class:`~csrc_bindings._configs.KernelConfig` or a tuple of these (a dict ``config`` is not planned);
+* every non-tensor argument of the call is ``None``, a bool, int, float or str, a ``torch.dtype``, a
+  :class:`~csrc_bindings._configs.KernelConfig` or a tuple of these (a dict ``config`` is not planned), and every
+  non-tensor argument of a launch a plain value or a hashable object that is not a container (Triton's
+  ``tl.bfloat16``, the dtype of the dots);
 * no launch took upstream's autotuner (a key of rule ``native-autotune-v1`` still to be timed) and no CUDA graph was
   being captured (the configuration can differ there); such a call keeps nothing, and the next call of its
   signature is recorded again.
@@ -50,6 +53,8 @@ import threading
 from typing import Callable, Optional
 
 import torch
+
+from . import _launch_cache
 
 #: plans kept per launcher before its plans are emptied (a signature is a few hundred bytes)
 MAX_PLANS = 1024
@@ -168,9 +173,10 @@ def signature(values: tuple) -> Optional[tuple]:
 class Plan:
     """What a launcher call did (see the module docstring): ``buffers`` ``[(shape, strides, dtype, device,
     zero)]``, ``steps`` in order, each ``("zero", source)`` (a given buffer zeroed) or ``("launch", spec, grid,
-    template, slots, ref, cfg, explicit, sizes)`` (``template`` the positional arguments with None where ``slots``
-    ``[(position, source)]`` put a tensor; a source is ``("in", i)`` or ``("buf", j)``), and ``result`` (the
-    returned structure, tensors as sources)."""
+    template, slots, ref, cfg, explicit, sizes, kept)`` (``template`` the positional arguments with None where
+    ``slots`` ``[(position, source)]`` put a tensor; a source is ``("in", i)`` or ``("buf", j)``; ``kept`` the
+    compiled kernel, once a replay found it, :func:`_keep_kernel`), and ``result`` (the returned structure, tensors
+    as sources)."""
 
     __slots__ = ("buffers", "steps", "result")
 
@@ -195,15 +201,39 @@ def replay(plan: Plan, values: tuple):
         if step[0] == "zero":
             get(step[1]).zero_()
             continue
-        _, spec, grid, template, slots, ref, cfg, explicit, sizes = step
+        _, spec, grid, template, slots, ref, cfg, explicit, sizes, kept = step
         pos = list(template)
         for p, src in slots:
             pos[p] = get(src)
+        pos = tuple(pos)
         r = get(ref)
+        if kept[0] is not None and kept[1] == _launch_cache.generation[0]:
+            with device_guard(r):  # the kernel launch_fitting's kept path would run: no key to build again
+                _launch_cache.run_compiled(kept[0], grid, pos, kept[2])
+            continue
+        jit = kernel_jit(spec)
         with device_guard(r):
-            launch_fitting(spec.name, kernel_jit(spec), grid, tuple(pos), {}, cfg, r, explicit=explicit,
+            launch_fitting(spec.name, jit, grid, pos, {}, cfg, r, explicit=explicit,
                            sizes=lambda sizes=sizes: layer_sizes(*sizes))
+            if r.is_cuda:
+                _keep_kernel(kept, jit, pos, cfg, r, explicit)
     return _rebuild(plan.result, get)
+
+
+def _keep_kernel(kept: list, jit, pos: tuple, cfg: dict, ref: torch.Tensor, explicit: bool) -> None:
+    """Keep in a plan's launch (``kept``: ``[kernel, generation, device]``) the compiled kernel that
+    ``launch_fitting`` keeps for it (``csrc_bindings._launch_cache``), so that later replays run it directly.
+
+    Its key is the same at every replay on CUDA: the signature fixes every argument's type and non-tensor value, the
+    inputs' dtypes and alignment, and the buffers' dtypes; a fresh buffer of the caching allocator starts 512-byte
+    aligned. Nothing is kept where ``launch_fitting`` would not run the kept kernel (none kept, or an explicit
+    configuration whose kept kernel was fitted to fewer stages) or off CUDA."""
+    warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
+    key = _launch_cache.cache_key(jit, ref, pos, warps, stages)
+    compiled = _launch_cache.lookup(jit, key)
+    if compiled is None or (explicit and int(compiled.metadata.num_stages) != stages):
+        return
+    kept[:] = [compiled, _launch_cache.generation[0], key[0]]
 
 
 def _rebuild(tmpl, get):
@@ -225,6 +255,23 @@ def _template(obj, source):
     if isinstance(obj, _SIMPLE):
         return ("c", obj)
     raise _Unplannable
+
+
+def _constant(v) -> bool:
+    """Whether a non-tensor launch argument can be kept in a plan as it is: a plain value, or a hashable object
+    that is not a container (e.g. Triton's ``tl.bfloat16``, the dtype of the kernels' dots); a tuple of such. The
+    signature fixes it: the launcher derives it from the call's signature alone."""
+    if isinstance(v, _SIMPLE):
+        return True
+    if isinstance(v, tuple):
+        return all(_constant(x) for x in v)
+    if isinstance(v, (_Tensor, list, dict, set)):
+        return False
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
@@ -259,10 +306,10 @@ def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
                 if isinstance(v, _Tensor):
                     slots.append((p, source(v)))
                     template[p] = None
-                elif not isinstance(v, _SIMPLE):
+                elif not _constant(v):
                     raise _Unplannable
             steps.append(("launch", spec, tuple(grid), tuple(template), tuple(slots), source(ref), dict(cfg),
-                          explicit, sizes))
+                          explicit, sizes, [None, -1, None]))
         result_tmpl = _template(result, source)
     except _Unplannable:
         return None

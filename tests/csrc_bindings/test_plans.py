@@ -197,3 +197,53 @@ def test_a_given_buffer_the_launcher_zeroes_is_zeroed_by_the_replay(fake_log):
     assert len(fake_log) == 2
     for t in first + second:
         assert torch.equal(t, torch.zeros_like(t))
+
+
+def test_a_kernel_kept_in_a_plan_is_run_directly_until_the_launch_cache_is_cleared(fake_log, monkeypatch):
+    """From the second replay on CUDA a plan's launch runs the compiled kernel that ``launch_fitting`` keeps for it
+    (``_keep_kernel``), with this call's arguments, without ``launch_fitting``; ``_launch_cache.clear()`` makes
+    the plan go through ``launch_fitting`` again. (On the CPU nothing is kept: the kept kernel is put in by hand
+    here; the GPU tests run the real one.)"""
+    from csrc_bindings import _launch_cache, _resources
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    _bmm(a, b, 16)
+    (plan,) = [p for p in _plans._plans["launch_bmm_chunk_fwd"].values()]
+    (step,) = plan.steps
+    runs, fitted = [], []
+    monkeypatch.setattr(_launch_cache, "run_compiled", lambda c, grid, args, device: runs.append((c, grid, args,
+                                                                                                   device)))
+    real_fitting = _resources.launch_fitting
+    monkeypatch.setattr(_resources, "launch_fitting", lambda *a, **k: fitted.append(1) or real_fitting(*a, **k))
+    step[-1][:] = ["compiled", _launch_cache.generation[0], 5]
+    a2, b2 = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    out2 = _bmm(a2, b2, 16)
+    assert fitted == [] and len(fake_log) == 1  # not through launch_fitting / the (faked) Triton path
+    (c, grid, args, device), = runs
+    assert (c, device) == ("compiled", 5) and list(grid) == fake_log[0]["grid"]
+    t = [x for x in args if isinstance(x, torch.Tensor)]
+    assert t[0] is a2 and t[1] is b2 and t[2] is out2
+    assert [x for x in args if not isinstance(x, torch.Tensor)] == [
+        x for x in fake_log[0]["args"] if not isinstance(x, torch.Tensor)]
+    _launch_cache.clear()
+    _bmm(a2, b2, 16)
+    assert len(runs) == 1 and fitted == [1] and len(fake_log) == 2  # through launch_fitting again
+
+
+def test_a_triton_dtype_argument_is_kept_as_it_is(fake_log):
+    """``bmm_chunk_fwd`` passes ``dot_dtype`` (on a GPU ``tl.bfloat16``, an object, not a plain value): the call is
+    planned and the replay passes the same object."""
+    from csrc_bindings import _native
+
+    class Dtype:  # stands for triton.language.dtype: hashable, not a container
+        def __init__(self, name):
+            self.name = name
+    tl = _native._state["triton"].tl
+    tl.bfloat16, tl.float16, tl.float32 = Dtype("bf16"), Dtype("fp16"), Dtype("fp32")
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8).bfloat16(), torch.randn(2, 40, 1, 8).bfloat16()
+    _bmm(a, b, 16)
+    _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
+    dts = [[x for x in e["args"] if isinstance(x, Dtype)] for e in fake_log]
+    assert dts[0] == dts[1] == [tl.bfloat16]
