@@ -376,6 +376,7 @@ def record_timed(spec: KernelSpec, key: Mapping, ref, best, timed: int = 0) -> K
     items = _key_items(key)
     base = _pinned(spec, items, ref.dtype, arch)
     tk = (arch, ref.dtype, spec.name, items)
+    _plans.clear()  # a key's configuration changes here: launch plans recorded before may hold the old one
     if best is None:
         _timed[tk] = base
         return base
@@ -412,9 +413,10 @@ def timing_counts() -> dict:
 
 
 def forget_timed() -> None:
-    """Forget every timed choice (the next launch of each key times again; for tests)."""
+    """Forget every timed choice (the next launch of each key times again; for tests), and every launch plan."""
     _timed.clear()
     _timed_names.clear()
+    _plans.clear()
 
 
 def table_hash() -> str:

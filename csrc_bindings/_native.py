@@ -82,6 +82,7 @@ def _load_triton():
     mamba_ssm = _import_extra("mamba_ssm", "mamba-ssm")
     mamba_version = _check_version("mamba_ssm", mamba_ssm)
     from packaging import version as _v  # a dependency of triton and mamba-ssm
+    _plans.bind(constant_types=(type(tl.bfloat16),))  # launch plans keep the dots' dtype (tl.dtype) as it is
     return SimpleNamespace(
         triton=triton, tl=tl, kernels={}, jit={},  # filled by kernel_jit, one checked kernel at a time
         versions={"mamba_ssm": mamba_version, "triton": triton.__version__},

@@ -38,17 +38,18 @@ it) and the first argument that is the same tensor object; for another value the
 
 **What a decorated launcher must not do** (checked by reading each one when it is decorated; the list is
 :data:`PLANNED`): change a tensor in place other than through a launch or :func:`~csrc_bindings._util.out_buffer`'s
-zeroing (e.g. call ``zero_`` itself), read a
-tensor's values or data pointer, or depend on state other than its arguments and the configuration table (the
-resolved configuration of a key never changes within a process, but for ``native-autotune-v1``'s first timing,
-which is not planned). The causal-conv1d launchers (C++ calls) are not planned.
+zeroing (e.g. call ``zero_`` itself), read a tensor's values or data pointer, or depend on state other than its
+arguments and the configuration table (the configuration of a key changes only where ``native-autotune-v1`` keeps
+or forgets a timed choice, and ``_configs.record_timed`` / ``forget_timed`` drop every plan there). The
+causal-conv1d launchers (C++ calls) and the SwiGLU launchers (they return views) are not planned.
 
-Not thread-local: the plans are shared by threads (a plan holds no tensor); the recording is per thread.
+The plans are shared by threads (a plan holds no tensor); the recording and :func:`disabled` are per thread.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import struct
 import threading
 from typing import Callable, Optional
 
@@ -139,7 +140,10 @@ def note_launch(spec, grid: tuple, pos: tuple, cfg, ref: torch.Tensor, full: dic
 
 
 def _value_key(v):
-    """A hashable stand-in for a non-tensor argument, or raises ``_Unplannable``."""
+    """A hashable stand-in for a non-tensor argument, or raises ``_Unplannable``. A float by its bits: ``-0.0`` and
+    ``0.0`` are other signatures, and a NaN is its own."""
+    if type(v) is float:
+        return (float, _float_bits(v))
     if isinstance(v, _SIMPLE):
         return (type(v), v)
     if isinstance(v, tuple):
@@ -147,6 +151,9 @@ def _value_key(v):
     if type(v) in _bound["value_types"]:  # KernelConfig (frozen, hashable), registered by _configs
         return (type(v), v)
     raise _Unplannable
+
+
+_float_bits = struct.Struct("<d").pack
 
 
 class _Unplannable(Exception):
@@ -207,11 +214,12 @@ def replay(plan: Plan, values: tuple):
             pos[p] = get(src)
         pos = tuple(pos)
         r = get(ref)
-        if kept[0] is not None and kept[1] == _launch_cache.generation[0]:
+        jit = kernel_jit(spec)
+        if (kept[0] is not None and kept[1] == _launch_cache.generation[0] and kept[3] is jit
+                and not getattr(jit, "pre_run_hooks", None) and not any(b.data_ptr() & 15 for b in bufs)):
             with device_guard(r):  # the kernel launch_fitting's kept path would run: no key to build again
                 _launch_cache.run_compiled(kept[0], grid, pos, kept[2])
             continue
-        jit = kernel_jit(spec)
         with device_guard(r):
             launch_fitting(spec.name, jit, grid, pos, {}, cfg, r, explicit=explicit,
                            sizes=lambda sizes=sizes: layer_sizes(*sizes))
@@ -229,11 +237,12 @@ def _keep_kernel(kept: list, jit, pos: tuple, cfg: dict, ref: torch.Tensor, expl
     aligned. Nothing is kept where ``launch_fitting`` would not run the kept kernel (none kept, or an explicit
     configuration whose kept kernel was fitted to fewer stages) or off CUDA."""
     warps, stages = int(cfg["num_warps"]), int(cfg["num_stages"])
+    generation = _launch_cache.generation[0]  # before the lookup: a clear() in between must not be missed
     key = _launch_cache.cache_key(jit, ref, pos, warps, stages)
     compiled = _launch_cache.lookup(jit, key)
     if compiled is None or (explicit and int(compiled.metadata.num_stages) != stages):
         return
-    kept[:] = [compiled, _launch_cache.generation[0], key[0]]
+    kept[:] = [compiled, generation, key[0], jit]
 
 
 def _rebuild(tmpl, get):
@@ -258,20 +267,15 @@ def _template(obj, source):
 
 
 def _constant(v) -> bool:
-    """Whether a non-tensor launch argument can be kept in a plan as it is: a plain value, or a hashable object
-    that is not a container (e.g. Triton's ``tl.bfloat16``, the dtype of the kernels' dots); a tuple of such. The
-    signature fixes it: the launcher derives it from the call's signature alone."""
-    if isinstance(v, _SIMPLE):
+    """Whether a non-tensor launch argument can be kept in a plan as it is: a plain value, an object of a type
+    registered as a constant (Triton's ``tl.dtype``, registered by ``_native`` when it loads triton: the dtype of
+    the kernels' dots), or a tuple of such. The signature fixes it: the launcher derives it from the call's
+    signature alone."""
+    if isinstance(v, _SIMPLE) or type(v) in _bound["constant_types"]:
         return True
     if isinstance(v, tuple):
         return all(_constant(x) for x in v)
-    if isinstance(v, (_Tensor, list, dict, set)):
-        return False
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
+    return False
 
 
 def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
@@ -309,26 +313,28 @@ def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
                 elif not _constant(v):
                     raise _Unplannable
             steps.append(("launch", spec, tuple(grid), tuple(template), tuple(slots), source(ref), dict(cfg),
-                          explicit, sizes, [None, -1, None]))
+                          explicit, sizes, [None, -1, None, None]))
         result_tmpl = _template(result, source)
     except _Unplannable:
         return None
     return Plan(tuple(buffers), tuple(steps), result_tmpl)
 
 
-_plans: dict = {}  # launcher name -> {signature: Plan or None (unplannable)}
+_plans: dict = {}  # "module.qualname#n" per decorated launcher -> {signature: Plan or _UNPLANNABLE}
 _UNPLANNABLE = object()
 
 
 def planned(fn: Callable) -> Callable:
     """Decorate a launcher: calls with a signature seen before replay its :class:`Plan` (module docstring)."""
-    name = fn.__name__
-    plans = _plans.setdefault(name, {})
-    PLANNED[name] = fn
+    qualified = f"{fn.__module__}.{fn.__qualname__}"
+    with _lock:  # a table of its own per decorated function, also for two of the same name
+        table = f"{qualified}#{len(_plans)}"
+        plans = _plans[table] = {}
+    PLANNED[qualified] = fn
 
     @functools.wraps(fn)
     def launcher(*args, **kwargs):
-        if getattr(_local, "rec", None) is not None or _off[0]:  # inside another launcher's recording, or off
+        if getattr(_local, "rec", None) is not None or getattr(_local, "off", 0):  # recording another one, or off
             return fn(*args, **kwargs)
         values = args + tuple(kwargs.values()) if kwargs else args
         sig = signature(values)
@@ -357,7 +363,6 @@ def planned(fn: Callable) -> Callable:
     return launcher
 
 
-_off = [0]  # > 0 inside :func:`disabled`
 
 
 def _capturing() -> bool:
@@ -375,9 +380,11 @@ def _configs_state():
 
 #: what the modules that import this one register (this module imports none of them: no import cycle):
 #: ``native`` (``_native``: ``device_guard``, ``kernel_jit``), ``resources`` (``_resources``: ``launch_fitting``,
-#: ``layer_sizes``; read at each replay, so a wrapper set on the module is seen), ``value_types`` (non-tensor
-#: argument types a signature may hold by value), ``configs_state``
-_bound: dict = {"native": None, "resources": None, "value_types": frozenset(), "configs_state": lambda: None}
+#: ``layer_sizes``; read at each replay, so a wrapper set on the module is seen where a replay goes through
+#: ``launch_fitting``), ``value_types`` (non-tensor argument types a signature may hold by value),
+#: ``constant_types`` (non-tensor launch argument types a plan may keep), ``configs_state``
+_bound: dict = {"native": None, "resources": None, "value_types": frozenset(), "constant_types": frozenset(),
+                "configs_state": lambda: None}
 
 
 def bind(**kw) -> None:
@@ -385,19 +392,18 @@ def bind(**kw) -> None:
     for k, v in kw.items():
         if k not in _bound:
             raise KeyError(k)
-        _bound[k] = frozenset(_bound[k]) | frozenset(v) if k == "value_types" else v
+        _bound[k] = frozenset(_bound[k]) | frozenset(v) if k in ("value_types", "constant_types") else v
 
 
 @contextlib.contextmanager
 def disabled():
-    """Within: every planned launcher runs its own Python (no plan used or kept; tests compare both paths)."""
-    with _lock:
-        _off[0] += 1
+    """Within, on this thread: every planned launcher runs its own Python (no plan used or kept; tests compare both
+    paths)."""
+    _local.off = getattr(_local, "off", 0) + 1
     try:
         yield
     finally:
-        with _lock:
-            _off[0] -= 1
+        _local.off -= 1
 
 
 def clear() -> None:
@@ -408,6 +414,11 @@ def clear() -> None:
 
 
 def stats() -> dict:
-    """``{launcher: (plans, unplannable signatures)}`` (what is kept now)."""
-    return {name: (sum(p is not _UNPLANNABLE for p in plans.values()),
-                   sum(p is _UNPLANNABLE for p in plans.values())) for name, plans in _plans.items()}
+    """``{launcher name: (plans, unplannable signatures)}`` (what is kept now)."""
+    with _lock:
+        tables = [(t.split("#")[0].rsplit(".", 1)[1], list(p.values())) for t, p in _plans.items()]
+    out: dict = {}
+    for name, kept in tables:
+        n, bad = out.get(name, (0, 0))
+        out[name] = (n + sum(p is not _UNPLANNABLE for p in kept), bad + sum(p is _UNPLANNABLE for p in kept))
+    return out

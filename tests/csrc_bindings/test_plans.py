@@ -22,8 +22,11 @@ def test_replayed_layer_steps_launch_what_the_launchers_launch(monkeypatch):
     kept = _plans.stats()
     assert sum(n for n, _ in kept.values()) >= 18, kept  # the SSD, state-passing, bmm and RMSNorm launchers
     assert all(bad == 0 for _, bad in kept.values()), kept  # every signature of these steps was planned
+    recordings = []
+    real_init = _plans._Recording.__init__
+    monkeypatch.setattr(_plans._Recording, "__init__", lambda self: recordings.append(1) or real_init(self))
     second = record_layer_steps(monkeypatch)
-    assert _plans.stats() == kept  # nothing recorded again: every call replayed
+    assert recordings == [] and _plans.stats() == kept  # no launcher recorded again: every call replayed
     for got in (first, second):
         assert sorted(got) == sorted(want)
         for name in want:
@@ -208,14 +211,15 @@ def test_a_kernel_kept_in_a_plan_is_run_directly_until_the_launch_cache_is_clear
     torch.manual_seed(0)
     a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
     _bmm(a, b, 16)
-    (plan,) = [p for p in _plans._plans["launch_bmm_chunk_fwd"].values()]
+    (plan,) = [p for t, table in _plans._plans.items() if ".launch_bmm_chunk_fwd#" in t for p in table.values()]
     (step,) = plan.steps
     runs, fitted = [], []
     monkeypatch.setattr(_launch_cache, "run_compiled", lambda c, grid, args, device: runs.append((c, grid, args,
                                                                                                    device)))
     real_fitting = _resources.launch_fitting
     monkeypatch.setattr(_resources, "launch_fitting", lambda *a, **k: fitted.append(1) or real_fitting(*a, **k))
-    step[-1][:] = ["compiled", _launch_cache.generation[0], 5]
+    from csrc_bindings._native import kernel_jit
+    step[-1][:] = ["compiled", _launch_cache.generation[0], 5, kernel_jit(step[1])]
     a2, b2 = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
     out2 = _bmm(a2, b2, 16)
     assert fitted == [] and len(fake_log) == 1  # not through launch_fitting / the (faked) Triton path
@@ -230,20 +234,87 @@ def test_a_kernel_kept_in_a_plan_is_run_directly_until_the_launch_cache_is_clear
     assert len(runs) == 1 and fitted == [1] and len(fake_log) == 2  # through launch_fitting again
 
 
-def test_a_triton_dtype_argument_is_kept_as_it_is(fake_log):
-    """``bmm_chunk_fwd`` passes ``dot_dtype`` (on a GPU ``tl.bfloat16``, an object, not a plain value): the call is
-    planned and the replay passes the same object."""
+def test_a_triton_dtype_argument_is_kept_as_it_is(fake_log, monkeypatch):
+    """``bmm_chunk_fwd`` passes ``dot_dtype`` (on a GPU ``tl.bfloat16``, an object, not a plain value): with its
+    type registered as a constant (``_native`` registers ``tl.dtype`` when it loads triton) the call is planned and
+    the replay passes the same object; an object of a type not registered makes the call unplannable."""
     from csrc_bindings import _native
 
-    class Dtype:  # stands for triton.language.dtype: hashable, not a container
+    class Dtype:  # stands for triton.language.dtype
         def __init__(self, name):
             self.name = name
     tl = _native._state["triton"].tl
-    tl.bfloat16, tl.float16, tl.float32 = Dtype("bf16"), Dtype("fp16"), Dtype("fp32")
+    monkeypatch.setattr(tl, "bfloat16", Dtype("bf16"))
     torch.manual_seed(0)
     a, b = torch.randn(2, 40, 1, 8).bfloat16(), torch.randn(2, 40, 1, 8).bfloat16()
+    _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 1)  # not registered: unplannable
+    _plans.clear()
+    monkeypatch.setitem(_plans._bound, "constant_types", frozenset({Dtype}))
     _bmm(a, b, 16)
     _bmm(a, b, 16)
     assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
     dts = [[x for x in e["args"] if isinstance(x, Dtype)] for e in fake_log]
-    assert dts[0] == dts[1] == [tl.bfloat16]
+    assert dts[1] == dts[2] == [tl.bfloat16]
+
+
+def test_floats_are_told_apart_by_their_bits(fake_log):
+    """``-0.0`` and ``0.0`` are other signatures (the launcher passes the one it got), and a NaN argument replays."""
+    import math
+
+    from csrc_bindings import launch_chunk_cumsum_fwd
+    torch.manual_seed(0)
+    dt, A = torch.randn(2, 40, 4), torch.randn(4)
+    launch_chunk_cumsum_fwd(dt, A, 16, dt_limit=(0.0, math.inf))
+    launch_chunk_cumsum_fwd(dt, A, 16, dt_limit=(-0.0, math.inf))
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (2, 0)
+    launch_chunk_cumsum_fwd(dt, A, 16, dt_limit=(-0.0, math.inf))  # replayed
+    signs = [[math.copysign(1.0, x) for x in e["args"] if isinstance(x, float) and x == 0.0] for e in fake_log]
+    assert signs == [[1.0], [-1.0], [-1.0]]
+    launch_chunk_cumsum_fwd(dt, A, 16, dt_limit=(math.nan, math.inf))
+    launch_chunk_cumsum_fwd(dt, A, 16, dt_limit=(float("nan"), math.inf))  # another NaN object, the same bits
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (3, 0)
+
+
+def test_a_misaligned_input_is_another_signature(fake_log):
+    """Triton specialises on 16-byte alignment: an input 4 bytes off is another signature than an aligned one of
+    the same shape and strides."""
+    from csrc_bindings import launch_chunk_cumsum_fwd
+    torch.manual_seed(0)
+    base = torch.randn(2 * 40 * 4 + 1)
+    aligned, off = base[:-1].view(2, 40, 4), base[1:].view(2, 40, 4)
+    assert aligned.data_ptr() % 16 == 0 and off.data_ptr() % 16 == 4
+    A = torch.randn(4)
+    launch_chunk_cumsum_fwd(aligned, A, 16)
+    launch_chunk_cumsum_fwd(off, A, 16)
+    assert _plans.stats()["launch_chunk_cumsum_fwd"] == (2, 0)
+
+
+def test_a_timed_choice_forgets_the_plans(fake_log):
+    """A key's configuration changes where ``native-autotune-v1`` keeps or forgets a timed choice: every plan is
+    dropped there (the next call of each signature records again, with the configuration then in force)."""
+    from csrc_bindings import _configs
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
+    _configs.forget_timed()
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)
+    _bmm(a, b, 16)
+    from csrc_bindings.ssd_bmm import BMM_CHUNK_FWD
+    _configs.record_timed(BMM_CHUNK_FWD, {"chunk_size": 16, "K": 8, "IS_CAUSAL": False}, a, None)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)
+    _configs.forget_timed()
+
+
+def test_disabled_acts_on_its_own_thread_only(fake_log):
+    import threading
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    with _plans.disabled():
+        t = threading.Thread(target=_bmm, args=(a, b, 16))
+        t.start()
+        t.join()
+        assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)  # the other thread planned its call
+        _bmm(a, b, 16)  # this one ran the launcher
+    assert len(fake_log) == 2

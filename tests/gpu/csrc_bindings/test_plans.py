@@ -17,6 +17,10 @@ def _planned_steps(name):
     steps = [step_digests(name) for _ in range(3)]  # the first records (and replays within the step), then replays
     kept = _plans.stats()
     assert sum(n for n, _ in kept.values()) >= 12, kept  # the step's SSD, state-passing, bmm, norm launchers
+    # from the second replay on, a plan's launch runs the compiled kernel it kept (the third step did)
+    direct = [step[-1][0] is not None for table in _plans._plans.values() for plan in table.values()
+              if plan is not _plans._UNPLANNABLE for step in plan.steps if step[0] == "launch"]
+    assert sum(direct) >= 12, (sum(direct), len(direct))
     return launchers, steps
 
 
