@@ -82,7 +82,7 @@ def _load_triton():
     mamba_ssm = _import_extra("mamba_ssm", "mamba-ssm")
     mamba_version = _check_version("mamba_ssm", mamba_ssm)
     from packaging import version as _v  # a dependency of triton and mamba-ssm
-    _plans.bind(constant_types=(type(tl.bfloat16),))  # launch plans keep the dots' dtype (tl.dtype) as it is
+    _plans.bind(value_types=(type(tl.bfloat16),))  # launch plans keep the dots' dtype (tl.dtype) as it is
     return SimpleNamespace(
         triton=triton, tl=tl, kernels={}, jit={},  # filled by kernel_jit, one checked kernel at a time
         versions={"mamba_ssm": mamba_version, "triton": triton.__version__},
@@ -290,13 +290,13 @@ def launch(spec, grid, args: dict, cfg, ref: torch.Tensor) -> None:
         raise RuntimeError(f"{name}: launcher arguments do not match the kernel signature "
                            f"(missing {missing}, unexpected {extra})")
 
-    pending = cfg.speed == TIMING_PENDING
-    if _plans.recording():  # a planned launcher's first call of a signature: this launch goes into its plan
-        _plans.note_launch(spec, grid(dict(cfg.meta)) if callable(grid) else grid, pos, cfg, ref, full, pending)
-    if pending and _launch_timed(spec, grid, args, ref):
-        return
+    if cfg.speed == TIMING_PENDING:
+        _plans.note_pending()  # a planned launcher's call that times a key keeps no plan
+        if _launch_timed(spec, grid, args, ref):
+            return
     if callable(grid):
         grid = grid(dict(cfg.meta))
+    _plans.note_launch(spec, grid, pos, cfg, ref, full)  # into the launcher's plan, when one is being recorded
 
     def sizes():
         return layer_sizes(full, dict(cfg.meta))

@@ -2,8 +2,8 @@
 
 A launcher (``launch_chunk_scan_fwd`` and the others decorated with :func:`planned`) checks its arguments, derives
 the kernel's sizes, strides and flags, resolves its configuration, allocates its outputs and launches: tens of
-microseconds of Python per call, about a quarter of a small layer step's host time (``docs/performance.md``, "Host
-time: launch plans"). All of that is a function of the arguments' shapes, strides, dtypes and devices, the
+microseconds of Python per call, about a quarter of a small layer step's host time (``docs/performance.md``,
+"launch plans"). All of that is a function of the arguments' shapes, strides, dtypes and devices, the
 non-tensor arguments and which arguments are the same tensor; only the data pointers differ between the steps of a
 training run. :func:`planned` therefore keeps, per launcher and such a **signature**, what the launcher did the first
 time (a **plan**): the buffers it allocated (shape, strides, dtype, device, zeroed or not), in order every launch
@@ -23,18 +23,17 @@ the launcher every time (no plan):
   arguments (the same object) or a buffer the launcher allocated through :func:`alloc`, :func:`alloc_like` or
   :func:`csrc_bindings._util.out_buffer` (a view, a copy such as ``.contiguous()`` of a strided input, or a tensor
   from any other torch call makes the call unplannable);
-* every non-tensor argument of the call is ``None``, a bool, int, float or str, a ``torch.dtype``, a
-  :class:`~csrc_bindings._configs.KernelConfig` or a tuple of these (a dict ``config`` is not planned), and every
-  non-tensor argument of a launch a plain value or a hashable object that is not a container (Triton's
-  ``tl.bfloat16``, the dtype of the dots);
+* every non-tensor argument of the call and of every launch is ``None``, a bool, int, float or str, a
+  ``torch.dtype``, an object of a registered immutable type (:func:`bind`: ``KernelConfig``, Triton's ``tl.dtype``,
+  the dtype of the dots) or a tuple of these (a dict ``config`` is not planned);
 * no launch took upstream's autotuner (a key of rule ``native-autotune-v1`` still to be timed) and no CUDA graph was
   being captured (the configuration can differ there); such a call keeps nothing, and the next call of its
   signature is recorded again.
 
 **The signature** of a call: per positional and keyword argument (in call order, keywords by name) its type and,
 for a tensor, its shape, strides, dtype, device, whether its data pointer is 16-byte aligned (Triton specialises on
-it) and the first argument that is the same tensor object; for another value the value itself; and
-``_configs.NATIVE_TIMING`` (a test hook that changes the configuration a key resolves to).
+it) and the first argument that is the same tensor object; for another value the value itself (a float by its
+bits); and ``_configs.NATIVE_TIMING`` (a test hook that changes the configuration a key resolves to).
 
 **What a decorated launcher must not do** (checked by reading each one when it is decorated; the list is
 :data:`PLANNED`): change a tensor in place other than through a launch or :func:`~csrc_bindings._util.out_buffer`'s
@@ -64,7 +63,7 @@ _Tensor = torch.Tensor
 _SIMPLE = (type(None), bool, int, float, str, torch.dtype)
 _local = threading.local()
 _lock = threading.Lock()
-#: the launchers decorated with :func:`planned`, by name
+#: the launchers decorated with :func:`planned`, by ``module.qualname``
 PLANNED: dict = {}
 
 
@@ -80,33 +79,22 @@ class _Recording:
         self.pending = False
 
 
-def _recording() -> Optional[_Recording]:
-    return getattr(_local, "rec", None)
+def _buffer(t: torch.Tensor, zero: bool) -> torch.Tensor:
+    """``t``, just allocated by the launcher, kept in the call's plan as a buffer when one is being recorded."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.allocs[id(t)] = (len(rec.allocs), t, zero)
+    return t
 
 
 def alloc(shape, dtype, device, *, zero: bool = False) -> torch.Tensor:
     """``torch.empty`` (``torch.zeros`` with ``zero``) of ``shape``, kept in the call's plan as a buffer."""
-    t = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
-    rec = getattr(_local, "rec", None)
-    if rec is not None:
-        rec.allocs[id(t)] = (len(rec.allocs), t, zero)
-    return t
+    return _buffer((torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device), zero)
 
 
 def alloc_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
     """``torch.empty_like(x, dtype=dtype)``, kept in the call's plan as a buffer."""
-    t = torch.empty_like(x, dtype=dtype)
-    rec = getattr(_local, "rec", None)
-    if rec is not None:
-        rec.allocs[id(t)] = (len(rec.allocs), t, False)
-    return t
-
-
-def note_buffer(t: torch.Tensor, zero: bool) -> None:
-    """Keep ``t`` (just allocated by :func:`csrc_bindings._util.out_buffer`) in the call's plan as a buffer."""
-    rec = getattr(_local, "rec", None)
-    if rec is not None:
-        rec.allocs[id(t)] = (len(rec.allocs), t, zero)
+    return _buffer(torch.empty_like(x, dtype=dtype), False)
 
 
 def note_zeroed(t: torch.Tensor) -> None:
@@ -117,22 +105,20 @@ def note_zeroed(t: torch.Tensor) -> None:
         rec.steps.append(("zero", t))
 
 
-def recording() -> bool:
-    """Whether a planned launcher's call is being recorded on this thread."""
-    return getattr(_local, "rec", None) is not None
+def note_pending() -> None:
+    """The call being recorded launches a key still to be timed by upstream's autotuner: it keeps no plan, and the
+    next call of its signature is recorded again (the key's configuration is settled by then)."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None:
+        rec.pending = True
 
 
-def note_launch(spec, grid: tuple, pos: tuple, cfg, ref: torch.Tensor, full: dict, pending: bool) -> None:
+def note_launch(spec, grid: tuple, pos: tuple, cfg, ref: torch.Tensor, full: dict) -> None:
     """Keep one launch of :func:`csrc_bindings._native.launch` in the call's plan: ``grid`` resolved, ``pos`` the
     positional arguments, ``cfg`` the :class:`~csrc_bindings._configs.KernelConfig`, ``full`` the arguments by name
-    (their non-tensor part is kept for :func:`~csrc_bindings._resources.layer_sizes`'s messages); ``pending``: the
-    launch may take upstream's autotuner (the call is then not planned, and the next call of its signature is
-    recorded again: the key's configuration is settled by then)."""
+    (their non-tensor part is kept for :func:`~csrc_bindings._resources.layer_sizes`'s messages)."""
     rec = getattr(_local, "rec", None)
     if rec is None:
-        return
-    if pending:
-        rec.pending = True
         return
     sizes = {k: v for k, v in full.items() if not isinstance(v, _Tensor)}
     rec.steps.append(("launch", spec, grid, pos, cfg.as_dict(), cfg.source == "explicit", ref,
@@ -148,7 +134,7 @@ def _value_key(v):
         return (type(v), v)
     if isinstance(v, tuple):
         return (tuple, tuple(_value_key(x) for x in v))
-    if type(v) in _bound["value_types"]:  # KernelConfig (frozen, hashable), registered by _configs
+    if type(v) in _bound["value_types"]:  # KernelConfig, tl.dtype: immutable, hashable (registered)
         return (type(v), v)
     raise _Unplannable
 
@@ -229,7 +215,7 @@ def replay(plan: Plan, values: tuple):
 
 
 def _keep_kernel(kept: list, jit, pos: tuple, cfg: dict, ref: torch.Tensor, explicit: bool) -> None:
-    """Keep in a plan's launch (``kept``: ``[kernel, generation, device]``) the compiled kernel that
+    """Keep in a plan's launch (``kept``: ``[kernel, launch-cache generation, device, jit]``) the compiled kernel that
     ``launch_fitting`` keeps for it (``csrc_bindings._launch_cache``), so that later replays run it directly.
 
     Its key is the same at every replay on CUDA: the signature fixes every argument's type and non-tensor value, the
@@ -267,15 +253,13 @@ def _template(obj, source):
 
 
 def _constant(v) -> bool:
-    """Whether a non-tensor launch argument can be kept in a plan as it is: a plain value, an object of a type
-    registered as a constant (Triton's ``tl.dtype``, registered by ``_native`` when it loads triton: the dtype of
-    the kernels' dots), or a tuple of such. The signature fixes it: the launcher derives it from the call's
-    signature alone."""
-    if isinstance(v, _SIMPLE) or type(v) in _bound["constant_types"]:
-        return True
-    if isinstance(v, tuple):
-        return all(_constant(x) for x in v)
-    return False
+    """Whether a non-tensor launch argument can be kept in a plan as it is: a value a signature can hold
+    (:func:`_value_key`). The signature fixes it: the launcher derives it from the call's signature alone."""
+    try:
+        _value_key(v)
+    except _Unplannable:
+        return False
+    return True
 
 
 def _make_plan(rec: _Recording, values: tuple, result) -> Optional[Plan]:
@@ -359,10 +343,7 @@ def planned(fn: Callable) -> Callable:
                 plans.clear()
             plans[key] = made if made is not None else _UNPLANNABLE
         return result
-    launcher.__wrapped_launcher__ = fn
     return launcher
-
-
 
 
 def _capturing() -> bool:
@@ -381,10 +362,10 @@ def _configs_state():
 #: what the modules that import this one register (this module imports none of them: no import cycle):
 #: ``native`` (``_native``: ``device_guard``, ``kernel_jit``), ``resources`` (``_resources``: ``launch_fitting``,
 #: ``layer_sizes``; read at each replay, so a wrapper set on the module is seen where a replay goes through
-#: ``launch_fitting``), ``value_types`` (non-tensor argument types a signature may hold by value),
-#: ``constant_types`` (non-tensor launch argument types a plan may keep), ``configs_state``
-_bound: dict = {"native": None, "resources": None, "value_types": frozenset(), "constant_types": frozenset(),
-                "configs_state": lambda: None}
+#: ``launch_fitting``), ``value_types`` (immutable, hashable non-tensor types a signature or a plan's launch may
+#: hold by value: ``KernelConfig`` from ``_configs``, ``tl.dtype`` from ``_native`` when it loads triton),
+#: ``configs_state``
+_bound: dict = {"native": None, "resources": None, "value_types": frozenset(), "configs_state": lambda: None}
 
 
 def bind(**kw) -> None:
@@ -392,7 +373,7 @@ def bind(**kw) -> None:
     for k, v in kw.items():
         if k not in _bound:
             raise KeyError(k)
-        _bound[k] = frozenset(_bound[k]) | frozenset(v) if k in ("value_types", "constant_types") else v
+        _bound[k] = frozenset(_bound[k]) | frozenset(v) if k == "value_types" else v
 
 
 @contextlib.contextmanager

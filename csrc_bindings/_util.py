@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from ._plans import note_buffer, note_zeroed
+from ._plans import alloc, note_zeroed
 
 
 def cdiv(a: int, b: int) -> int:
@@ -85,9 +85,7 @@ def check_groups(nheads: int, ngroups: int) -> None:
 def out_buffer(buf, shape, dtype, like: torch.Tensor, name: str, zero: bool = False) -> torch.Tensor:
     """Return ``buf`` (checked: shape, dtype, device) or a new ``torch.empty`` / ``torch.zeros`` buffer."""
     if buf is None:
-        buf = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=like.device)
-        note_buffer(buf, zero)  # kept in the launcher's plan, when one is being recorded
-        return buf
+        return alloc(shape, dtype, like.device, zero=zero)  # kept in the launcher's plan, when one is recorded
     shape = _shape(shape)
     check_shape(name, buf, shape)
     check(buf.dtype == dtype, f"{name}: expected dtype {dtype}, got {buf.dtype}")

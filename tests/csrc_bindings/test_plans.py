@@ -236,7 +236,7 @@ def test_a_kernel_kept_in_a_plan_is_run_directly_until_the_launch_cache_is_clear
 
 def test_a_triton_dtype_argument_is_kept_as_it_is(fake_log, monkeypatch):
     """``bmm_chunk_fwd`` passes ``dot_dtype`` (on a GPU ``tl.bfloat16``, an object, not a plain value): with its
-    type registered as a constant (``_native`` registers ``tl.dtype`` when it loads triton) the call is planned and
+    type registered (``_native`` registers ``tl.dtype`` when it loads triton) the call is planned and
     the replay passes the same object; an object of a type not registered makes the call unplannable."""
     from csrc_bindings import _native
 
@@ -250,7 +250,7 @@ def test_a_triton_dtype_argument_is_kept_as_it_is(fake_log, monkeypatch):
     _bmm(a, b, 16)
     assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 1)  # not registered: unplannable
     _plans.clear()
-    monkeypatch.setitem(_plans._bound, "constant_types", frozenset({Dtype}))
+    monkeypatch.setitem(_plans._bound, "value_types", _plans._bound["value_types"] | {Dtype})
     _bmm(a, b, 16)
     _bmm(a, b, 16)
     assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
