@@ -42,7 +42,8 @@ arguments and the configuration table (the configuration of a key changes only w
 or forgets a timed choice, and ``_configs.record_timed`` / ``forget_timed`` drop every plan there). The
 causal-conv1d launchers (C++ calls) and the SwiGLU launchers (they return views) are not planned.
 
-The plans are shared by threads (a plan holds no tensor); the recording and :func:`disabled` are per thread.
+The plans are shared by threads (a plan holds no tensor); the recording is per thread. :func:`disabled` holds for
+the whole process: autograd runs a CUDA backward on a thread of its own, which a per-thread switch would miss.
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ _Tensor = torch.Tensor
 _SIMPLE = (type(None), bool, int, float, str, torch.dtype)
 _local = threading.local()
 _lock = threading.Lock()
+_off = [0]  # how many disabled() blocks are open, in any thread
 #: the launchers decorated with :func:`planned`, by ``module.qualname``
 PLANNED: dict = {}
 
@@ -318,7 +320,7 @@ def planned(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def launcher(*args, **kwargs):
-        if getattr(_local, "rec", None) is not None or getattr(_local, "off", 0):  # recording another one, or off
+        if _off[0] or getattr(_local, "rec", None) is not None:  # off, or recording another launcher's call
             return fn(*args, **kwargs)
         values = args + tuple(kwargs.values()) if kwargs else args
         sig = signature(values)
@@ -378,13 +380,16 @@ def bind(**kw) -> None:
 
 @contextlib.contextmanager
 def disabled():
-    """Within, on this thread: every planned launcher runs its own Python (no plan used or kept; tests compare both
-    paths)."""
-    _local.off = getattr(_local, "off", 0) + 1
+    """Within, in every thread of the process (autograd's backward threads included): every planned launcher runs
+    its own Python, no plan used or kept (tests and ``benchmarks/plans_host.py`` compare both paths). Blocks nest
+    and may overlap between threads: plans are used again once every open block has ended."""
+    with _lock:
+        _off[0] += 1
     try:
         yield
     finally:
-        _local.off -= 1
+        with _lock:
+            _off[0] -= 1
 
 
 def clear() -> None:

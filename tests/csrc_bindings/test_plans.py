@@ -307,14 +307,18 @@ def test_a_timed_choice_forgets_the_plans(fake_log):
     _configs.forget_timed()
 
 
-def test_disabled_acts_on_its_own_thread_only(fake_log):
+def test_disabled_holds_in_every_thread(fake_log):
+    """Autograd runs a CUDA backward on a thread of its own: disabled() must reach it (a per-thread switch let the
+    backward's launchers plan, on the GPU, inside the block)."""
     import threading
     torch.manual_seed(0)
     a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
     with _plans.disabled():
-        t = threading.Thread(target=_bmm, args=(a, b, 16))
-        t.start()
-        t.join()
-        assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)  # the other thread planned its call
-        _bmm(a, b, 16)  # this one ran the launcher
-    assert len(fake_log) == 2
+        for _ in range(2):
+            t = threading.Thread(target=_bmm, args=(a, b, 16))
+            t.start()
+            t.join()
+        assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)  # nothing kept by the other threads
+    assert len(fake_log) == 2  # both ran the launcher
+    _bmm(a, b, 16)  # after the block: recorded again
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
