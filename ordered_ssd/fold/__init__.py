@@ -11,7 +11,8 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 
 * :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`tree_fold` (the
   pairwise tree of the split-invariant accumulation), :func:`fold_dims`,
-  :func:`lexical_cumsum` (the CPU loops, and the CUDA launches of the kernels);
+  :func:`lexical_cumsum`, :func:`dA_cumsum_grad_scans` (the SSD backward's ``dA_cumsum`` running sums in one
+  launch) (the CPU loops, and the CUDA launches of the kernels);
 * :mod:`~ordered_ssd.fold.gemm`: :func:`fold_example_gemms` (the projections' weight gradients: per-(example,
   segment) GEMM partials folded in order; one launch on CUDA) and :func:`fold_example_gemms_grouped`;
 * :mod:`~ordered_ssd.fold.many`: :func:`fold_many` (several :func:`fold_dims` folds in one launch, the same bits)
@@ -29,7 +30,7 @@ over a partition axis. Importing this package does not import triton.
 from .conv1d import conv1d_grad_partials, conv1d_grad_partials_torch
 from .many import FOLD_MANY_MAX, fold_example_sums, fold_many
 from .gemm import fold_example_gemms, fold_example_gemms_grouped, gemm_fold_timed_choices
-from .primitives import LexicalFold, fold_dims, lexical_cumsum, lexical_fold, tree_fold
+from .primitives import LexicalFold, dA_cumsum_grad_scans, fold_dims, lexical_cumsum, lexical_fold, tree_fold
 from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RULE, GEMM_FOLD_CONFIGS,
                        GEMM_FOLD_FIT_RULE, GEMM_FOLD_PROGRAMS_PER_SM, GEMM_FOLD_TIMED_RULE, GEMM_FOLD_VARIANTS,
                        GEMM_FOLD_SEGMENT_L, GEMM_FOLD_WORKSPACE_BYTES, LINEAR_GROUP_BYTES,
@@ -39,7 +40,7 @@ from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RU
                        rmsnorm_rows_per_program)
 
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "fold_many", "fold_example_sums", "FOLD_MANY_MAX",
-           "lexical_cumsum", "fold_example_gemms",
+           "lexical_cumsum", "dA_cumsum_grad_scans", "fold_example_gemms",
            "fold_example_gemms_grouped", "conv1d_grad_partials", "conv1d_grad_partials_torch", "accumulation_dtype",
            "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
            "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",

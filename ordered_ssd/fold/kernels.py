@@ -122,6 +122,31 @@ def scan_kernel(p_ptr, out_ptr, R, N, REVERSE: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
+def dA_cumsum_grad_kernel(ddA_ptr, prev_ptr, chunk_ptr, next_ptr, R, N, BLOCK: tl.constexpr):
+    """Per row ``r`` of the [R, N] fp32 buffers (R = examples x heads x chunks, N = chunk length), in place:
+    ``prev[r, N-1] += chunk[r]``; ``prev[r]`` becomes its running sum from position N - 1 down to 0; then
+    ``ddA[r, j] += next_cum[j] + prev[r, j]`` with ``next_cum`` the running sum of ``next[r]`` from position 0
+    (``next`` is not written). Each running sum starts from +0.0 and adds one position at a time: the additions of
+    :func:`scan_kernel` and of the elementwise adds it replaces (:func:`~ordered_ssd.fold.dA_cumsum_grad_scans`)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = rows < R
+    base = rows * N
+    last = tl.load(prev_ptr + base + (N - 1), mask=mask, other=0.0) + tl.load(chunk_ptr + rows, mask=mask, other=0.0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    acc += last
+    tl.store(prev_ptr + base + (N - 1), acc, mask=mask)
+    for i in range(1, N):
+        j = N - 1 - i
+        acc += tl.load(prev_ptr + base + j, mask=mask, other=0.0)
+        tl.store(prev_ptr + base + j, acc, mask=mask)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, N):
+        acc += tl.load(next_ptr + base + j, mask=mask, other=0.0)
+        both = acc + tl.load(prev_ptr + base + j, mask=mask, other=0.0)
+        tl.store(ddA_ptr + base + j, tl.load(ddA_ptr + base + j, mask=mask, other=0.0) + both, mask=mask)
+
+
+@triton.jit
 def _gemm_partial(a_ptr, b_ptr, u, NSEG, L, M, N, s_ab, s_al, s_am, s_bb, s_bl, s_bn, rm, rn, rk, IEEE: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SEG: tl.constexpr, AQ: tl.constexpr,
                   BQ: tl.constexpr):

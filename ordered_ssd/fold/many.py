@@ -13,6 +13,7 @@ the launch own which outputs (bit-neutral) is all that differs. Off CUDA (or for
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -21,7 +22,7 @@ import torch
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .primitives import LexicalFold, fold_axes, fold_dims, normalize_dims
+from .primitives import LexicalFold, fold_dims, normalize_dims
 from .settings import accumulation_dtype
 
 __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
@@ -55,21 +56,33 @@ def _two(runs, total: int):
     return no, so, ni, si
 
 
-def _layout(t: torch.Tensor, dims: Tuple[int, ...]):
-    """``(t_or_copy, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape)``: the fold of ``t`` over ``dims`` as at most
-    two runs of partials and two runs of outputs (a copy in ``fold_dims``'s ``[K, M]`` layout when either side
-    needs more: the same values in the same order)."""
-    keep, out_shape, K = fold_axes(t, dims)
-    M = math.prod(out_shape)
-    krun = _runs([t.shape[d] for d in dims], [t.stride(d) for d in dims])
-    mrun = _runs(out_shape, [t.stride(d) for d in keep])
-    if len(krun) > 2 or len(mrun) > 2:
-        t = t.permute(*dims, *keep).reshape(K, M).contiguous()
-        krun = _runs([K], [M])
-        mrun = _runs([M], [1])
+@functools.lru_cache(maxsize=4096)
+def _layout_of(shape: Tuple[int, ...], strides: Tuple[int, ...], dims: Tuple[int, ...]):
+    """``(copy, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape)`` of the fold over the normalized axes ``dims``
+    of a tensor of this shape and these strides: at most two runs of partials and two runs of outputs, or, with
+    ``copy``, the strides of a copy in ``fold_dims``'s ``[K, M]`` layout (when either side needs more: the same
+    values in the same order). A function of the metadata alone, kept per (shape, strides, dims)."""
+    keep = [d for d in range(len(shape)) if d not in dims]
+    out_shape = tuple(shape[d] for d in keep)
+    K, M = math.prod(shape[d] for d in dims), math.prod(out_shape)
+    krun = _runs([shape[d] for d in dims], [strides[d] for d in dims])
+    mrun = _runs(out_shape, [strides[d] for d in keep])
+    copy = len(krun) > 2 or len(mrun) > 2
+    if copy:
+        krun, mrun = _runs([K], [M]), _runs([M], [1])
     KO, s_ko, KI, s_ki = _two(krun, K)
     MO, s_mo, MI, s_mi = _two(mrun, M)
-    return t, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape
+    return copy, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape
+
+
+def _layout(t: torch.Tensor, dims: Tuple[int, ...]):
+    """``(t_or_copy, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, out_shape)`` of the fold of ``t`` over the normalized
+    axes ``dims`` (:func:`_layout_of`; ``t_or_copy`` the copy where it says so)."""
+    copy, *rest = _layout_of(tuple(t.shape), t.stride(), dims)
+    if copy:
+        keep = [d for d in range(t.dim()) if d not in dims]
+        t = t.permute(*dims, *keep).reshape(rest[0] * rest[1], rest[2]).contiguous()
+    return (t, *rest)
 
 
 def fold_many(requests: Sequence[Optional[tuple]], *,

@@ -12,7 +12,7 @@ from csrc_bindings._native import device_guard  # imports nothing native
 
 from .settings import accumulation_dtype
 
-__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum"]
+__all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "lexical_cumsum", "dA_cumsum_grad_scans"]
 
 
 class LexicalFold:
@@ -285,3 +285,45 @@ def lexical_cumsum(t: torch.Tensor, dim: int = -1, reverse: bool = False,
             acc.add_(x2[:, j].to(acc_dtype))
             out[:, j] = acc
     return out.to(dtype).reshape(shape).movedim(-1, dim)
+
+
+def dA_cumsum_grad_scans(ddA: torch.Tensor, ddA_prev: torch.Tensor, ddA_chunk: torch.Tensor, ddA_next: torch.Tensor,
+                         *, use_triton: Optional[bool] = None) -> torch.Tensor:
+    """The running sums of the SSD backward's ``dA_cumsum`` gradient, as upstream assembles it
+    (``_mamba_chunk_scan_combined_bwd``), in a fixed order: ``ddA_prev[..., -1] += ddA_chunk``, then
+    ``ddA += lexical_cumsum(ddA_next) + lexical_cumsum(ddA_prev, reverse=True)`` along the chunk's positions.
+
+    Args:
+        ddA: ``[B, H, C, cs]`` fp32, contiguous; updated in place and returned.
+        ddA_prev: ``[B, H, C, cs]`` fp32, contiguous: the gradient through the previous chunks' states (overwritten
+            with its reverse running sum). ddA_chunk: ``[B, H, C]`` fp32, contiguous: through the chunk's own state.
+        ddA_next: ``[B, H, C, cs]`` fp32, contiguous: through the next chunks' states (read only).
+        use_triton: one launch of :func:`~ordered_ssd.fold.kernels.dA_cumsum_grad_kernel` (default: on CUDA;
+            ``True`` on the CPU runs it under ``TRITON_INTERPRET=1``) instead of five operations (the add, two
+            :func:`lexical_cumsum`, two adds). Both add in the same order, from +0.0, one position at a time, so
+            they give the same bits.
+
+    Raises:
+        ValueError: a shape, dtype or layout other than the above (nothing is written).
+    """
+    shape = tuple(ddA.shape)
+    for name, t, want in (("ddA", ddA, shape), ("ddA_prev", ddA_prev, shape), ("ddA_chunk", ddA_chunk, shape[:-1]),
+                          ("ddA_next", ddA_next, shape)):
+        if len(shape) != 4 or tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous float32 tensor of shape {list(want)} ([B, H, C, cs] "
+                             f"of ddA, [B, H, C] for ddA_chunk), got {t.dtype} {list(t.shape)} "
+                             f"(contiguous: {t.is_contiguous()})")
+    triton_ok = use_triton if use_triton is not None else ddA.device.type == "cuda"
+    if not triton_ok:
+        ddA_prev[..., -1] += ddA_chunk
+        ddA_prev.copy_(lexical_cumsum(ddA_prev, dim=-1, reverse=True))
+        ddA += lexical_cumsum(ddA_next, dim=-1) + ddA_prev
+        return ddA
+    R, N = math.prod(shape[:-1]), shape[-1]
+    if R * N:
+        from . import kernels  # imports triton: only here
+        BLOCK = 128
+        with device_guard(ddA):
+            _launch_cache.launch(kernels.dA_cumsum_grad_kernel, (-(-R // BLOCK),), (ddA, ddA_prev, ddA_chunk, ddA_next,
+                                 R, N), dict(BLOCK=BLOCK), ddA, num_warps=4)
+    return ddA

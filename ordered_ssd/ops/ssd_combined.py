@@ -30,7 +30,7 @@ import torch
 
 import csrc_bindings
 
-from ..fold import fold_many, lexical_cumsum
+from ..fold import dA_cumsum_grad_scans, fold_many
 from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
                      check_chunk_scan_args, check_states_args, or_none, ordered_custom_op, register_op_autograd,
                      require_cuda)
@@ -165,10 +165,7 @@ def _chunk_scan_bwd_pass(dout, x, dt, A, B, C, out, chunk_size, *, D, z, dt_bias
     if z is None:
         dD_partial = dD_from_x
     # dA_cumsum gradient, as upstream assembles it, with every tile sum and scan done in a fixed order.
-    ddA_prev[..., -1] += ddA_chunk
-    ddA_prev = lexical_cumsum(ddA_prev, dim=-1, reverse=True)
-    ddA_next = lexical_cumsum(ddA_next, dim=-1)
-    ddA += ddA_next + ddA_prev
+    ddA = dA_cumsum_grad_scans(ddA, ddA_prev, ddA_chunk, ddA_next)  # one launch on CUDA
     _, dA_partial, ddt_bias_partial = csrc_bindings.launch_chunk_cumsum_bwd(
         ddA, ddt_dx, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit, ddt=ddt)
     return {"dx": dx, "ddt": ddt, "dB": dB, "dC": dC, "dz": dz, "outz": outz, "dA_partial": dA_partial,

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from tests.helpers import bits_equal
-from ordered_ssd.fold import LexicalFold, accumulation_dtype, fold_dims, lexical_cumsum, lexical_fold
+from ordered_ssd.fold import (LexicalFold, accumulation_dtype, dA_cumsum_grad_scans, fold_dims, lexical_cumsum,
+                              lexical_fold)
 
 
 def test_fold_is_left_to_right_in_fp32():
@@ -380,3 +381,71 @@ def test_fold_example_gemms_off_cuda_folds_the_segments_in_order(monkeypatch):
     assert not bits_equal(got, whole)  # another order: other bits here
     monkeypatch.setattr(settings, "GEMM_FOLD_SEGMENT_L", 11)
     assert bits_equal(fold_example_gemms(dy, x), whole)
+
+
+def _dA_cumsum_inputs(shape, seed):
+    """``(ddA, ddA_prev, ddA_chunk, ddA_next)`` fp32 with magnitudes over ten decades and signed zeros (where the
+    order of the additions shows in the bits, and -0.0 + 0.0 is the running sums' start)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def wide(*s):
+        t = torch.randn(*s, generator=g) * torch.exp(torch.randn(*s, generator=g) * 5)
+        t[torch.rand(*s, generator=g) < 0.05] = -0.0
+        return t
+    return wide(*shape), wide(*shape), wide(*shape[:-1]), wide(*shape)
+
+
+def test_dA_cumsum_grad_scans_is_upstreams_assembly_in_order():
+    """Off CUDA: the five operations in order; a sequential fp32 loop per row gives the same bits."""
+    ddA, prev, chunk, nxt = _dA_cumsum_inputs((2, 3, 4, 9), 0)
+    want = ddA.clone()
+    p = prev.clone()
+    p[..., -1] = p[..., -1] + chunk
+    rev, fwd = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)
+    prev_cum, next_cum = torch.empty_like(p), torch.empty_like(p)
+    for j in range(9):
+        fwd = fwd + nxt[..., j]
+        next_cum[..., j] = fwd
+        rev = rev + p[..., 8 - j]
+        prev_cum[..., 8 - j] = rev
+    want += next_cum + prev_cum
+    got = dA_cumsum_grad_scans(ddA, prev, chunk, nxt)
+    assert got is ddA and bits_equal(got, want)
+    assert bits_equal(prev, prev_cum)  # overwritten with its reverse running sum
+
+
+def test_dA_cumsum_grad_scans_refuses_bad_input_before_writing():
+    ddA, prev, chunk, nxt = _dA_cumsum_inputs((2, 3, 4, 9), 1)
+    before = [t.clone() for t in (ddA, prev, chunk, nxt)]
+    with pytest.raises(ValueError, match=r"ddA_chunk: expected a contiguous float32 tensor of shape \[2, 3, 4\]"):
+        dA_cumsum_grad_scans(ddA, prev, chunk[..., :3], nxt)
+    with pytest.raises(ValueError, match=r"ddA_next: .* got torch.float64"):
+        dA_cumsum_grad_scans(ddA, prev, chunk, nxt.double())
+    with pytest.raises(ValueError, match=r"ddA_prev: .*contiguous: False"):
+        dA_cumsum_grad_scans(ddA, prev.transpose(0, 1).contiguous().transpose(0, 1), chunk, nxt)
+    assert all(bits_equal(a, b) for a, b in zip((ddA, prev, chunk, nxt), before))
+
+
+def test_dA_cumsum_grad_kernel_under_the_interpreter():
+    """The one-launch kernel (CPU, Triton's interpreter) gives the bits of the five operations, over row counts
+    below, at and above a block of rows and chunk lengths of 1 to 64."""
+    pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
+    from tests.fold.interpreter import run_python
+    code = textwrap.dedent("""
+        from tests.fold.interpreter import allow_runtime_loop_bounds
+        allow_runtime_loop_bounds()
+        from ordered_ssd.fold import dA_cumsum_grad_scans
+        from tests.fold.test_fold import _dA_cumsum_inputs
+        from tests.helpers import bits_equal
+        cases = 0
+        for seed, shape in enumerate(((1, 1, 1, 1), (2, 3, 4, 9), (1, 8, 17, 64), (3, 5, 9, 16))):
+            args = _dA_cumsum_inputs(shape, seed)
+            want = [t.clone() for t in args]
+            got = [t.clone() for t in args]
+            dA_cumsum_grad_scans(*want, use_triton=False)
+            dA_cumsum_grad_scans(*got, use_triton=True)
+            assert all(bits_equal(g, w) for g, w in zip(got, want)), shape
+            cases += 1
+        print("cases", cases)
+    """)
+    assert "cases 4" in run_python(code, interpret=True)

@@ -175,6 +175,9 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
         fn = kernels.example_sums_kernel
         check(fn, {n: {"BLOCK": "constexpr", "p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32") for n in fn.arg_names},
               {"BLOCK": 256})
+        fn = kernels.dA_cumsum_grad_kernel
+        check(fn, {n: {"BLOCK": "constexpr", "R": "i32", "N": "i32"}.get(n, "*fp32") for n in fn.arg_names},
+              {"BLOCK": 128})
         print("compiled")
     """)
     assert "compiled" in run_python(code, interpret=False)

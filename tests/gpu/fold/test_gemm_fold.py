@@ -167,6 +167,19 @@ def test_fold_kernels_on_cuda_equal_the_cpu_fold():
         assert bits_equal(lexical_cumsum(t, dim=2, reverse=rev).cpu(), lexical_cumsum(t.cpu(), dim=2, reverse=rev))
 
 
+def test_dA_cumsum_grad_kernel_on_cuda_equals_the_cpu_operations():
+    from ordered_ssd.fold import dA_cumsum_grad_scans
+    from tests.fold.test_fold import _dA_cumsum_inputs
+
+    for seed, shape in enumerate(((2, 24, 16, 256), (1, 8, 17, 64), (5, 3, 1, 1))):
+        args = _dA_cumsum_inputs(shape, seed)
+        want = [t.clone() for t in args]
+        dA_cumsum_grad_scans(*want)
+        got = [t.cuda() for t in args]
+        dA_cumsum_grad_scans(*got)
+        assert all(bits_equal(g.cpu(), w) for g, w in zip(got, want)), shape
+
+
 VARIANT_CASES = CASES + [  # bench-like projections: many short examples (S5's out_proj), few long ones
     (64, 512, 768, 1536),
     (3, 4096, 520, 2048),
