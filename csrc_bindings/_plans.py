@@ -337,8 +337,8 @@ def planned(fn: Callable) -> Callable:
             result = fn(*args, **kwargs)
         finally:
             _local.rec = None
-        if rec.pending or _capturing():  # the configuration is not settled yet (timed at this launch), or can
-            return result  # differ under a capture (no upstream timing there): record the next call again
+        if rec.pending or _off[0] or _capturing():  # the configuration is not settled yet (timed at this launch),
+            return result  # a disabled() block opened meanwhile, or it can differ under a capture: record again
         made = _make_plan(rec, values, result)
         with _lock:
             if len(plans) >= MAX_PLANS:
@@ -381,8 +381,9 @@ def bind(**kw) -> None:
 @contextlib.contextmanager
 def disabled():
     """Within, in every thread of the process (autograd's backward threads included): every planned launcher runs
-    its own Python, no plan used or kept (tests and ``benchmarks/plans_host.py`` compare both paths). Blocks nest
-    and may overlap between threads: plans are used again once every open block has ended."""
+    its own Python, no plan used or kept (tests and ``benchmarks/plans_host.py`` compare both paths); a call that
+    another thread began before the block opened finishes as it began, but keeps no plan. Blocks nest and may
+    overlap between threads: plans are used again once every open block has ended."""
     with _lock:
         _off[0] += 1
     try:

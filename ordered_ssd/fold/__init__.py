@@ -11,8 +11,8 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 
 * :mod:`~ordered_ssd.fold.primitives`: :class:`LexicalFold`, :func:`lexical_fold`, :func:`tree_fold` (the
   pairwise tree of the split-invariant accumulation), :func:`fold_dims`,
-  :func:`lexical_cumsum`, :func:`dA_cumsum_grad_scans` (the SSD backward's ``dA_cumsum`` running sums in one
-  launch) (the CPU loops, and the CUDA launches of the kernels);
+  :func:`lexical_cumsum`, :func:`dA_cumsum_grad_scans` (the SSD backward's ``dA_cumsum`` running sums, one
+  launch on CUDA): the CPU loops, and the CUDA launches of the kernels;
 * :mod:`~ordered_ssd.fold.gemm`: :func:`fold_example_gemms` (the projections' weight gradients: per-(example,
   segment) GEMM partials folded in order; one launch on CUDA) and :func:`fold_example_gemms_grouped`;
 * :mod:`~ordered_ssd.fold.many`: :func:`fold_many` (several :func:`fold_dims` folds in one launch, the same bits)

@@ -127,7 +127,11 @@ def dA_cumsum_grad_kernel(ddA_ptr, prev_ptr, chunk_ptr, next_ptr, R, N, BLOCK: t
     ``prev[r, N-1] += chunk[r]``; ``prev[r]`` becomes its running sum from position N - 1 down to 0; then
     ``ddA[r, j] += next_cum[j] + prev[r, j]`` with ``next_cum`` the running sum of ``next[r]`` from position 0
     (``next`` is not written). Each running sum starts from +0.0 and adds one position at a time: the additions of
-    :func:`scan_kernel` and of the elementwise adds it replaces (:func:`~ordered_ssd.fold.dA_cumsum_grad_scans`)."""
+    :func:`scan_kernel` and of the elementwise adds it replaces (:func:`~ordered_ssd.fold.dA_cumsum_grad_scans`).
+
+    The forward loop reads ``prev`` back after the reverse loop stored it, without a barrier: every load and store
+    of a row has the same one-element-per-thread layout, so each thread reads back its own scalar stores, which the
+    PTX memory model orders (``tests/fold/test_many.py`` checks that the compiled loads and stores stay scalar)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = rows < R
     base = rows * N

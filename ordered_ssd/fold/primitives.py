@@ -295,8 +295,9 @@ def dA_cumsum_grad_scans(ddA: torch.Tensor, ddA_prev: torch.Tensor, ddA_chunk: t
 
     Args:
         ddA: ``[B, H, C, cs]`` fp32, contiguous; updated in place and returned.
-        ddA_prev: ``[B, H, C, cs]`` fp32, contiguous: the gradient through the previous chunks' states (overwritten
-            with its reverse running sum). ddA_chunk: ``[B, H, C]`` fp32, contiguous: through the chunk's own state.
+        ddA_prev: ``[B, H, C, cs]`` fp32, contiguous: the gradient through the previous chunks' states. Overwritten:
+            ``ddA_chunk`` added at the last position, then its reverse running sum from that position down.
+        ddA_chunk: ``[B, H, C]`` fp32, contiguous: the gradient through the chunk's own state.
         ddA_next: ``[B, H, C, cs]`` fp32, contiguous: through the next chunks' states (read only).
         use_triton: one launch of :func:`~ordered_ssd.fold.kernels.dA_cumsum_grad_kernel` (default: on CUDA;
             ``True`` on the CPU runs it under ``TRITON_INTERPRET=1``) instead of five operations (the add, two
@@ -304,15 +305,20 @@ def dA_cumsum_grad_scans(ddA: torch.Tensor, ddA_prev: torch.Tensor, ddA_chunk: t
             they give the same bits.
 
     Raises:
-        ValueError: a shape, dtype or layout other than the above (nothing is written).
+        ValueError: ``ddA`` not 4-d, or a tensor of another shape, dtype, layout or device than ``ddA``'s (nothing
+            is written).
     """
+    if ddA.dim() != 4:
+        raise ValueError(f"ddA: expected a 4-d tensor [B, H, C, cs], got shape {list(ddA.shape)}")
     shape = tuple(ddA.shape)
     for name, t, want in (("ddA", ddA, shape), ("ddA_prev", ddA_prev, shape), ("ddA_chunk", ddA_chunk, shape[:-1]),
                           ("ddA_next", ddA_next, shape)):
-        if len(shape) != 4 or tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
+        if tuple(t.shape) != want or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous float32 tensor of shape {list(want)} ([B, H, C, cs] "
                              f"of ddA, [B, H, C] for ddA_chunk), got {t.dtype} {list(t.shape)} "
                              f"(contiguous: {t.is_contiguous()})")
+        if t.device != ddA.device:
+            raise ValueError(f"{name}: expected a tensor on ddA's device {ddA.device}, got {t.device}")
     triton_ok = use_triton if use_triton is not None else ddA.device.type == "cuda"
     if not triton_ok:
         ddA_prev[..., -1] += ddA_chunk

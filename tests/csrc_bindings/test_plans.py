@@ -322,3 +322,56 @@ def test_disabled_holds_in_every_thread(fake_log):
     assert len(fake_log) == 2  # both ran the launcher
     _bmm(a, b, 16)  # after the block: recorded again
     assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
+
+
+def test_disabled_blocks_nest_and_overlap_between_threads(fake_log):
+    """Plans stay off until every open block has ended: after an inner block, and while another thread's block is
+    still open after this thread's has ended."""
+    import threading
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 40, 1, 8), torch.randn(2, 40, 1, 8)
+    with _plans.disabled():
+        with _plans.disabled():
+            _bmm(a, b, 16)
+        _bmm(a, b, 16)  # the outer block is still open
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)
+    opened, release = threading.Event(), threading.Event()
+
+    def hold():
+        with _plans.disabled():
+            opened.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    opened.wait(10)
+    with _plans.disabled():
+        _bmm(a, b, 16)
+    _bmm(a, b, 16)  # this thread's block has ended, the other's has not
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (0, 0)
+    release.set()
+    t.join()
+    _bmm(a, b, 16)
+    assert _plans.stats()["launch_bmm_chunk_fwd"] == (1, 0)
+    assert len(fake_log) == 5  # every call ran the launcher (the last one recorded its plan)
+
+
+def test_a_block_opened_during_a_call_keeps_its_plan_out():
+    """A disabled() block that opens while a call is being recorded (in another thread; here inside the call)
+    leaves that call without a plan; the next call after the block records one."""
+    blocks = []
+
+    @_plans.planned
+    def launch_identity(x, open_block=False):
+        if open_block:
+            blocks.append(_plans.disabled())
+            blocks[-1].__enter__()
+        return x
+
+    x = torch.zeros(3)
+    try:
+        assert launch_identity(x, open_block=True) is x
+        assert _plans.stats()["launch_identity"] == (0, 0)
+    finally:
+        blocks.pop().__exit__(None, None, None)  # never leave the process with plans off
+    assert launch_identity(x) is x
+    assert _plans.stats()["launch_identity"] == (1, 0)

@@ -385,14 +385,17 @@ def test_fold_example_gemms_off_cuda_folds_the_segments_in_order(monkeypatch):
 
 def _dA_cumsum_inputs(shape, seed):
     """``(ddA, ddA_prev, ddA_chunk, ddA_next)`` fp32 with magnitudes over ten decades and signed zeros (where the
-    order of the additions shows in the bits, and -0.0 + 0.0 is the running sums' start)."""
+    order of the additions shows in the bits), and a first row whose last ``ddA_prev`` term plus its ``ddA_chunk``
+    is -0.0: only the reverse running sum's +0.0 start turns it into the +0.0 the five operations store."""
     g = torch.Generator().manual_seed(seed)
 
     def wide(*s):
         t = torch.randn(*s, generator=g) * torch.exp(torch.randn(*s, generator=g) * 5)
         t[torch.rand(*s, generator=g) < 0.05] = -0.0
         return t
-    return wide(*shape), wide(*shape), wide(*shape[:-1]), wide(*shape)
+    ddA, prev, chunk, nxt = wide(*shape), wide(*shape), wide(*shape[:-1]), wide(*shape)
+    prev[0, 0, 0, -1] = chunk[0, 0, 0] = -0.0
+    return ddA, prev, chunk, nxt
 
 
 def test_dA_cumsum_grad_scans_is_upstreams_assembly_in_order():
@@ -412,6 +415,7 @@ def test_dA_cumsum_grad_scans_is_upstreams_assembly_in_order():
     got = dA_cumsum_grad_scans(ddA, prev, chunk, nxt)
     assert got is ddA and bits_equal(got, want)
     assert bits_equal(prev, prev_cum)  # overwritten with its reverse running sum
+    assert str(prev[0, 0, 0, -1].item()) == "0.0"  # -0.0 + -0.0 from the +0.0 start: +0.0
 
 
 def test_dA_cumsum_grad_scans_refuses_bad_input_before_writing():
@@ -423,12 +427,19 @@ def test_dA_cumsum_grad_scans_refuses_bad_input_before_writing():
         dA_cumsum_grad_scans(ddA, prev, chunk, nxt.double())
     with pytest.raises(ValueError, match=r"ddA_prev: .*contiguous: False"):
         dA_cumsum_grad_scans(ddA, prev.transpose(0, 1).contiguous().transpose(0, 1), chunk, nxt)
+    with pytest.raises(ValueError, match=r"ddA: expected a 4-d tensor \[B, H, C, cs\], got shape \[2, 3, 36\]"):
+        dA_cumsum_grad_scans(ddA.reshape(2, 3, 36), prev, chunk, nxt)
+    with pytest.raises(ValueError, match=r"ddA: expected a contiguous float32 tensor .* got torch.float16"):
+        dA_cumsum_grad_scans(ddA.half(), prev, chunk, nxt)
+    with pytest.raises(ValueError, match=r"ddA_next: expected a tensor on ddA's device cpu, got meta"):
+        dA_cumsum_grad_scans(ddA, prev, chunk, torch.empty(2, 3, 4, 9, device="meta"))
     assert all(bits_equal(a, b) for a, b in zip((ddA, prev, chunk, nxt), before))
 
 
 def test_dA_cumsum_grad_kernel_under_the_interpreter():
-    """The one-launch kernel (CPU, Triton's interpreter) gives the bits of the five operations, over row counts
-    below, at and above a block of rows and chunk lengths of 1 to 64."""
+    """The one-launch kernel (CPU, Triton's interpreter) gives the bits of the five operations (the -0.0 row of
+    :func:`_dA_cumsum_inputs` included), over row counts below, at (128) and above a block of rows and chunk
+    lengths of 1 to 64."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""
@@ -438,7 +449,7 @@ def test_dA_cumsum_grad_kernel_under_the_interpreter():
         from tests.fold.test_fold import _dA_cumsum_inputs
         from tests.helpers import bits_equal
         cases = 0
-        for seed, shape in enumerate(((1, 1, 1, 1), (2, 3, 4, 9), (1, 8, 17, 64), (3, 5, 9, 16))):
+        for seed, shape in enumerate(((1, 1, 1, 1), (2, 3, 4, 9), (2, 4, 16, 5), (1, 8, 17, 64), (3, 5, 9, 16))):
             args = _dA_cumsum_inputs(shape, seed)
             want = [t.clone() for t in args]
             got = [t.clone() for t in args]
@@ -448,4 +459,4 @@ def test_dA_cumsum_grad_kernel_under_the_interpreter():
             cases += 1
         print("cases", cases)
     """)
-    assert "cases 4" in run_python(code, interpret=True)
+    assert "cases 5" in run_python(code, interpret=True)

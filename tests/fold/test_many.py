@@ -148,7 +148,8 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
     """Ahead-of-time compile (triton's own ptxas, no GPU needed) for the H200's sm_90, with unused folds passed as
     None and sizes specialised to 1 as Triton's launcher does: it compiles, and every fp32 addition in the PTX is a
     plain round-to-nearest ``add.f32`` (no flush to zero, no fused multiply-add, no atomics): the arithmetic of
-    :func:`fold_dims`'s kernel and of the CPU fold."""
+    :func:`fold_dims`'s kernel and of the CPU fold. The ``dA_cumsum`` kernel, plain and with ``N`` specialised to
+    1, also keeps its global loads and stores scalar (each thread reads back its own stores of ``prev``)."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernels on CUDA)")
     code = textwrap.dedent("""
         import re
@@ -176,8 +177,15 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
         check(fn, {n: {"BLOCK": "constexpr", "p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32") for n in fn.arg_names},
               {"BLOCK": 256})
         fn = kernels.dA_cumsum_grad_kernel
-        check(fn, {n: {"BLOCK": "constexpr", "R": "i32", "N": "i32"}.get(n, "*fp32") for n in fn.arg_names},
-              {"BLOCK": 128})
+        for const in ({"BLOCK": 128}, {"BLOCK": 128, "N": 1}):
+            sig = {n: "constexpr" if n in const else {"R": "i32", "N": "i32"}.get(n, "*fp32") for n in fn.arg_names}
+            check(fn, sig, const)
+            # each thread reads back its own scalar stores of prev (no barrier in the kernel): no vector accesses
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4})
+            ptx = k.asm["ptx"]
+            assert re.search(r"\\bst\\.global\\.b32\\b", ptx) and re.search(r"\\bld\\.global\\.b32\\b", ptx)
+            assert not re.search(r"\\b(ld|st)\\.global(\\.[a-z0-9]+)*\\.v[248]\\b", ptx)
         print("compiled")
     """)
     assert "compiled" in run_python(code, interpret=False)

@@ -72,7 +72,7 @@ def _timed_functions() -> Dict[str, Callable]:
     found["launch path _plans.replay (a launcher's plan)"] = _plans.replay
     found["launch path launch_fitting (Triton run)"] = _resources.launch_fitting
     for name in ("fold_many", "fold_example_sums", "fold_dims", "fold_example_gemms", "fold_example_gemms_grouped",
-                 "lexical_cumsum", "conv1d_grad_partials"):
+                 "lexical_cumsum", "dA_cumsum_grad_scans", "conv1d_grad_partials"):
         found[f"fold {name}"] = getattr(fold, name)
     return found
 

@@ -7,7 +7,8 @@ from ordered_ssd.apps import bench
 def test_kernel_categories_and_breakdown_table():
     cat = bench.kernel_category
     assert cat("fold_kernel") == cat("scan_kernel") == "fold (ordered-ssd)"
-    for own in ("fold_many_kernel", "example_sums_kernel", "gemm_fold_chain_kernel", "conv1d_grad_partials_kernel"):
+    for own in ("fold_many_kernel", "example_sums_kernel", "gemm_fold_chain_kernel", "conv1d_grad_partials_kernel",
+                "dA_cumsum_grad_kernel"):
         assert cat(own) == "fold (ordered-ssd)", own  # not GEMM (cuBLAS) or other
     assert cat("_chunk_scan_fwd_kernel") == cat("_bmm_chunk_bwd_kernel") == "SSD (mamba-ssm Triton)"
     assert cat("_state_passing_bwd_kernel") == "SSD (mamba-ssm Triton)"
