@@ -20,8 +20,9 @@ def kernel_category(name: str) -> str:
     if n.startswith("void "):
         n = n[5:]
     low = n.lower()
+    # ordered-ssd's own kernels (ordered_ssd/fold/kernels.py)
     if n.startswith(("fold_kernel", "scan_kernel", "fold_many_kernel", "example_sums_kernel", "gemm_fold_",
-                     "conv1d_grad_partials_kernel", "dA_cumsum_grad_kernel")):  # ordered-ssd's own kernels (ordered_ssd/fold/kernels.py)
+                     "conv1d_grad_partials_kernel", "dA_cumsum_grad_kernel")):
         return "fold (ordered-ssd)"
     if n.startswith(("_chunk_", "_bmm_chunk", "_state_passing")):
         return "SSD (mamba-ssm Triton)"
