@@ -22,7 +22,7 @@ import torch
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .primitives import LexicalFold, fold_dims, normalize_dims
+from .primitives import LexicalFold, fold_axes, fold_dims, normalize_dims
 from .settings import accumulation_dtype
 
 __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
@@ -80,8 +80,8 @@ def _layout(t: torch.Tensor, dims: Tuple[int, ...]):
     axes ``dims`` (:func:`_layout_of`; ``t_or_copy`` the copy where it says so)."""
     copy, *rest = _layout_of(tuple(t.shape), t.stride(), dims)
     if copy:
-        keep = [d for d in range(t.dim()) if d not in dims]
-        t = t.permute(*dims, *keep).reshape(rest[0] * rest[1], rest[2]).contiguous()
+        keep, _, K = fold_axes(t, dims)
+        t = t.permute(*dims, *keep).reshape(K, rest[2]).contiguous()
     return (t, *rest)
 
 
