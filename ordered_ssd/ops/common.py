@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -78,14 +78,22 @@ def or_none(t: torch.Tensor, present) -> Optional[torch.Tensor]:
     return t if present is not None and present is not False else None
 
 
-def as_dtype_of(grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[Optional[torch.Tensor]],
-                like: torch.Tensor) -> list:
-    """Each gradient contiguous and in the dtype of its input; :func:`absent` (on the device of ``like``) where the
-    gradient or its input is None. This is what autograd's engine did to the former Functions' gradients (a cast
-    of an fp32 fold to the parameter dtype rounds once, as before), done inside the custom op so that its fake
-    gives the exact dtypes and strides."""
-    return [absent(like) if g is None or inp is None else g.to(inp.dtype).contiguous()
+def as_dtype_of(grads: Sequence[Optional[torch.Tensor]],
+                inputs: Sequence[Optional[Union[torch.Tensor, torch.dtype]]], like: torch.Tensor) -> list:
+    """Each gradient contiguous and in the dtype of its input (an input may be given as its dtype); :func:`absent`
+    (on the device of ``like``) where the gradient or its input is None. This is what autograd's engine did to the
+    former Functions' gradients (a cast of an fp32 fold to the parameter dtype rounds once, as before), done inside
+    the custom op so that its fake gives the exact dtypes and strides."""
+    return [absent(like) if g is None or inp is None
+            else g.to(inp if isinstance(inp, torch.dtype) else inp.dtype).contiguous()
             for g, inp in zip(grads, inputs)]
+
+
+def cast_copy(cast: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
+    """What a custom op returns for the autocast copy ``cast`` of its input ``original`` (to be saved for the
+    backward): ``cast`` when it is a copy, :func:`absent` when no cast happened (``cast is original``: a custom op's
+    output may not alias an input)."""
+    return absent(original) if cast is original else cast
 
 
 def auxiliary_outputs(ctx, *outputs: torch.Tensor) -> None:

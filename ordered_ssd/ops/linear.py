@@ -2,7 +2,8 @@
 
 Layers: composition (:func:`ordered_linear_fwd`, :func:`ordered_linear_bwd`, :func:`ordered_linear_weight_grad`;
 plain functions, no autograd) → the custom op ``ordered_ssd::linear`` (fake, autograd through the custom op
-``ordered_ssd::linear_backward``) → :func:`ordered_linear`.
+``ordered_ssd::linear_backward``) → :func:`ordered_linear`. Under CUDA autocast the op returns its casts of ``x``
+and ``weight`` beside the output, and the backward uses them (one cast per operand and step, as native autocast).
 
 Determinism: ``dW = fold_b(dy_b^T x_b)`` and ``db = fold_b(fold_l(dy_b))``, fp32 lexical folds over examples
 (example 0 first, :mod:`ordered_ssd.fold`), cast once; bitwise identical across repeats, processes and restarts
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 
 from ..fold import (LINEAR_GROUP_BYTES, fold_example_gemms, fold_example_gemms_grouped, fold_example_sums,
                     linear_weight_grad_is_fused)
-from .common import (as_dtype_of, autocast_context, autocast_dtype, call_op, or_none, ordered_custom_op,
-                     register_op_autograd)
+from .common import (absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs, call_op, cast_copy,
+                     or_none, ordered_custom_op, register_op_autograd)
 
 __all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "ordered_linear"]
 
@@ -89,9 +90,13 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
 
 # --------------------------------------------------------------------------------------------- custom op
 def _linear_body(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                 autocast: Optional[torch.dtype]) -> torch.Tensor:
+                 autocast: Optional[torch.dtype]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, x_cast, weight_cast)``: the output, and the operands as the forward cast them to the autocast dtype
+    (:func:`cast_copy`; :func:`absent` where no cast happened), returned only to be saved: the backward reuses the
+    forward's casts instead of casting again, as native autocast keeps its cast weight for the backward."""
     with autocast_context(autocast):
-        return ordered_linear_fwd(x, weight, bias)[0].contiguous()
+        y, xc, wc = ordered_linear_fwd(x, weight, bias)
+    return y.contiguous(), cast_copy(xc, x), cast_copy(wc, weight)
 
 
 _linear = ordered_custom_op("linear", _linear_body)
@@ -99,40 +104,52 @@ _linear = ordered_custom_op("linear", _linear_body)
 
 @_linear.register_fake
 def _(x, weight, bias, autocast):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=autocast if autocast is not None else x.dtype)
+    def cast(t):
+        return t.new_empty(t.shape, dtype=autocast) if autocast is not None and t.dtype != autocast else absent(x)
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=autocast if autocast is not None else x.dtype)
+    return y, cast(x), cast(weight)
 
 
 def _linear_backward_body(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                          autocast: Optional[torch.dtype], need_dx: bool,
-                          need_dweight: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          autocast: Optional[torch.dtype], need_dx: bool, need_dweight: bool,
+                          x_dtype: torch.dtype,
+                          weight_cast: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dW, db)`` in the dtypes of ``x`` (``x_dtype``: ``x`` may be the forward's cast of it), ``weight`` and
+    ``bias``. ``weight_cast``: the forward's cast of ``weight`` (None: ``weight`` is used as it is, or cast here)."""
     with autocast_context(autocast):
-        xc, wc = (x.to(autocast), weight.to(autocast)) if autocast is not None else (x, weight)  # as the forward
+        xc = x.to(autocast) if autocast is not None else x  # no copy: the forward's cast, or already that dtype
+        wc = weight_cast if weight_cast is not None else (weight.to(autocast) if autocast is not None else weight)
         dx, dW, db = ordered_linear_bwd(dy, xc, wc, need_dx=need_dx, need_dweight=need_dweight,
                                         has_bias=bias is not None)
-    return tuple(as_dtype_of((dx, dW, db), (x, weight, bias), dy))
+    return tuple(as_dtype_of((dx, dW, db), (x_dtype, weight, bias), dy))
 
 
 _linear_backward = ordered_custom_op("linear_backward", _linear_backward_body)
 
 
 @_linear_backward.register_fake
-def _(dy, x, weight, bias, autocast, need_dx, need_dweight):
-    def grad(t, need):
-        return torch.empty_like(t, memory_format=torch.contiguous_format) if need and t is not None else dy.new_empty(
-            (0,), dtype=torch.float32)
-    return grad(x, need_dx), grad(weight, need_dweight), grad(bias, need_dweight)
+def _(dy, x, weight, bias, autocast, need_dx, need_dweight, x_dtype, weight_cast):
+    def grad(t, dtype, need):
+        return t.new_empty(t.shape, dtype=dtype) if need and t is not None else absent(dy)
+    return (grad(x, x_dtype, need_dx), grad(weight, weight.dtype, need_dweight),
+            grad(bias, bias.dtype if bias is not None else None, need_dweight))
 
 
 def _linear_setup_context(ctx, inputs, output):
     x, weight, bias, autocast = inputs
-    ctx.save_for_backward(x, weight, bias)
-    ctx.autocast = autocast
+    _, x_cast, weight_cast = output
+    # the forward's casts stand for the operands: an input the forward cast is not kept for the backward
+    x_saved = x_cast if autocast is not None and x.dtype != autocast else x
+    weight_cast = weight_cast if autocast is not None and weight.dtype != autocast else None
+    ctx.save_for_backward(x_saved, weight, bias, weight_cast)
+    auxiliary_outputs(ctx, output[1], output[2])
+    ctx.autocast, ctx.x_dtype = autocast, x.dtype
 
 
-def _linear_bwd(backward, ctx, dy):
-    x, weight, bias = ctx.saved_tensors
+def _linear_bwd(backward, ctx, dy, _dx_cast=None, _dweight_cast=None):
+    x, weight, bias, weight_cast = ctx.saved_tensors
     need = ctx.needs_input_grad
-    dx, dW, db = backward(dy, x, weight, bias, ctx.autocast, need[0], need[1] or need[2])
+    dx, dW, db = backward(dy, x, weight, bias, ctx.autocast, need[0], need[1] or need[2], ctx.x_dtype, weight_cast)
     return or_none(dx, need[0]), or_none(dW, need[1]), or_none(db, bias is not None and need[2]), None
 
 
@@ -161,4 +178,4 @@ def ordered_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
         raise TypeError(f"x: expected a torch.Tensor [B, L, in], got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"x: expected a 3-d tensor [B, L, in], got shape {tuple(x.shape)}")
-    return call_op(_linear, _LinearFunction, x, weight, bias, autocast_dtype(x))
+    return call_op(_linear, _LinearFunction, x, weight, bias, autocast_dtype(x))[0]

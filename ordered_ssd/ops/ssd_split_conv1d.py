@@ -31,8 +31,8 @@ import csrc_bindings
 from ..fold import fold_many, rmsnorm_rows_per_program
 from .causal_conv1d import conv1d_weight_folds, ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
 from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
-                     check_split_conv1d_scan_args, check_states_args, or_none, ordered_custom_op, register_op_autograd,
-                     require_cuda)
+                     cast_copy, check_split_conv1d_scan_args, check_states_args, or_none, ordered_custom_op,
+                     register_op_autograd, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 from .ssd_combined import (dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd,
@@ -114,10 +114,11 @@ def ordered_mamba_split_conv1d_scan_combined_fwd(zxbcdt, conv1d_weight, conv1d_b
                                               group_size=dim // ngroups, norm_before_gate=norm_before_gate,
                                               out=out_buf)
         out = out.reshape(batch, seqlen, out.shape[-1]) if d_nonssm == 0 else out01
+    outproj_weight_cast = None
     if outproj_weight is not None:
-        out = ordered_linear_fwd(out, outproj_weight, outproj_bias)[0]
+        out, _, outproj_weight_cast = ordered_linear_fwd(out, outproj_weight, outproj_bias)
     saved = dict(out_x=out_x, rstd=rstd, headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate,
-                 d_nonssm=d_nonssm, final_states=final_states)
+                 d_nonssm=d_nonssm, final_states=final_states, outproj_weight_cast=outproj_weight_cast)
     return out, saved
 
 
@@ -126,8 +127,11 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
                                                  activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, rstd=None,
                                                  outproj_weight=None, outproj_bias=None, norm_before_gate=True,
                                                  initial_states=None, dfinal_states=None, literal=False,
-                                                 return_partials=False):
+                                                 return_partials=False, outproj_weight_cast=None):
     """Ordered backward of ``mamba_split_conv1d_scan_combined``.
+
+    ``outproj_weight_cast``: the forward's cast of ``outproj_weight`` to the autocast dtype (``saved``'s entry of
+    the forward; None: ``outproj_weight`` is cast to ``dout``'s dtype here, the same values).
 
     Returns:
         ``(dzxbcdt, dconv1d_weight [D, W], dconv1d_bias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight,
@@ -155,7 +159,8 @@ def ordered_mamba_split_conv1d_scan_combined_bwd(dout, zxbcdt, conv1d_weight, co
         dC, ngroups)
     dout_og = dout
     if outproj_weight is not None:
-        dout = F.linear(dout, outproj_weight.to(dout.dtype).t())
+        w_cast = outproj_weight_cast if outproj_weight_cast is not None else outproj_weight.to(dout.dtype)
+        dout = F.linear(dout, w_cast.t())
     if d_nonssm > 0:
         dout0, dout = dout.split([d_nonssm, dim], dim=-1)
         csrc_bindings.launch_swiglu_bwd(zx0, dout0, dxy=dzx0, recompute_output=recompute_output,
@@ -224,9 +229,11 @@ def _split_conv1d_scan_body(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, c
                             outproj_weight: Optional[torch.Tensor],
                             outproj_bias: Optional[torch.Tensor], headdim: Optional[int], ngroups: int,
                             norm_before_gate: bool, literal: bool, autocast: Optional[torch.dtype]
-                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out [B, L, d_out], out_x [B, L, H, P], rstd [G * B * L] fp32 or :func:`absent`, final_states
-    [B, H, P, N] fp32)``."""
+    [B, H, P, N] fp32, outproj_weight_cast [d_out, d_mlp + d_ssm] or :func:`absent`)``: the last is the forward's
+    autocast copy of ``outproj_weight`` (absent without a cast), returned to be saved so that the backward does not
+    cast again (native autocast keeps its cast too)."""
     with autocast_context(autocast):
         out, saved = ordered_mamba_split_conv1d_scan_combined_fwd(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=seq_idx, dt_limit=tuple(dt_limit),
@@ -234,8 +241,10 @@ def _split_conv1d_scan_body(zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor, c
             outproj_weight=outproj_weight, outproj_bias=outproj_bias, headdim=headdim, ngroups=ngroups,
             norm_before_gate=norm_before_gate, initial_states=initial_states)
     rstd = saved["rstd"]
+    w_cast = saved["outproj_weight_cast"]
     return (out.contiguous(), saved["out_x"].contiguous(), (rstd if rstd is not None else absent(zxbcdt)),
-            saved["final_states"].contiguous())
+            saved["final_states"].contiguous(),
+            cast_copy(w_cast, outproj_weight) if w_cast is not None else absent(zxbcdt))
 
 
 _split_conv1d_scan = ordered_custom_op("mamba_split_conv1d_scan_combined", _split_conv1d_scan_body)
@@ -256,7 +265,11 @@ def _(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_sta
     rstd = (zxbcdt.new_empty((ngroups * batch * seqlen,), dtype=torch.float32) if rmsnorm_weight is not None
             else absent(zxbcdt))
     final_states = zxbcdt.new_empty((batch, nheads, headdim, dstate), dtype=torch.float32)
-    return out, out_x, rstd, final_states
+    if outproj_weight is not None and autocast is not None and outproj_weight.dtype != autocast:
+        w_cast = outproj_weight.new_empty(outproj_weight.shape, dtype=autocast)
+    else:
+        w_cast = absent(zxbcdt)
+    return out, out_x, rstd, final_states, w_cast
 
 
 def _split_conv1d_scan_backward_body(dout: torch.Tensor, zxbcdt: torch.Tensor, conv1d_weight: torch.Tensor,
@@ -267,9 +280,11 @@ def _split_conv1d_scan_backward_body(dout: torch.Tensor, zxbcdt: torch.Tensor, c
                                      rmsnorm_weight: Optional[torch.Tensor], rmsnorm_eps: float, rstd: torch.Tensor,
                                      outproj_weight: Optional[torch.Tensor], outproj_bias: Optional[torch.Tensor],
                                      headdim: Optional[int], ngroups: int, norm_before_gate: bool, literal: bool,
-                                     autocast: Optional[torch.dtype]) -> List[torch.Tensor]:
+                                     autocast: Optional[torch.dtype],
+                                     outproj_weight_cast: Optional[torch.Tensor]) -> List[torch.Tensor]:
     """The gradients of (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight,
-    outproj_bias, initial_states) in that order, each in its input's dtype (:func:`absent` for a None input)."""
+    outproj_bias, initial_states) in that order, each in its input's dtype (:func:`absent` for a None input).
+    ``outproj_weight_cast``: the forward's autocast copy of ``outproj_weight`` (None: no cast happened)."""
     nheads, headdim, dstate, d_nonssm = _split_sizes(zxbcdt, conv1d_weight, D, headdim, ngroups)
     saved = dict(headdim=headdim, nheads=nheads, ngroups=ngroups, dstate=dstate, d_nonssm=d_nonssm)
     with autocast_context(autocast):
@@ -279,7 +294,7 @@ def _split_conv1d_scan_backward_body(dout: torch.Tensor, zxbcdt: torch.Tensor, c
             rmsnorm_weight=rmsnorm_weight, rmsnorm_eps=rmsnorm_eps,
             rstd=rstd if rmsnorm_weight is not None else None, outproj_weight=outproj_weight,
             outproj_bias=outproj_bias, norm_before_gate=norm_before_gate, literal=literal,
-            initial_states=initial_states, dfinal_states=dfinal_states)
+            initial_states=initial_states, dfinal_states=dfinal_states, outproj_weight_cast=outproj_weight_cast)
     return as_dtype_of(grads, (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight,
                                outproj_bias, initial_states), zxbcdt)
 
@@ -291,7 +306,7 @@ _split_conv1d_scan_backward = ordered_custom_op("mamba_split_conv1d_scan_combine
 @_split_conv1d_scan_backward.register_fake
 def _(dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, chunk_size, initial_states, dfinal_states,
       seq_idx, dt_limit, activation, rmsnorm_weight, rmsnorm_eps, rstd, outproj_weight, outproj_bias, headdim, ngroups,
-      norm_before_gate, literal, autocast):
+      norm_before_gate, literal, autocast, outproj_weight_cast):
     return [dense(t) if t is not None else absent(zxbcdt)
             for t in (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight, outproj_bias,
                       initial_states)]
@@ -301,18 +316,20 @@ def _split_conv1d_scan_setup_context(ctx, inputs, output):
     (zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
      return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias, headdim, ngroups,
      norm_before_gate, literal, autocast) = inputs
-    out, out_x, rstd, final_states = output
+    out, out_x, rstd, final_states, w_cast = output
+    # the forward's autocast copy of outproj_weight, where it made one (the backward's GEMM uses it)
+    cast = outproj_weight is not None and autocast is not None and outproj_weight.dtype != autocast
     ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd,
-                          outproj_weight, outproj_bias, initial_states, final_states)
-    auxiliary_outputs(ctx, out_x, rstd)
+                          outproj_weight, outproj_bias, initial_states, final_states, w_cast if cast else None)
+    auxiliary_outputs(ctx, out_x, rstd, w_cast)
     ctx.out_like = (out.shape, out.dtype)
     ctx.args = (chunk_size, dt_limit, return_final_states, activation, rmsnorm_eps, headdim, ngroups,
                 norm_before_gate, literal, autocast)
 
 
-def _split_conv1d_scan_bwd(backward, ctx, dout, _dout_x, _drstd, dfinal_states):
+def _split_conv1d_scan_bwd(backward, ctx, dout, _dout_x, _drstd, dfinal_states, _doutproj_weight_cast=None):
     (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight,
-     outproj_bias, initial_states, final_states) = ctx.saved_tensors
+     outproj_bias, initial_states, final_states, outproj_weight_cast) = ctx.saved_tensors
     (chunk_size, dt_limit, return_final_states, activation, rmsnorm_eps, headdim, ngroups, norm_before_gate, literal,
      autocast) = ctx.args
     # As in the chunk-scan op: unused returned outputs get zero gradients, as autograd materialised them before.
@@ -326,7 +343,7 @@ def _split_conv1d_scan_bwd(backward, ctx, dout, _dout_x, _drstd, dfinal_states):
      dinit) = backward(
         dout, zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, chunk_size, initial_states, dfinal_states,
         seq_idx, dt_limit, activation, rmsnorm_weight, rmsnorm_eps, rstd, outproj_weight, outproj_bias, headdim,
-        ngroups, norm_before_gate, literal, autocast)
+        ngroups, norm_before_gate, literal, autocast, outproj_weight_cast)
     return (dzxbcdt, dconv1d_weight, or_none(dconv1d_bias, conv1d_bias), ddt_bias, dA, dD, None,
             or_none(dinit, initial_states), None, None, None, None, or_none(drmsnorm_weight, rmsnorm_weight), None,
             or_none(doutproj_weight, outproj_weight), or_none(doutproj_bias, outproj_bias), None, None, None, None,
@@ -376,7 +393,7 @@ def ordered_mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias,
     require_cuda("zxbcdt", zxbcdt)
     seq_idx = seq_idx.contiguous() if seq_idx is not None else None
     return_final_states = bool(return_final_states)
-    out, _, _, final_states = call_op(
+    out, _, _, final_states, _ = call_op(
         _split_conv1d_scan, _SplitConv1dScanFunction, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
         initial_states, seq_idx, [float(v) for v in dt_limit], return_final_states, activation, rmsnorm_weight,
         float(rmsnorm_eps), outproj_weight, outproj_bias, headdim, ngroups, bool(norm_before_gate), bool(literal),

@@ -75,3 +75,60 @@ def test_bad_input_is_refused():
         ordered_linear([[1.0]], weight)
     with pytest.raises(ValueError, match=r"^x: expected a 3-d tensor \[B, L, in\], got shape \(9, 6\)"):
         ordered_linear(x[0], weight)
+
+
+def _casts_of(shape, fn):
+    """The number of ``aten::_to_copy`` calls on a tensor of ``shape`` while ``fn`` runs (CPU profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes
+               and list(e.input_shapes[0]) == list(shape))
+
+
+@pytest.mark.parametrize("path", ["eager", "custom_op"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_autocast_casts_each_operand_once_per_step(monkeypatch, path, x_dtype):
+    """Under autocast (here bf16, ``autocast_dtype`` patched so the CPU runs the CUDA path's casting) the forward
+    returns its casts of ``x`` and ``weight`` and the backward uses them: one cast of the fp32 weight per step (the
+    backward cast it again before), and of ``x`` only where it is not already bf16, as native autocast. The
+    gradients keep the bits of the backward that cast again, in the dtypes of the inputs."""
+    from ordered_ssd.ops import linear
+
+    x, weight, b, dy = _problem()
+    x = x.to(x_dtype)
+    dy = dy.to(torch.bfloat16)
+    monkeypatch.setattr(linear, "autocast_dtype", lambda t: torch.bfloat16)
+    if path == "custom_op":  # what torch.compile and dispatch modes call, with the op's fake and autograd
+        monkeypatch.setattr(linear, "call_op", lambda op, function, *args: op(*args))
+    leaves = [t.clone().requires_grad_() for t in (x, weight, b)]
+
+    def step():
+        linear.ordered_linear(*leaves).backward(dy)
+    assert _casts_of(weight.shape, step) == 1
+    assert leaves[0].grad.dtype == x_dtype and leaves[1].grad.dtype == torch.float32
+    xc, wc = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+    dx, dW, db = ordered_linear_bwd(dy, xc, wc, has_bias=True)
+    assert bits_equal(leaves[0].grad, dx.to(x_dtype)) and bits_equal(leaves[1].grad, dW)
+    assert bits_equal(leaves[2].grad, db)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, b)]
+    # fp32 x: the forward's cast and the cast of dx back to fp32 (the backward cast x again before: 3)
+    assert _casts_of(x.shape, step) == (2 if x_dtype == torch.float32 else 0)
+
+
+def test_linear_op_with_autocast_passes_opcheck(monkeypatch):
+    """The op's fake gives the cast outputs' shapes and dtypes (and :func:`absent` where no cast happens)."""
+    from ordered_ssd.ops import linear
+
+    monkeypatch.setattr(linear, "autocast_dtype", lambda t: torch.bfloat16)
+    x, weight, b, _ = _problem()
+    for xx in (x, x.to(torch.bfloat16)):
+        torch.library.opcheck(torch.ops.ordered_ssd.linear.default,
+                              (xx.clone().requires_grad_(), weight.clone().requires_grad_(), b.clone().requires_grad_(),
+                               torch.bfloat16),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
+        y, xc, wc = torch.ops.ordered_ssd.linear.default(xx, weight, b, torch.bfloat16)
+        assert wc.dtype == torch.bfloat16 and bits_equal(wc, weight.to(torch.bfloat16))
+        assert xc.numel() == 0 if xx.dtype == torch.bfloat16 else bits_equal(xc, xx.to(torch.bfloat16))

@@ -281,12 +281,21 @@ def _op_cases():
             _t(g, H, dtype=torch.float32), cs, _t(g, Bs, H, P, N), seq_idx, [0.0, inf], True, "silu",
             _t(g, d_ssm, scale=1.0), 1e-5, _t(g, 64, d_ssm, scale=0.05), None, P, G, False, False, None)),
         "A_from_log": (torch.ops.ordered_ssd.A_from_log.default, lambda: (_t(g, H, dtype=torch.float32),)),
+        # under bf16 autocast with fp32 operands: the ops return their casts (saved for the backward) beside the output
+        "linear_autocast": (torch.ops.ordered_ssd.linear.default, lambda: (
+            _t(g, Bs, Ls, 64, dtype=torch.float32), _t(g, 96, 64, dtype=torch.float32),
+            _t(g, 96, dtype=torch.float32), torch.bfloat16)),
+        "split_conv1d_scan_autocast": (torch.ops.ordered_ssd.mamba_split_conv1d_scan_combined.default, lambda: (
+            _t(g, Bs, Ls, 2 * d_ssm + 2 * G * N + H), _t(g, conv_dim, W), _t(g, conv_dim), dt_bias, A,
+            _t(g, H, dtype=torch.float32), cs, None, None, [0.0, inf], False, "silu", _t(g, d_ssm, scale=1.0), 1e-5,
+            _t(g, 64, d_ssm, scale=0.05, dtype=torch.float32), _t(g, 64, dtype=torch.float32), P, G, False, False,
+            torch.bfloat16)),
     }
     return cases
 
 
 OPS = ["linear", "causal_conv1d", "causal_conv1d_seq_idx", "gated_rmsnorm", "chunk_scan", "chunk_scan_states",
-       "split_conv1d_scan", "split_conv1d_scan_states", "A_from_log"]
+       "split_conv1d_scan", "split_conv1d_scan_states", "A_from_log", "linear_autocast", "split_conv1d_scan_autocast"]
 
 
 @pytest.mark.parametrize("name", OPS)

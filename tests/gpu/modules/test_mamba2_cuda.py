@@ -122,6 +122,26 @@ def test_autocast_bf16_and_deterministic_algorithms():
             assert bits_equal(r[name], results[0][name]), name
 
 
+@pytest.mark.parametrize("mem_eff", [True, False])
+def test_autocast_casts_each_projection_weight_once_per_step(mem_eff):
+    """Under bf16 autocast with fp32 parameters, a training step casts ``in_proj.weight`` and ``out_proj.weight``
+    once each (the forward's casts are kept for the backward, as native autocast keeps its own), on the fused
+    path (out_proj inside ``mamba_split_conv1d_scan_combined``) and the unfused one; the bits are those of the
+    step that cast again (``tests/gpu/modules/test_layer_digests.py``, ``cuda-fp32-autocast-bf16-bias``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layer = _make(256, 64, 64, 1, 64, torch.float32, dict(use_mem_eff_path=mem_eff))
+    u, dout = _inputs(layer, 2, 150, torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        layer_step(layer, u, dout)  # warm-up (compiles, plans)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            layer_step(layer, u, dout)
+    shapes = [list(e.input_shapes[0]) for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes]
+    for name in ("in_proj.weight", "out_proj.weight"):
+        shape = list(dict(layer.named_parameters())[name].shape)
+        assert shapes.count(shape) == 1, (name, shape, shapes)
+
+
 def _kernel_snapshot():
     import mamba_ssm.ops.triton.layernorm_gated as lg
     import mamba_ssm.ops.triton.ssd_bmm as sb
