@@ -38,6 +38,10 @@ class KernelSpec:
             wrongly (the launcher raises ``ValueError(message)`` before launching; the neutrality proof skips it).
         example: ``example(p, config=None)`` runs the launcher on an example problem (:mod:`._examples`) and returns
             its outputs; used by the tuner and the GPU tests.
+        tile_bounds: ``{block size name: autotune-key name}``: a block size that tiles a dimension of the key's size
+            (e.g. the head dim) and is not reduced over in a way that needs a wider tile: a candidate whose tile is
+            wider than the narrowest candidate tile that covers the dimension only adds masked lanes
+            (:func:`oversized_tiles`), and the tuner does not search it.
         timing_outputs: the pointer arguments the kernel writes, for a kernel that writes each of them with plain
             stores only (no atomics, no read-modify-write of an output), read from its code: upstream's autotuner
             may then run it repeatedly on a launch's own arguments (rule ``native-autotune-v1``,
@@ -56,6 +60,7 @@ class KernelSpec:
     arity: int | None = None
     example: Callable | None = None
     config_error: Callable | None = None
+    tile_bounds: Mapping = dataclasses.field(default_factory=dict)
     timing_outputs: tuple = ()
 
     def __post_init__(self):
@@ -72,3 +77,24 @@ def key_of(spec: KernelSpec, args: Mapping) -> dict:
     """The kernel's autotune-key values, ``{name: args[name]}`` for the names of ``spec.autotune_key``, taken from
     the launch arguments (upstream's autotuner reads its key from the same arguments)."""
     return {n: args[n] for n in spec.autotune_key}
+
+
+def oversized_tiles(spec: KernelSpec, key: Mapping, block: Mapping) -> tuple:
+    """The names of ``spec.tile_bounds`` whose block size in ``block`` is wider than the narrowest candidate tile
+    that covers the key's size of its dimension: ``block[n] > min(v for v in candidate values of n if v >=
+    key[dim])`` (the widest candidate value when none covers it). Such a tile computes the same dimension with more
+    masked lanes. Empty for a kernel without ``tile_bounds`` or candidates.
+
+    Example: ``chunk_scan_chunk_state_bwd_dx`` (``{"BLOCK_SIZE_N": "hdim"}``, candidate values 32..256) at
+    ``hdim`` 32: a ``BLOCK_SIZE_N`` of 64 or more is oversized; at ``hdim`` 48, of 128 or more.
+    """
+    if not spec.tile_bounds or not spec.candidates:
+        return ()
+    out = []
+    for name, dim in spec.tile_bounds.items():
+        values = sorted({int(c[0][name]) for c in spec.candidates})
+        size = int(key[dim])
+        bound = next((v for v in values if v >= size), values[-1])
+        if int(block[name]) > bound:
+            out.append(name)
+    return tuple(out)

@@ -2,7 +2,8 @@
 
 For every native kernel of the Mamba-2 layer and every (layer shape, dtype) asked for, time every candidate
 configuration of the kernel's own upstream autotuner (``kernel.configs``, read, never modified) through the
-``csrc_bindings`` launcher, and record the fastest *valid* one:
+``csrc_bindings`` launcher, but those whose tiles are wider than the key's dimension needs (the spec's
+``tile_bounds``, :func:`search_candidates`), and record the fastest *valid* one:
 
 * it compiles and fits the GPU's shared memory / registers (the launch does not raise),
 * it runs the deterministic path (the launchers always pass ``DETERMINISTIC_REDUCTION=True`` where it exists)
@@ -42,7 +43,9 @@ from typing import Optional
 
 import torch
 
-from .. import _configs, _examples, _native, _registry
+from .. import _configs, _examples, _registry
+from .._spec import oversized_tiles
+from .live import live_candidates
 
 #: where the compile workers start (``python -m csrc_bindings.pinned.tune``): the folder that holds this package
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -94,75 +97,24 @@ def build_jobs(args):
     return jobs
 
 
-def live_candidates():
-    """The autotuners' own config lists, as (block kwargs, num_warps, num_stages); checked against the copy.
+def search_candidates(kernel, key, live) -> list:
+    """The candidates a pinned-table search times for ``kernel`` at ``key``: the live autotuner list without the
+    configurations whose tiles are oversized for the key (:func:`csrc_bindings._spec.oversized_tiles`, from the
+    spec's ``tile_bounds``), in the live order."""
+    spec = _registry.KERNELS[kernel]
+    return [c for c in live[kernel] if not oversized_tiles(spec, key, c[0])]
 
-    Raises:
-        SystemExit: a live list differs from the spec's ``candidates`` (e.g. mamba-ssm's deterministic mode
-            filtered it).
-        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit` (extras missing, another mamba-ssm
-            version, changed kernel).
-    """
-    ns = _native.native()
-    out = {}
-    for name, spec in _registry.KERNELS.items():
-        if spec.candidates is None:
-            continue
-        _native.kernel_jit(spec)  # checks the kernel and fills ns.kernels
-        live = _native.live_configs(ns.kernels[name])
-        if live != spec.candidates:
-            raise SystemExit(f"{name}: the live autotuner lists {len(live)} configs that differ from the "
-                             f"{len(spec.candidates)} upstream ones (is MAMBA_DETERMINISTIC or "
-                             f"torch.use_deterministic_algorithms on, or TRITON_AUTOTUNE_BLOCK_SIZE_* set?). "
-                             f"Run the tuner without them.")
-        out[name] = live
+
+def oversized_jobs(jobs, arch) -> list:
+    """The jobs of ``jobs`` whose pinned-table entry on ``arch`` has an oversized tile (``--oversized-only``): the
+    entries a search of :func:`search_candidates` would not choose."""
+    table = _configs._table()
+    out = []
+    for kernel, key, dt in jobs:
+        entry = table.get(_registry.table_key(arch, dt, kernel, key))
+        if entry is not None and oversized_tiles(_registry.KERNELS[kernel], key, entry):
+            out.append((kernel, key, dt))
     return out
-
-
-class _ZeroRecorder:
-    """Stands for one kernel argument in a pre-hook's argument dict; ``zero_()`` records the argument's name."""
-
-    def __init__(self, name, zeroed):
-        self.name, self.zeroed = name, zeroed
-
-    def zero_(self):
-        self.zeroed.add(self.name)
-        return self
-
-    def clone(self):  # a Triton autotuner's own pre-hook copies its ``restore_value`` arguments
-        return self
-
-
-class _RecorderArgs(dict):
-    """``{name: _ZeroRecorder}`` for whatever name a pre-hook asks for."""
-
-    def __init__(self, zeroed):
-        super().__init__()
-        self.zeroed = zeroed
-
-    def __missing__(self, name):
-        self[name] = rec = _ZeroRecorder(name, self.zeroed)
-        return rec
-
-
-def live_pre_hook_zero(spec) -> set:
-    """The argument names that upstream's live autotuner of Triton kernel ``spec`` zeroes before a launch: every
-    config's ``pre_hook`` and the autotuner's own ``pre_hook`` (its ``reset_to_zero``), each called with a dict of
-    recorders (no tensor is touched). The launchers zero ``spec.pre_hook_zero`` by hand; the GPU test compares.
-
-    Raises:
-        ImportError, RuntimeError: as :func:`csrc_bindings._native.kernel_jit`.
-    """
-    _native.kernel_jit(spec)  # checks the kernel and fills native().kernels
-    kernel = _native.native().kernels[spec.name]
-    zeroed: set = set()
-    hooks = [c.pre_hook for c in getattr(kernel, "configs", ()) if getattr(c, "pre_hook", None) is not None]
-    if getattr(kernel, "pre_hook", None) is not None:
-        hooks.append(kernel.pre_hook)
-    for hook in hooks:
-        hook(_RecorderArgs(zeroed))
-    zeroed.update(n for n in (getattr(kernel, "reset_to_zero", None) or ()) if isinstance(n, str))
-    return zeroed
 
 
 def _cfg_dict(cand):
@@ -487,6 +439,9 @@ def main():
     ap.add_argument("--report", default=None, help="write all timings here (JSON)")
     ap.add_argument("--replace", action="store_true", help="do not merge with the existing table")
     ap.add_argument("--skip-existing", action="store_true", help="only tune keys that the table does not have yet")
+    ap.add_argument("--oversized-only", action="store_true",
+                    help="only tune keys whose table entry has a tile wider than its dimension needs (the spec's "
+                         "tile_bounds; such candidates are never searched)")
     ap.add_argument("--batch", type=int, default=4, help="batch of the timed problems")
     ap.add_argument("--seqlen-chunks", type=int, default=8, help="sequence length of the timed problems, in chunks")
     ap.add_argument("--problem-nheads", type=int, default=16,
@@ -548,7 +503,9 @@ def main():
         jobs = [j for j in jobs if _configs._neutral().get(j[0])]
         cands = lambda k, key, dt: speed_candidates(k, key, dt, live, arch)  # noqa: E731
     else:
-        cands = lambda k, key, dt: live[k]  # noqa: E731
+        cands = lambda k, key, dt: search_candidates(k, key, live)  # noqa: E731
+    if args.oversized_only:
+        jobs = oversized_jobs(jobs, arch)
     if args.skip_existing:
         have = set(_configs._speed() if args.speed else _configs._table())
         jobs = [j for j in jobs if _registry.table_key(arch, j[2], j[0], j[1]) not in have]

@@ -65,7 +65,7 @@ def test_live_pre_hook_zero_reads_config_and_autotuner_hooks(monkeypatch):
     """``live_pre_hook_zero`` on a stand-in autotuner (upstream's hooks are ``init_to_zero(names)`` lambdas)."""
     from types import SimpleNamespace
 
-    from csrc_bindings.pinned import tune
+    from csrc_bindings.pinned import live
 
     def init_to_zero(names):
         return lambda nargs: [nargs[n].zero_() for n in names if nargs[n] is not None]
@@ -76,4 +76,4 @@ def test_live_pre_hook_zero_reads_config_and_autotuner_hooks(monkeypatch):
                              pre_hook=lambda kwargs, reset_only=False: kwargs["dD_ptr"].zero_(), reset_to_zero=[])
     monkeypatch.setattr(_native, "kernel_jit", lambda s: None)
     monkeypatch.setattr(_native, "native", lambda: SimpleNamespace(kernels={spec.name: kernel}))
-    assert tune.live_pre_hook_zero(spec) == {"ddt_ptr", "dD_ptr"}
+    assert live.live_pre_hook_zero(spec) == {"ddt_ptr", "dD_ptr"}

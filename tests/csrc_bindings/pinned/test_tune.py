@@ -253,3 +253,66 @@ def test_only_the_package_table_prunes_and_only_at_keys_whose_entry_changed(tmp_
     assert speed_keys() == [k2]
     main("--merge-from", str(b))  # k1 again the same: nothing pruned
     assert speed_keys() == [k2]
+
+
+def test_oversized_tiles_and_the_candidates_a_search_times():
+    """The dx kernel's head-dim tile (``tile_bounds`` {"BLOCK_SIZE_N": "hdim"}): a tile wider than the narrowest
+    candidate tile that covers ``hdim`` is oversized and not searched; other kernels search their whole list."""
+    from csrc_bindings._registry import KERNELS
+    from csrc_bindings._spec import oversized_tiles
+
+    dx = KERNELS["chunk_scan_chunk_state_bwd_dx"]
+    assert dict(dx.tile_bounds) == {"BLOCK_SIZE_N": "hdim"}
+    key = {"chunk_size": 128, "hdim": 32, "dstate": 32}
+    assert oversized_tiles(dx, key, {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32}) == ("BLOCK_SIZE_N",)
+    assert oversized_tiles(dx, key, {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32}) == ()
+    # hdim 48: the narrowest covering tile is 64; hdim 512: wider than every candidate, none is oversized
+    assert oversized_tiles(dx, {**key, "hdim": 48}, {"BLOCK_SIZE_N": 64}) == ()
+    assert oversized_tiles(dx, {**key, "hdim": 48}, {"BLOCK_SIZE_N": 128}) == ("BLOCK_SIZE_N",)
+    assert oversized_tiles(dx, {**key, "hdim": 512}, {"BLOCK_SIZE_N": 256}) == ()
+    live = {k: s.candidates for k, s in KERNELS.items() if s.candidates is not None}
+    widths = {c[0]["BLOCK_SIZE_N"] for c in tuner.search_candidates("chunk_scan_chunk_state_bwd_dx", key, live)}
+    assert widths == {32}
+    widths = {c[0]["BLOCK_SIZE_N"]
+              for c in tuner.search_candidates("chunk_scan_chunk_state_bwd_dx", {**key, "hdim": 64}, live)}
+    assert widths == {32, 64}
+    assert len(tuner.search_candidates("chunk_scan_chunk_state_bwd_dx", {**key, "hdim": 128}, live)) == 7
+    state_key = {"chunk_size": 128, "hdim": 32, "dstate": 32}
+    assert tuner.search_candidates("chunk_state_fwd", state_key, live) == list(live["chunk_state_fwd"])
+
+
+def test_oversized_only_selects_the_entries_with_an_oversized_tile(monkeypatch):
+    import csrc_bindings._configs as cfgs
+    import csrc_bindings._registry as reg
+
+    key32, key128 = ({"chunk_size": 128, "hdim": h, "dstate": 32} for h in (32, 128))
+    table = {reg.table_key("sm_90", "float16", "chunk_scan_chunk_state_bwd_dx", key32):
+             {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32, "num_warps": 4, "num_stages": 4},
+             reg.table_key("sm_90", "float16", "chunk_scan_chunk_state_bwd_dx", key128):
+             {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 32, "num_warps": 4, "num_stages": 4}}
+    monkeypatch.setattr(cfgs, "_table", lambda: table)
+    jobs = [("chunk_scan_chunk_state_bwd_dx", key32, "float16"), ("chunk_scan_chunk_state_bwd_dx", key128, "float16"),
+            ("chunk_scan_chunk_state_bwd_dx", key32, "bfloat16")]  # the last has no entry: nothing to re-tune
+    assert tuner.oversized_jobs(jobs, "sm_90") == [jobs[0]]
+    assert tuner.oversized_jobs(jobs, "sm_100") == []
+
+
+def test_no_pinned_entry_has_an_oversized_tile():
+    """Every entry of the committed pinned table is one a search would choose: no tile wider than its key's
+    dimension needs (the dx entries re-tuned by ``tune --oversized-only``)."""
+    from csrc_bindings._registry import KERNELS
+    from csrc_bindings._spec import oversized_tiles
+    from csrc_bindings.pinned.table import TABLE
+
+    bad, checked = [], 0
+    for tkey, entry in TABLE.items():
+        _arch, _dt, kernel, key_text = tkey.split("/", 3)
+        spec = KERNELS[kernel]
+        if not spec.tile_bounds:
+            continue
+        key = {k: v for k, v in (item.split("=") for item in key_text.split(","))}
+        checked += 1
+        if oversized_tiles(spec, key, entry):
+            bad.append(tkey)
+    assert checked >= 100  # the dx kernel's entries over the key space (bf16, fp16, fp32)
+    assert bad == []
