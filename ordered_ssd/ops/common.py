@@ -89,6 +89,13 @@ def as_dtype_of(grads: Sequence[Optional[torch.Tensor]],
             for g, inp in zip(grads, inputs)]
 
 
+def autocast_casts(t: Optional[torch.Tensor], autocast: Optional[torch.dtype]) -> bool:
+    """Whether a body running under ``autocast`` (:func:`autocast_context`) casts its input ``t``: ``t`` is given
+    and of another dtype. Where a custom op returns a :func:`cast_copy` of ``t``, its fake and its
+    ``setup_context`` ask this to tell the copy from :func:`absent`."""
+    return t is not None and autocast is not None and t.dtype != autocast
+
+
 def cast_copy(cast: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
     """What a custom op returns for the autocast copy ``cast`` of its input ``original`` (to be saved for the
     backward): ``cast`` when it is a copy, :func:`absent` when no cast happened (``cast is original``: a custom op's

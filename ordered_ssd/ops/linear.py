@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from ..fold import (LINEAR_GROUP_BYTES, fold_example_gemms, fold_example_gemms_grouped, fold_example_sums,
                     linear_weight_grad_is_fused)
-from .common import (absent, as_dtype_of, autocast_context, autocast_dtype, auxiliary_outputs, call_op, cast_copy,
-                     or_none, ordered_custom_op, register_op_autograd)
+from .common import (absent, as_dtype_of, autocast_casts, autocast_context, autocast_dtype, auxiliary_outputs, call_op,
+                     cast_copy, or_none, ordered_custom_op, register_op_autograd)
 
 __all__ = ["ordered_linear_fwd", "ordered_linear_bwd", "ordered_linear_weight_grad", "ordered_linear"]
 
@@ -105,7 +105,7 @@ _linear = ordered_custom_op("linear", _linear_body)
 @_linear.register_fake
 def _(x, weight, bias, autocast):
     def cast(t):
-        return t.new_empty(t.shape, dtype=autocast) if autocast is not None and t.dtype != autocast else absent(x)
+        return t.new_empty(t.shape, dtype=autocast) if autocast_casts(t, autocast) else absent(x)
     y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=autocast if autocast is not None else x.dtype)
     return y, cast(x), cast(weight)
 
@@ -139,10 +139,9 @@ def _linear_setup_context(ctx, inputs, output):
     x, weight, bias, autocast = inputs
     _, x_cast, weight_cast = output
     # the forward's casts stand for the operands: an input the forward cast is not kept for the backward
-    x_saved = x_cast if autocast is not None and x.dtype != autocast else x
-    weight_cast = weight_cast if autocast is not None and weight.dtype != autocast else None
-    ctx.save_for_backward(x_saved, weight, bias, weight_cast)
-    auxiliary_outputs(ctx, output[1], output[2])
+    ctx.save_for_backward(x_cast if autocast_casts(x, autocast) else x, weight, bias,
+                          weight_cast if autocast_casts(weight, autocast) else None)
+    auxiliary_outputs(ctx, x_cast, weight_cast)
     ctx.autocast, ctx.x_dtype = autocast, x.dtype
 
 

@@ -30,9 +30,9 @@ import csrc_bindings
 
 from ..fold import fold_many, rmsnorm_rows_per_program
 from .causal_conv1d import conv1d_weight_folds, ordered_causal_conv1d_bwd, ordered_causal_conv1d_fwd
-from .common import (NO_LIMIT, absent, as_dtype_of, auxiliary_outputs, autocast_context, autocast_dtype, call_op,
-                     cast_copy, check_split_conv1d_scan_args, check_states_args, or_none, ordered_custom_op,
-                     register_op_autograd, require_cuda)
+from .common import (NO_LIMIT, absent, as_dtype_of, autocast_casts, auxiliary_outputs, autocast_context,
+                     autocast_dtype, call_op, cast_copy, check_split_conv1d_scan_args, check_states_args, or_none,
+                     ordered_custom_op, register_op_autograd, require_cuda)
 from .layernorm_gated import ordered_rmsnorm_gated_bwd, ordered_rmsnorm_gated_fwd
 from .linear import ordered_linear_fwd, ordered_linear_weight_grad
 from .ssd_combined import (dense, ordered_mamba_chunk_scan_combined_bwd, ordered_mamba_chunk_scan_combined_fwd,
@@ -265,10 +265,8 @@ def _(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_sta
     rstd = (zxbcdt.new_empty((ngroups * batch * seqlen,), dtype=torch.float32) if rmsnorm_weight is not None
             else absent(zxbcdt))
     final_states = zxbcdt.new_empty((batch, nheads, headdim, dstate), dtype=torch.float32)
-    if outproj_weight is not None and autocast is not None and outproj_weight.dtype != autocast:
-        w_cast = outproj_weight.new_empty(outproj_weight.shape, dtype=autocast)
-    else:
-        w_cast = absent(zxbcdt)
+    w_cast = (outproj_weight.new_empty(outproj_weight.shape, dtype=autocast)
+              if autocast_casts(outproj_weight, autocast) else absent(zxbcdt))
     return out, out_x, rstd, final_states, w_cast
 
 
@@ -318,9 +316,9 @@ def _split_conv1d_scan_setup_context(ctx, inputs, output):
      norm_before_gate, literal, autocast) = inputs
     out, out_x, rstd, final_states, w_cast = output
     # the forward's autocast copy of outproj_weight, where it made one (the backward's GEMM uses it)
-    cast = outproj_weight is not None and autocast is not None and outproj_weight.dtype != autocast
     ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd,
-                          outproj_weight, outproj_bias, initial_states, final_states, w_cast if cast else None)
+                          outproj_weight, outproj_bias, initial_states, final_states,
+                          w_cast if autocast_casts(outproj_weight, autocast) else None)
     auxiliary_outputs(ctx, out_x, rstd, w_cast)
     ctx.out_like = (out.shape, out.dtype)
     ctx.args = (chunk_size, dt_limit, return_final_states, activation, rmsnorm_eps, headdim, ngroups,

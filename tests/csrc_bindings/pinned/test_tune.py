@@ -300,6 +300,7 @@ def test_oversized_only_selects_the_entries_with_an_oversized_tile(monkeypatch):
 def test_no_pinned_entry_has_an_oversized_tile():
     """Every entry of the committed pinned table is one a search would choose: no tile wider than its key's
     dimension needs (the dx entries re-tuned by ``tune --oversized-only``)."""
+    from csrc_bindings._configs import _parse_key
     from csrc_bindings._registry import KERNELS
     from csrc_bindings._spec import oversized_tiles
     from csrc_bindings.pinned.table import TABLE
@@ -310,9 +311,8 @@ def test_no_pinned_entry_has_an_oversized_tile():
         spec = KERNELS[kernel]
         if not spec.tile_bounds:
             continue
-        key = {k: v for k, v in (item.split("=") for item in key_text.split(","))}
         checked += 1
-        if oversized_tiles(spec, key, entry):
+        if oversized_tiles(spec, _parse_key(key_text), entry):
             bad.append(tkey)
     assert checked >= 100  # the dx kernel's entries over the key space (bf16, fp16, fp32)
     assert bad == []
