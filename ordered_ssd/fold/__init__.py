@@ -31,9 +31,9 @@ from .conv1d import conv1d_grad_partials, conv1d_grad_partials_torch
 from .many import FOLD_MANY_MAX, fold_example_sums, fold_many
 from .gemm import fold_example_gemms, fold_example_gemms_grouped, gemm_fold_timed_choices
 from .primitives import LexicalFold, dA_cumsum_grad_scans, fold_dims, lexical_cumsum, lexical_fold, tree_fold
-from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RULE, GEMM_FOLD_CONFIGS,
-                       GEMM_FOLD_FIT_RULE, GEMM_FOLD_PROGRAMS_PER_SM, GEMM_FOLD_TIMED_RULE, GEMM_FOLD_VARIANTS,
-                       GEMM_FOLD_SEGMENT_L, GEMM_FOLD_WORKSPACE_BYTES, LINEAR_GROUP_BYTES,
+from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_NUM_WARPS, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RULE,
+                       GEMM_FOLD_CONFIGS, GEMM_FOLD_FIT_RULE, GEMM_FOLD_PROGRAMS_PER_SM, GEMM_FOLD_TIMED_RULE,
+                       GEMM_FOLD_VARIANTS, GEMM_FOLD_SEGMENT_L, GEMM_FOLD_WORKSPACE_BYTES, LINEAR_GROUP_BYTES,
                        REDUCTION_VERSION, accumulation_dtype,
                        gemm_fold_config, gemm_fold_configs_for, gemm_fold_segments, gemm_fold_segments_per_program,
                        gemm_fold_shared_bytes, linear_weight_grad_is_fused, reduction_fingerprint,
@@ -42,7 +42,7 @@ from .settings import (CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, GEMM_FOLD_CHAIN_RU
 __all__ = ["LexicalFold", "lexical_fold", "tree_fold", "fold_dims", "fold_many", "fold_example_sums", "FOLD_MANY_MAX",
            "lexical_cumsum", "dA_cumsum_grad_scans", "fold_example_gemms",
            "fold_example_gemms_grouped", "conv1d_grad_partials", "conv1d_grad_partials_torch", "accumulation_dtype",
-           "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
+           "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D", "CONV1D_BWD_NUM_WARPS",
            "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "gemm_fold_config", "gemm_fold_configs_for",
            "gemm_fold_shared_bytes", "GEMM_FOLD_SEGMENT_L", "gemm_fold_segments", "LINEAR_GROUP_BYTES",
            "REDUCTION_VERSION",

@@ -21,7 +21,7 @@ import torch
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
 
-from .settings import CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L
+from .settings import CONV1D_BWD_BLOCK_D, CONV1D_BWD_NUM_WARPS, CONV1D_BWD_TILE_L
 
 __all__ = ["conv1d_grad_partials", "conv1d_grad_partials_torch"]
 
@@ -60,7 +60,7 @@ def conv1d_grad_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         (:data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L`). ``dweight = fold_dims(dweight_partial, (0, 1))``.
 
     Determinism: each partial is a sequential fp32 sum over its tile's positions in order, from +0.0, in its
-    own lane; the bits depend on the example's values and the shape only (never on ``B``, the other examples or
+    own registers (no operation mixes channels); the bits depend on the example's values and the shape only (never on ``B``, the other examples or
     the launch grid). On the GPU the Triton compiler may contract a product and a sum into one FMA, so the CUDA
     bits can differ from :func:`conv1d_grad_partials_torch`'s; they are fixed for a GPU model and triton version.
 
@@ -92,7 +92,8 @@ def conv1d_grad_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                  seqlen, dim, ntiles, x.stride(0), x.stride(1), x.stride(2), dout.stride(0), dout.stride(1),
                  dout.stride(2), s_sb, s_sl, weight.stride(0), weight.stride(1)),
                 dict(W=width, HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None, SILU=bool(silu),
-                     TILE_L=CONV1D_BWD_TILE_L, BLOCK_D=CONV1D_BWD_BLOCK_D), x, num_warps=2)
+                     TILE_L=CONV1D_BWD_TILE_L, BLOCK_D=CONV1D_BWD_BLOCK_D), x,
+                num_warps=CONV1D_BWD_NUM_WARPS)
     return dw, db
 
 

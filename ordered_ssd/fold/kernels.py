@@ -39,13 +39,29 @@ def _fold_one(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BLOCK:
     mo = m // MI
     base = p_ptr + mo * s_mo + (m - mo * MI) * s_mi
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for _ko in range(0, KO):  # pointers advanced by the strides: 64-bit, and the interpreter runs it
-        ptrs = base
-        for _ki in range(0, KI):
-            acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-            ptrs += s_ki
-        base += s_ko
+    K = KO * KI  # the partials of one output element: far below 2**31 (each is a dependent load in this lane)
+    K4 = K - K % 4
+    # four loads in flight, then their four additions in order: the same sum as one load per step, at a quarter of
+    # the dependent memory round trips (the loop is latency-bound: a program's only work is this chain)
+    for k in range(0, K4, 4):
+        p0 = tl.load(_fold_at(base, k, KI, s_ko, s_ki), mask=mask, other=0.0)
+        p1 = tl.load(_fold_at(base, k + 1, KI, s_ko, s_ki), mask=mask, other=0.0)
+        p2 = tl.load(_fold_at(base, k + 2, KI, s_ko, s_ki), mask=mask, other=0.0)
+        p3 = tl.load(_fold_at(base, k + 3, KI, s_ko, s_ki), mask=mask, other=0.0)
+        acc += p0.to(tl.float32)
+        acc += p1.to(tl.float32)
+        acc += p2.to(tl.float32)
+        acc += p3.to(tl.float32)
+    for k in range(K4, K):
+        acc += tl.load(_fold_at(base, k, KI, s_ko, s_ki), mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m, acc, mask=mask)
+
+
+@triton.jit
+def _fold_at(base, k, KI, s_ko, s_ki):
+    """The pointers of partial ``k = ko * KI + ki`` (64-bit offsets)."""
+    ko = k // KI
+    return base + tl.cast(ko, tl.int64) * s_ko + tl.cast(k - ko * KI, tl.int64) * s_ki
 
 
 @triton.jit
@@ -139,12 +155,51 @@ def dA_cumsum_grad_kernel(ddA_ptr, prev_ptr, chunk_ptr, next_ptr, R, N, BLOCK: t
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     acc += last
     tl.store(prev_ptr + base + (N - 1), acc, mask=mask)
-    for i in range(1, N):
+    # both loops take four positions' loads at a time, then their additions and stores in order (the loads of a
+    # group read positions no store of the group writes): the same sums as one position per iteration
+    R1 = N - 1 - (N - 1) % 4
+    for i in range(1, R1 + 1, 4):
+        j = N - 1 - i
+        p0 = tl.load(prev_ptr + base + j, mask=mask, other=0.0)
+        p1 = tl.load(prev_ptr + base + (j - 1), mask=mask, other=0.0)
+        p2 = tl.load(prev_ptr + base + (j - 2), mask=mask, other=0.0)
+        p3 = tl.load(prev_ptr + base + (j - 3), mask=mask, other=0.0)
+        acc += p0
+        tl.store(prev_ptr + base + j, acc, mask=mask)
+        acc += p1
+        tl.store(prev_ptr + base + (j - 1), acc, mask=mask)
+        acc += p2
+        tl.store(prev_ptr + base + (j - 2), acc, mask=mask)
+        acc += p3
+        tl.store(prev_ptr + base + (j - 3), acc, mask=mask)
+    for i in range(R1 + 1, N):
         j = N - 1 - i
         acc += tl.load(prev_ptr + base + j, mask=mask, other=0.0)
         tl.store(prev_ptr + base + j, acc, mask=mask)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in range(0, N):
+    N4 = N - N % 4
+    for j in range(0, N4, 4):
+        n0 = tl.load(next_ptr + base + j, mask=mask, other=0.0)
+        n1 = tl.load(next_ptr + base + (j + 1), mask=mask, other=0.0)
+        n2 = tl.load(next_ptr + base + (j + 2), mask=mask, other=0.0)
+        n3 = tl.load(next_ptr + base + (j + 3), mask=mask, other=0.0)
+        p0 = tl.load(prev_ptr + base + j, mask=mask, other=0.0)
+        p1 = tl.load(prev_ptr + base + (j + 1), mask=mask, other=0.0)
+        p2 = tl.load(prev_ptr + base + (j + 2), mask=mask, other=0.0)
+        p3 = tl.load(prev_ptr + base + (j + 3), mask=mask, other=0.0)
+        d0 = tl.load(ddA_ptr + base + j, mask=mask, other=0.0)
+        d1 = tl.load(ddA_ptr + base + (j + 1), mask=mask, other=0.0)
+        d2 = tl.load(ddA_ptr + base + (j + 2), mask=mask, other=0.0)
+        d3 = tl.load(ddA_ptr + base + (j + 3), mask=mask, other=0.0)
+        acc += n0
+        tl.store(ddA_ptr + base + j, d0 + (acc + p0), mask=mask)
+        acc += n1
+        tl.store(ddA_ptr + base + (j + 1), d1 + (acc + p1), mask=mask)
+        acc += n2
+        tl.store(ddA_ptr + base + (j + 2), d2 + (acc + p2), mask=mask)
+        acc += n3
+        tl.store(ddA_ptr + base + (j + 3), d3 + (acc + p3), mask=mask)
+    for j in range(N4, N):
         acc += tl.load(next_ptr + base + j, mask=mask, other=0.0)
         both = acc + tl.load(prev_ptr + base + j, mask=mask, other=0.0)
         tl.store(ddA_ptr + base + j, tl.load(ddA_ptr + base + j, mask=mask, other=0.0) + both, mask=mask)
@@ -368,6 +423,50 @@ def gemm_fold_tma_persistent_kernel(a_desc, b_desc, init_ptr, out_ptr, NU, NSEG,
 
 
 @triton.jit
+def _conv_load(x_b, o_b, s_b, pos, L, dmask, s_xl, s_ol, s_sl, HAS_SEQ: tl.constexpr):
+    """Position ``pos`` of :func:`conv1d_grad_partials_kernel`'s tile: ``(x, dout, seq id)`` (0, 0, -1 past L)."""
+    valid = pos < L
+    x0 = tl.load(x_b + pos * s_xl, mask=dmask & valid, other=0.0).to(tl.float32)
+    g = tl.load(o_b + pos * s_ol, mask=dmask & valid, other=0.0).to(tl.float32)
+    q0 = -1
+    if HAS_SEQ:
+        q0 = tl.load(s_b + pos * s_sl, mask=valid, other=-1)
+    return x0, g, q0
+
+
+@triton.jit
+def _conv_step(x0, g, q0, h1, h2, h3, q1, q2, q3, wl0, wl1, wl2, wl3, bias, acc0, acc1, acc2, acc3, accb,
+               W: tl.constexpr, HAS_SEQ: tl.constexpr, SILU: tl.constexpr):
+    """One position of :func:`conv1d_grad_partials_kernel` (its docstring has the math): the masked taps, ``g``,
+    one fp32 addition per partial; returns the shifted history and the sums."""
+    m1 = h1
+    m2 = h2
+    m3 = h3
+    if HAS_SEQ:
+        m1 = tl.where(q1 == q0, h1, 0.0)
+        m2 = tl.where(q2 == q0, h2, 0.0)
+        m3 = tl.where(q3 == q0, h3, 0.0)
+    if SILU:
+        pre = bias
+        if W >= 4:
+            pre = pre + wl3 * m3
+        if W >= 3:
+            pre = pre + wl2 * m2
+        pre = pre + wl1 * m1
+        pre = pre + wl0 * x0
+        sig = 1.0 / (1.0 + tl.exp(-pre))
+        g = g * (sig * (1.0 + pre * (1.0 - sig)))
+    acc0 += g * x0
+    acc1 += g * m1
+    if W >= 3:
+        acc2 += g * m2
+    if W >= 4:
+        acc3 += g * m3
+    accb += g
+    return x0, h1, h2, q0, q1, q2, acc0, acc1, acc2, acc3, accb
+
+
+@triton.jit
 def conv1d_grad_partials_kernel(x_ptr, w_ptr, bias_ptr, dout_ptr, seq_ptr, dw_ptr, db_ptr, L, DIM, NT,
                                 s_xb, s_xd, s_xl, s_ob, s_od, s_ol, s_sb, s_sl, s_wd, s_ww,
                                 W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr,
@@ -380,7 +479,9 @@ def conv1d_grad_partials_kernel(x_ptr, w_ptr, bias_ptr, dout_ptr, seq_ptr, dw_pt
     of SiLU; ``g = dout`` without activation),
     ``dw[b, t, d, W-1-j] = sum_l g[d, l] m_j[d, l]`` and ``db[b, t, d] = sum_l g[d, l]`` over the tile's
     positions ``l = t*TILE_L, t*TILE_L + 1, ...`` in that order, one fp32 addition per position from +0.0.
-    Every channel's sums run in its own lane, so ``BLOCK_D`` and ``num_warps`` change no bit.
+    No operation mixes channels (a lane holds one or more channels' own sums), so ``BLOCK_D`` and ``num_warps``
+    change no bit. Past ``L`` (last tile) ``x = dout = 0``, so ``g = 0`` and each addition adds a zero to a sum
+    that is never -0.0.
     """
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
@@ -419,44 +520,27 @@ def conv1d_grad_partials_kernel(x_ptr, w_ptr, bias_ptr, dout_ptr, seq_ptr, dw_pt
     acc2 = tl.zeros([BLOCK_D], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_D], dtype=tl.float32)
     accb = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i in range(0, TILE_L):
-        # past L (last tile): x = dout = 0, so g = 0 and every addition adds a zero (acc is never -0.0)
+    # four positions' loads in flight, then their four steps in position order: the same arithmetic as one
+    # position per iteration, at a quarter of the dependent memory round trips
+    tl.static_assert(TILE_L % 4 == 0)
+    for i in range(0, TILE_L, 4):
         pos = (l0 + i).to(tl.int64)
-        valid = pos < L
-        x0 = tl.load(x_b + pos * s_xl, mask=dmask & valid, other=0.0).to(tl.float32)
-        g = tl.load(o_b + pos * s_ol, mask=dmask & valid, other=0.0).to(tl.float32)
-        m1 = h1
-        m2 = h2
-        m3 = h3
-        if HAS_SEQ:
-            q0 = tl.load(s_b + pos * s_sl, mask=valid, other=-1)
-            m1 = tl.where(q1 == q0, h1, 0.0)
-            m2 = tl.where(q2 == q0, h2, 0.0)
-            m3 = tl.where(q3 == q0, h3, 0.0)
-        if SILU:
-            pre = bias
-            if W >= 4:
-                pre = pre + wl3 * m3
-            if W >= 3:
-                pre = pre + wl2 * m2
-            pre = pre + wl1 * m1
-            pre = pre + wl0 * x0
-            sig = 1.0 / (1.0 + tl.exp(-pre))
-            g = g * (sig * (1.0 + pre * (1.0 - sig)))
-        acc0 += g * x0
-        acc1 += g * m1
-        if W >= 3:
-            acc2 += g * m2
-        if W >= 4:
-            acc3 += g * m3
-        accb += g
-        h3 = h2
-        h2 = h1
-        h1 = x0
-        if HAS_SEQ:
-            q3 = q2
-            q2 = q1
-            q1 = q0
+        xa, ga, qa = _conv_load(x_b, o_b, s_b, pos, L, dmask, s_xl, s_ol, s_sl, HAS_SEQ)
+        xb, gb, qb = _conv_load(x_b, o_b, s_b, pos + 1, L, dmask, s_xl, s_ol, s_sl, HAS_SEQ)
+        xc, gc, qc = _conv_load(x_b, o_b, s_b, pos + 2, L, dmask, s_xl, s_ol, s_sl, HAS_SEQ)
+        xd, gd, qd = _conv_load(x_b, o_b, s_b, pos + 3, L, dmask, s_xl, s_ol, s_sl, HAS_SEQ)
+        h1, h2, h3, q1, q2, q3, acc0, acc1, acc2, acc3, accb = _conv_step(
+            xa, ga, qa, h1, h2, h3, q1, q2, q3, wl0, wl1, wl2, wl3, bias, acc0, acc1, acc2, acc3, accb, W, HAS_SEQ,
+            SILU)
+        h1, h2, h3, q1, q2, q3, acc0, acc1, acc2, acc3, accb = _conv_step(
+            xb, gb, qb, h1, h2, h3, q1, q2, q3, wl0, wl1, wl2, wl3, bias, acc0, acc1, acc2, acc3, accb, W, HAS_SEQ,
+            SILU)
+        h1, h2, h3, q1, q2, q3, acc0, acc1, acc2, acc3, accb = _conv_step(
+            xc, gc, qc, h1, h2, h3, q1, q2, q3, wl0, wl1, wl2, wl3, bias, acc0, acc1, acc2, acc3, accb, W, HAS_SEQ,
+            SILU)
+        h1, h2, h3, q1, q2, q3, acc0, acc1, acc2, acc3, accb = _conv_step(
+            xd, gd, qd, h1, h2, h3, q1, q2, q3, wl0, wl1, wl2, wl3, bias, acc0, acc1, acc2, acc3, accb, W, HAS_SEQ,
+            SILU)
     part = (b * NT + t) * DIM + d
     dw = dw_ptr + part * W
     tl.store(dw + (W - 1), acc0, mask=dmask)

@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "GEMM_FOLD_SEGMENT_L",
            "gemm_fold_segments", "LINEAR_GROUP_BYTES", "REDUCTION_VERSION", "CONV1D_BWD_TILE_L", "CONV1D_BWD_BLOCK_D",
-           "gemm_fold_config",
+           "CONV1D_BWD_NUM_WARPS", "gemm_fold_config",
            "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
            "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_segments_per_program",
            "GEMM_FOLD_TIMED_RULE", "GEMM_FOLD_VARIANTS", "GEMM_FOLD_WORKSPACE_BYTES",
@@ -260,12 +260,18 @@ LINEAR_GROUP_BYTES = 64 << 20
 #: Order-deciding. Positions per tile of the conv1d weight/bias gradient partials
 #: (:func:`~ordered_ssd.fold.conv1d_weight_grad_partials`): example ``b``'s partial ``t`` sums positions
 #: ``t * CONV1D_BWD_TILE_L ...`` up to the next tile, one position at a time, and the tiles are folded in order.
-#: A shape-only constant (never the batch size), so an example's partials are the same alone or in any batch.
+#: A shape-only constant (never the batch size), so an example's partials are the same alone or in any batch. A
+#: multiple of 4 (the kernel loads four positions at a time).
 CONV1D_BWD_TILE_L = 128
 
-#: Bit-neutral. Channels per program of the conv1d partials kernel: every channel's sums run in its own lanes, so
-#: the block only decides which channels a program owns, never an order.
+#: Bit-neutral. Channels per program of the conv1d partials kernel: no operation mixes channels (each channel's
+#: sums are its own registers' sequence), so the block only decides which channels a program owns, never an order.
 CONV1D_BWD_BLOCK_D = 64
+
+#: Bit-neutral. Warps per program of the conv1d partials kernel: it only decides how many channels a lane holds
+#: (two at 64 channels and one warp), never an order. One warp per 64 channels was the fastest of BLOCK_D 64/128/256 x 1/2/4/8 warps on the H200 at eight layer shapes
+#: (B 1..64, L 512..65536, 544..8704 channels; 2026-12-03), all with the same bits.
+CONV1D_BWD_NUM_WARPS = 1
 
 #: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
 #: for the same kernels and pinned table. 1: grouped per-example cuBLAS GEMMs for the projections; 2:

@@ -172,7 +172,7 @@ def test_triton_kernel_compiles_for_sm90_without_atomics():
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-        from ordered_ssd.fold import CONV1D_BWD_BLOCK_D, CONV1D_BWD_TILE_L, kernels
+        from ordered_ssd.fold import CONV1D_BWD_BLOCK_D, CONV1D_BWD_NUM_WARPS, CONV1D_BWD_TILE_L, kernels
         fn = kernels.conv1d_grad_partials_kernel
         ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp32", "bias_ptr": "*fp32", "dout_ptr": "*bf16", "seq_ptr": "*i32",
                 "dw_ptr": "*fp32", "db_ptr": "*fp32"}
@@ -181,7 +181,7 @@ def test_triton_kernel_compiles_for_sm90_without_atomics():
                          BLOCK_D=CONV1D_BWD_BLOCK_D)
             sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": 2})
+                               options={"num_warps": CONV1D_BWD_NUM_WARPS})
             assert k.asm["cubin"] and not re.search(r"^\\s*(@%p\\d+\\s+)?(atom|red)\\.", k.asm["ptx"], re.M), W
         print("compiled")
     """)

@@ -439,7 +439,7 @@ def test_dA_cumsum_grad_scans_refuses_bad_input_before_writing():
 def test_dA_cumsum_grad_kernel_under_the_interpreter():
     """The one-launch kernel (CPU, Triton's interpreter) gives the bits of the five operations (the -0.0 row of
     :func:`_dA_cumsum_inputs` included), over row counts below, at (128) and above a block of rows and chunk
-    lengths of 1 to 64."""
+    lengths of 1 to 64 (every remainder of N and N - 1 modulo 4: the kernel takes four positions at a time)."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""
@@ -449,7 +449,8 @@ def test_dA_cumsum_grad_kernel_under_the_interpreter():
         from tests.fold.test_fold import _dA_cumsum_inputs
         from tests.helpers import bits_equal
         cases = 0
-        for seed, shape in enumerate(((1, 1, 1, 1), (2, 3, 4, 9), (2, 4, 16, 5), (1, 8, 17, 64), (3, 5, 9, 16))):
+        for seed, shape in enumerate(((1, 1, 1, 1), (2, 3, 4, 9), (2, 4, 16, 5), (1, 8, 17, 64), (3, 5, 9, 16),
+                                      (2, 3, 5, 2), (2, 3, 5, 3), (2, 3, 5, 7))):
             args = _dA_cumsum_inputs(shape, seed)
             want = [t.clone() for t in args]
             got = [t.clone() for t in args]
@@ -459,4 +460,4 @@ def test_dA_cumsum_grad_kernel_under_the_interpreter():
             cases += 1
         print("cases", cases)
     """)
-    assert "cases 5" in run_python(code, interpret=True)
+    assert "cases 8" in run_python(code, interpret=True)
