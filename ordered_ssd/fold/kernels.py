@@ -39,29 +39,13 @@ def _fold_one(p_ptr, out_ptr, KO, KI, M, MI, s_ko, s_ki, s_mo, s_mi, blk, BLOCK:
     mo = m // MI
     base = p_ptr + mo * s_mo + (m - mo * MI) * s_mi
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    K = KO * KI  # the partials of one output element: far below 2**31 (each is a dependent load in this lane)
-    K4 = K - K % 4
-    # four loads in flight, then their four additions in order: the same sum as one load per step, at a quarter of
-    # the dependent memory round trips (the loop is latency-bound: a program's only work is this chain)
-    for k in range(0, K4, 4):
-        p0 = tl.load(_fold_at(base, k, KI, s_ko, s_ki), mask=mask, other=0.0)
-        p1 = tl.load(_fold_at(base, k + 1, KI, s_ko, s_ki), mask=mask, other=0.0)
-        p2 = tl.load(_fold_at(base, k + 2, KI, s_ko, s_ki), mask=mask, other=0.0)
-        p3 = tl.load(_fold_at(base, k + 3, KI, s_ko, s_ki), mask=mask, other=0.0)
-        acc += p0.to(tl.float32)
-        acc += p1.to(tl.float32)
-        acc += p2.to(tl.float32)
-        acc += p3.to(tl.float32)
-    for k in range(K4, K):
-        acc += tl.load(_fold_at(base, k, KI, s_ko, s_ki), mask=mask, other=0.0).to(tl.float32)
+    for _ko in range(0, KO):  # pointers advanced by the strides: 64-bit, and the interpreter runs it
+        ptrs = base
+        for _ki in range(0, KI):
+            acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            ptrs += s_ki
+        base += s_ko
     tl.store(out_ptr + m, acc, mask=mask)
-
-
-@triton.jit
-def _fold_at(base, k, KI, s_ko, s_ki):
-    """The pointers of partial ``k = ko * KI + ki`` (64-bit offsets)."""
-    ko = k // KI
-    return base + tl.cast(ko, tl.int64) * s_ko + tl.cast(k - ko * KI, tl.int64) * s_ki
 
 
 @triton.jit
@@ -155,51 +139,12 @@ def dA_cumsum_grad_kernel(ddA_ptr, prev_ptr, chunk_ptr, next_ptr, R, N, BLOCK: t
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     acc += last
     tl.store(prev_ptr + base + (N - 1), acc, mask=mask)
-    # both loops take four positions' loads at a time, then their additions and stores in order (the loads of a
-    # group read positions no store of the group writes): the same sums as one position per iteration
-    R1 = N - 1 - (N - 1) % 4
-    for i in range(1, R1 + 1, 4):
-        j = N - 1 - i
-        p0 = tl.load(prev_ptr + base + j, mask=mask, other=0.0)
-        p1 = tl.load(prev_ptr + base + (j - 1), mask=mask, other=0.0)
-        p2 = tl.load(prev_ptr + base + (j - 2), mask=mask, other=0.0)
-        p3 = tl.load(prev_ptr + base + (j - 3), mask=mask, other=0.0)
-        acc += p0
-        tl.store(prev_ptr + base + j, acc, mask=mask)
-        acc += p1
-        tl.store(prev_ptr + base + (j - 1), acc, mask=mask)
-        acc += p2
-        tl.store(prev_ptr + base + (j - 2), acc, mask=mask)
-        acc += p3
-        tl.store(prev_ptr + base + (j - 3), acc, mask=mask)
-    for i in range(R1 + 1, N):
+    for i in range(1, N):
         j = N - 1 - i
         acc += tl.load(prev_ptr + base + j, mask=mask, other=0.0)
         tl.store(prev_ptr + base + j, acc, mask=mask)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    N4 = N - N % 4
-    for j in range(0, N4, 4):
-        n0 = tl.load(next_ptr + base + j, mask=mask, other=0.0)
-        n1 = tl.load(next_ptr + base + (j + 1), mask=mask, other=0.0)
-        n2 = tl.load(next_ptr + base + (j + 2), mask=mask, other=0.0)
-        n3 = tl.load(next_ptr + base + (j + 3), mask=mask, other=0.0)
-        p0 = tl.load(prev_ptr + base + j, mask=mask, other=0.0)
-        p1 = tl.load(prev_ptr + base + (j + 1), mask=mask, other=0.0)
-        p2 = tl.load(prev_ptr + base + (j + 2), mask=mask, other=0.0)
-        p3 = tl.load(prev_ptr + base + (j + 3), mask=mask, other=0.0)
-        d0 = tl.load(ddA_ptr + base + j, mask=mask, other=0.0)
-        d1 = tl.load(ddA_ptr + base + (j + 1), mask=mask, other=0.0)
-        d2 = tl.load(ddA_ptr + base + (j + 2), mask=mask, other=0.0)
-        d3 = tl.load(ddA_ptr + base + (j + 3), mask=mask, other=0.0)
-        acc += n0
-        tl.store(ddA_ptr + base + j, d0 + (acc + p0), mask=mask)
-        acc += n1
-        tl.store(ddA_ptr + base + (j + 1), d1 + (acc + p1), mask=mask)
-        acc += n2
-        tl.store(ddA_ptr + base + (j + 2), d2 + (acc + p2), mask=mask)
-        acc += n3
-        tl.store(ddA_ptr + base + (j + 3), d3 + (acc + p3), mask=mask)
-    for j in range(N4, N):
+    for j in range(0, N):
         acc += tl.load(next_ptr + base + j, mask=mask, other=0.0)
         both = acc + tl.load(prev_ptr + base + j, mask=mask, other=0.0)
         tl.store(ddA_ptr + base + j, tl.load(ddA_ptr + base + j, mask=mask, other=0.0) + both, mask=mask)

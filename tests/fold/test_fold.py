@@ -439,7 +439,7 @@ def test_dA_cumsum_grad_scans_refuses_bad_input_before_writing():
 def test_dA_cumsum_grad_kernel_under_the_interpreter():
     """The one-launch kernel (CPU, Triton's interpreter) gives the bits of the five operations (the -0.0 row of
     :func:`_dA_cumsum_inputs` included), over row counts below, at (128) and above a block of rows and chunk
-    lengths of 1 to 64 (every remainder of N and N - 1 modulo 4: the kernel takes four positions at a time)."""
+    lengths of 1 to 64 (every remainder of N and N - 1 modulo 4)."""
     pytest.importorskip("triton", reason="triton is not installed (the GPU suite runs the kernel on CUDA)")
     from tests.fold.interpreter import run_python
     code = textwrap.dedent("""

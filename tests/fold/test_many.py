@@ -42,7 +42,7 @@ def step_requests(seed=0):
         ("dCB head splits", ((B, C, S, G, cs, cs), 2), True),
         ("ddA row tiles", ((B, H, C, T, cs), 3), True),
         ("ddA chunk tiles", ((B, H, C, T), -1), True),
-        ("five partials (the kernel's groups of four, then one)", ((5, 7), 0), True),
+        ("five partials", ((5, 7), 0), True),
         ("one partial", ((1, 6), 0), True),
     ]
     out = []

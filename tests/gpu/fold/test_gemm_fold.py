@@ -171,7 +171,7 @@ def test_dA_cumsum_grad_kernel_on_cuda_equals_the_cpu_operations():
     from ordered_ssd.fold import dA_cumsum_grad_scans
     from tests.fold.test_fold import _dA_cumsum_inputs
 
-    # chunk lengths with every remainder of the kernel's four-position groups (N and N - 1 modulo 4)
+    # chunk lengths with every remainder of N and N - 1 modulo 4
     for seed, shape in enumerate(((2, 24, 16, 256), (1, 8, 17, 64), (5, 3, 1, 1), (2, 3, 5, 2), (2, 3, 5, 3),
                                   (3, 2, 7, 5), (2, 4, 3, 31), (2, 2, 9, 100))):
         args = _dA_cumsum_inputs(shape, seed)
