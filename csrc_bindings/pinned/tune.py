@@ -24,8 +24,9 @@ Example (the GPU gate):
 
 The timed problems default to batch 4, 8 chunks, 16 heads; ``--batch``, ``--seqlen-chunks``, ``--problem-nheads``
 and ``--ngroups`` size them like a real layer (e.g. bench S2: ``--batch 8 --seqlen-chunks 16 --problem-nheads 64``).
-The table is keyed by the autotune key only, so one entry serves every batch and length. ``--list-jobs`` prints
-the jobs without a GPU.
+The table is keyed by the autotune key only, so one entry serves every batch and length; ``--also-problem BxCxHxG``
+(repeatable) times every valid candidate on further problems too and picks the one whose worst ratio to each
+problem's fastest is least (``least-worst-ratio-v1``). ``--list-jobs`` prints the jobs without a GPU.
 """
 from __future__ import annotations
 
@@ -159,13 +160,45 @@ def problem_sizes(args):
             "ngroups": args.ngroups}
 
 
+def problem_list(args):
+    """The timed problems: :func:`problem_sizes`, then one per ``--also-problem BxCxHxG`` (batch, seqlen in chunks,
+    nheads, ngroups). Raises ValueError on a malformed or non-positive one, or nheads not a multiple of ngroups."""
+    out = [problem_sizes(args)]
+    for text in getattr(args, "also_problem", None) or ():
+        try:
+            b, c, h, g = (int(v) for v in text.split("x"))
+        except ValueError:
+            b = c = h = g = 0
+        if min(b, c, h, g) < 1 or h % g:
+            raise ValueError(f"--also-problem: expected BxCxHxG (positive, H a multiple of G), got {text!r}")
+        out.append({"batch": b, "seqlen_chunks": c, "nheads": h, "ngroups": g})
+    return out
+
+
 def describe_sizes(sizes):
+    if isinstance(sizes, list):
+        text = "; ".join(describe_sizes(s) for s in sizes)
+        return text if len(sizes) == 1 else f"{text}; chosen: {ROBUST_RULE} (least worst ratio to each one's fastest)"
     return (f"batch {sizes['batch']}, seqlen {sizes['seqlen_chunks']} * chunk_size, nheads {sizes['nheads']} "
             f"(unless keyed), ngroups {sizes['ngroups']}")
 
 
+#: how a search over several problems picks (:func:`least_worst_ratio`)
+ROBUST_RULE = "least-worst-ratio-v1"
+
+
+def least_worst_ratio(rows):
+    """The row (``ms``, and ``ms_more`` for every further problem) whose worst ratio to the fastest row of each
+    problem is the smallest, the first in candidate order on a tie: one table entry per autotune key serves every
+    batch and length, so it should lose least where it loses most. One problem: the fastest row."""
+    times = [[r["ms"], *r.get("ms_more", ())] for r in rows]
+    fastest = [min(t[j] for t in times) for j in range(len(times[0]))]
+    worst = [max(t[j] / fastest[j] for j in range(len(fastest))) for t in times]
+    return rows[worst.index(min(worst))]
+
+
 def _problem(kernel, key, dt, cache, sizes):
-    tag = (kernel, tuple(sorted(key.items())), dt)
+    tag = (kernel, tuple(sorted(key.items())), dt, tuple(sorted(sizes.items())))
     if tag not in cache:
         cache.clear()  # one problem alive at a time
         cache[tag] = _examples.problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
@@ -246,8 +279,12 @@ def _time(fn, reps=10, trials=3):
 
 
 def phase2(jobs, cands, status, deadline, sizes, speed=False):
-    """Time every compiled candidate of every job in this process; the fastest valid one per job. ``speed``: the
-    entries hold only the kernel's bit-neutral parameters (``NEUTRAL``), for the speed table."""
+    """Time every compiled candidate of every job in this process; the fastest valid one per job. ``sizes``: one
+    problem, or a list of them (:func:`problem_list`): validity is checked on the first, every valid candidate is
+    timed on each, and :func:`least_worst_ratio` picks. ``speed``: the entries hold only the kernel's bit-neutral
+    parameters (``NEUTRAL``), for the speed table."""
+    problems = sizes if isinstance(sizes, list) else [sizes]
+    sizes = problems[0]
     run_kernel = _registry.run_kernel
     arch = _configs.device_arch("cuda")
     table, report, cache = {}, [], {}
@@ -273,7 +310,19 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
                 except Exception as exc:  # noqa: BLE001
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
-        valid = [r for r in rows if "ms" in r]
+        for more in problems[1:]:  # the candidates valid on the first problem, on each further one
+            for row, c in zip(rows, cands(kernel, key, dt)):
+                if "ms" not in row or "error" in row or row.get("timing"):
+                    continue
+                if time.time() >= deadline:
+                    row["timing"] = "skipped: budget"
+                    continue
+                try:
+                    p, cfg = _problem(kernel, key, dt, cache, more), _cfg_dict(c)
+                    row.setdefault("ms_more", []).append(_time(lambda: run_kernel(kernel, p, config=cfg)))
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = f"{type(exc).__name__} (problem {more}): {str(exc)[:200]}"
+        valid = [r for r in rows if "ms" in r and "error" not in r and len(r.get("ms_more", ())) == len(problems) - 1]
         tkey = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
@@ -282,7 +331,7 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
         if cut:
             _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
         elif valid:
-            best = min(valid, key=lambda r: r["ms"])
+            best = least_worst_ratio(valid)
             table[tkey] = (best["candidate"] if not speed else
                            {n: best["candidate"][n] for n in _configs._neutral().get(kernel, ())})
             # the baseline: the rule's configuration, or (speed) the key's order configuration, candidate 0
@@ -447,6 +496,9 @@ def main():
     ap.add_argument("--problem-nheads", type=int, default=16,
                     help="nheads of the timed problems (keys that contain nheads use their own)")
     ap.add_argument("--ngroups", type=int, default=1, help="ngroups of the timed problems")
+    ap.add_argument("--also-problem", action="append", default=None, metavar="BxCxHxG",
+                    help="also time every valid candidate on this problem (batch, seqlen in chunks, nheads, ngroups; "
+                         f"repeatable) and pick by {ROBUST_RULE}")
     ap.add_argument("--kernels", default="", help="comma list: tune only these kernels (default: all)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="print the (kernel, key, dtype) jobs and the problem sizes, then exit (no GPU needed; "
@@ -485,10 +537,14 @@ def main():
         args.kernels = ",".join(asked)
     if args.problem_nheads % args.ngroups:
         ap.error(f"--problem-nheads ({args.problem_nheads}) must be a multiple of --ngroups ({args.ngroups})")
+    try:
+        problems = problem_list(args)
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.list_jobs:
         for kernel, key, dt in shard_jobs(build_jobs(args), shard):
             print(kernel, json.dumps(key, sort_keys=True), dt)
-        print("problem:", describe_sizes(problem_sizes(args)))
+        print("problem:", describe_sizes(problems))
         return
     if not torch.cuda.is_available():
         raise SystemExit(f"python -m {MODULE} needs a CUDA GPU")
@@ -512,12 +568,12 @@ def main():
     _log(f"tuning {len(jobs)} (kernel, key, dtype) jobs on {torch.cuda.get_device_name(0)} "
          f"({_configs.device_arch('cuda')}); versions {versions}")
     status = phase1(jobs, cands, args, t0 + 0.8 * args.budget_s)
-    table, report = phase2(jobs, cands, status, deadline, problem_sizes(args), speed=args.speed)
+    table, report = phase2(jobs, cands, status, deadline, problems, speed=args.speed)
     meta = {"generated_by": f"python -m {MODULE}",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
-            "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problem_sizes(args))}"}
+            "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problems)}"}
     if not args.speed and out.resolve() == TABLE_PATH:
         write_pinned_table(out, table, meta, merge=not args.replace, speed_path=SPEED_PATH)
     else:

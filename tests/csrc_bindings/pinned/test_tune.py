@@ -1,5 +1,6 @@
 """The tuner of the pinned table (csrc_bindings/pinned/tune.py) on the CPU: its job list, its plumbing (fake kernels
 and events) and the table it writes."""
+import pytest
 import torch
 
 from csrc_bindings.pinned import tune as tuner
@@ -316,3 +317,68 @@ def test_no_pinned_entry_has_an_oversized_tile():
             bad.append(tkey)
     assert checked >= 100  # the dx kernel's entries over the key space (bf16, fp16, fp32)
     assert bad == []
+
+
+def test_several_problems_pick_the_candidate_that_loses_least_where_it_loses_most(monkeypatch):
+    """``--also-problem``: phase 2 checks validity on the first problem, times every valid candidate on each
+    problem, and picks by ``least-worst-ratio-v1``; one problem is the plain fastest (fake kernels and events on the
+    CPU)."""
+    import json
+
+    import csrc_bindings._configs as cfgs
+    import csrc_bindings._examples as ex
+    import csrc_bindings._registry as reg
+
+    ran = []
+    # ms per launch: (problem batch, num_warps) -> 8 warps wins on the small problem, loses 10x on the large one
+    ms = {(2, 4): 5.0, (2, 8): 1.0, (16, 4): 2.0, (16, 8): 20.0}
+
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+        return {"x": torch.full((3,), float(batch))}
+
+    def fake_run(kernel, p, config=None):
+        ran.append((int(p["x"][0]), config["num_warps"]))
+        return (p["x"] * config["num_warps"],)
+
+    class FakeEvent:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):  # 10 launches of the candidate just run
+            return 10 * ms[ran[-1]]
+
+    monkeypatch.setattr(ex, "problem_for_key", fake_problem)
+    monkeypatch.setattr(reg, "run_kernel", fake_run)
+    monkeypatch.setattr(cfgs, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    key = {"chunk_size": 64, "hdim": 32}
+    jobs = [("chunk_scan_bwd_ddAcs_stable", key, "bfloat16")]
+    cands = lambda kernel, key, dt: [({"BLOCK_SIZE_M": 64}, 4, 3), ({"BLOCK_SIZE_M": 32}, 8, 3)]  # noqa: E731
+    status = {(jobs[0][0], json.dumps(key, sort_keys=True), "bfloat16", i): "ok" for i in range(2)}
+    small = {"batch": 2, "seqlen_chunks": 8, "nheads": 16, "ngroups": 1}
+    large = {"batch": 16, "seqlen_chunks": 64, "nheads": 64, "ngroups": 4}
+    tkey = reg.table_key("sm_90", "bfloat16", jobs[0][0], key)
+    table, _ = tuner.phase2(jobs, cands, status, float("inf"), small)
+    assert table[tkey]["num_warps"] == 8  # one problem: the fastest
+    table, report = tuner.phase2(jobs, cands, status, float("inf"), [small, large])
+    assert [(r["ms"], r["ms_more"]) for r in report[0]["rows"]] == [(5.0, [2.0]), (1.0, [20.0])]
+    assert table[tkey]["num_warps"] == 4  # worst ratios 5 (4 warps) against 10 (8 warps)
+    assert tuner.phase2(jobs, cands, status, float("inf"), [large, small])[0][tkey]["num_warps"] == 4
+    rows = [{"ms": 1.0, "ms_more": [2.0]}, {"ms": 2.0, "ms_more": [1.0]}]
+    assert tuner.least_worst_ratio(rows) is rows[0]  # a tie: the first in candidate order
+
+    def problems(*extra):
+        import argparse
+        args = argparse.Namespace(batch=4, seqlen_chunks=8, problem_nheads=16, ngroups=1, also_problem=list(extra))
+        return tuner.problem_list(args)
+
+    assert problems("16x64x64x4") == [{"batch": 4, "seqlen_chunks": 8, "nheads": 16, "ngroups": 1}, large]
+    assert "least-worst-ratio-v1" in tuner.describe_sizes(problems("16x64x64x4"))
+    assert tuner.describe_sizes(problems()) == tuner.describe_sizes(problems()[0])
+    for bad in ("16x64x64", "16x64x63x4", "0x8x16x1", "ax8x16x1"):
+        with pytest.raises(ValueError, match="--also-problem: expected BxCxHxG"):
+            problems(bad)
