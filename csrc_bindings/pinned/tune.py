@@ -192,7 +192,7 @@ def least_worst_ratio(rows):
     problem is the smallest, the first in candidate order on a tie: one table entry per autotune key serves every
     batch and length, so it should lose least where it loses most. One problem: the fastest row."""
     times = [[r["ms"], *r.get("ms_more", ())] for r in rows]
-    fastest = [min(t[j] for t in times) for j in range(len(times[0]))]
+    fastest = [max(min(t[j] for t in times), 1e-9) for j in range(len(times[0]))]
     worst = [max(t[j] / fastest[j] for j in range(len(fastest))) for t in times]
     return rows[worst.index(min(worst))]
 
@@ -279,10 +279,10 @@ def _time(fn, reps=10, trials=3):
 
 
 def phase2(jobs, cands, status, deadline, sizes, speed=False):
-    """Time every compiled candidate of every job in this process; the fastest valid one per job. ``sizes``: one
-    problem, or a list of them (:func:`problem_list`): validity is checked on the first, every valid candidate is
-    timed on each, and :func:`least_worst_ratio` picks. ``speed``: the entries hold only the kernel's bit-neutral
-    parameters (``NEUTRAL``), for the speed table."""
+    """Time every compiled candidate of every job in this process; the best valid one per job. ``sizes``: one
+    problem (the fastest), or a list (:func:`problem_list`): validity checked on the first, every valid candidate
+    timed on each, :func:`least_worst_ratio` picks (none ran on every problem: not written). ``speed``: the entries
+    hold only the kernel's bit-neutral parameters (``NEUTRAL``), for the speed table."""
     problems = sizes if isinstance(sizes, list) else [sizes]
     sizes = problems[0]
     run_kernel = _registry.run_kernel
@@ -321,15 +321,17 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
                     p, cfg = _problem(kernel, key, dt, cache, more), _cfg_dict(c)
                     row.setdefault("ms_more", []).append(_time(lambda: run_kernel(kernel, p, config=cfg)))
                 except Exception as exc:  # noqa: BLE001
-                    row["error"] = f"{type(exc).__name__} (problem {more}): {str(exc)[:200]}"
-        valid = [r for r in rows if "ms" in r and "error" not in r and len(r.get("ms_more", ())) == len(problems) - 1]
+                    row["error_more"] = f"{type(exc).__name__} (problem {more}): {str(exc)[:200]}"
+        nmore = len(problems) - 1
+        valid = [r for r in rows if "ms" in r and "error_more" not in r and len(r.get("ms_more", ())) == nmore]
         tkey = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
                   or r["compile"] in ("skipped: budget", "not compiled"))
-        if cut:
-            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget): not written")
+        if cut or (any("error_more" in r for r in rows) and not valid):
+            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget), or none ran on every "
+                 f"problem: not written")
         elif valid:
             best = least_worst_ratio(valid)
             table[tkey] = (best["candidate"] if not speed else
@@ -337,7 +339,8 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
             # the baseline: the rule's configuration, or (speed) the key's order configuration, candidate 0
             rule = rows[0]["candidate"] if speed else _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
-            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms ({len(valid)}/{len(rows)} valid; "
+            more = f" {best['ms_more']}" if nmore else ""
+            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms{more} ({len(valid)}/{len(rows)} valid; "
                  f"{'order config' if speed else 'rule'} {'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
         else:
             _log(f"{tkey}: no valid candidate (left to the rule)")

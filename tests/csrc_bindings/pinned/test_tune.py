@@ -370,6 +370,14 @@ def test_several_problems_pick_the_candidate_that_loses_least_where_it_loses_mos
     assert tuner.phase2(jobs, cands, status, float("inf"), [large, small])[0][tkey]["num_warps"] == 4
     rows = [{"ms": 1.0, "ms_more": [2.0]}, {"ms": 2.0, "ms_more": [1.0]}]
     assert tuner.least_worst_ratio(rows) is rows[0]  # a tie: the first in candidate order
+    rows = [{"ms": 1.0, "ms_more": [10.0]}, {"ms": 3.0, "ms_more": [4.0]}]
+    assert tuner.least_worst_ratio(rows) is rows[0]  # worst ratios 2.5 and 3 (the least total time is the other)
+    # past the deadline, or a further problem no candidate runs on: the key is not written
+    table, report = tuner.phase2(jobs, cands, status, 0.0, [small, large])
+    assert table == {} and [r.get("timing") for r in report[0]["rows"]] == ["skipped: budget"] * 2
+    ms[(16, 4)] = ms[(16, 8)] = None  # TypeError in the fake event
+    table, report = tuner.phase2(jobs, cands, status, float("inf"), [small, large])
+    assert table == {} and all("error_more" in r and "ms" in r for r in report[0]["rows"])
 
     def problems(*extra):
         import argparse
