@@ -18,6 +18,9 @@
 # machine that environment is `.gpu/`, prepared by `../shared/gpu/prepare.sh` (neither is part of this repository):
 # `source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests`, with `.gpu` carried to the machine.
 #
+# On a machine with several GPUs, `tests` spreads its processes over them round-robin (CUDA_VISIBLE_DEVICES, one GPU
+# per process; env GATE_GPUS, default: the number `nvidia-smi -L` lists, or 1 where CUDA_VISIBLE_DEVICES is set), so an
+# x2 or x4 machine can run every part in one call (not yet timed); no test needs more than one GPU.
 # Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call.
 # Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
 # are printed.
@@ -40,11 +43,19 @@ case "${1:-tests}" in
     part=${2:-all}
     case "$part" in all|1|2|3) ;; *) echo "usage: gpu_gate.sh tests [1|2|3]" >&2; exit 2 ;; esac
     in_part() { [ "$part" = all ] || [ "$part" = "$1" ]; }
-    logs=""
-    start() {  # start PART NAME LIMIT CMD...: job NAME in the background if PART is run; its log is read below
+    gpus=${GATE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+    [ -n "${CUDA_VISIBLE_DEVICES+set}" ] && [ -z "${GATE_GPUS:-}" ] && gpus=1  # the caller chose the GPUs
+    [ "${gpus:-0}" -ge 1 ] 2>/dev/null || gpus=1
+    logs="" n=0
+    start() {  # start PART NAME LIMIT CMD...: job NAME in the background if PART is run, on GPU n mod gpus
       in_part "$1" || return 0
       logs="$logs $2"
-      job "${@:2}" &
+      if [ "$gpus" -gt 1 ]; then
+        CUDA_VISIBLE_DEVICES=$(( n % gpus )) job "${@:2}" &
+      else
+        job "${@:2}" &
+      fi
+      n=$(( n + 1 ))
     }
     # Seven processes: the first step of every new key times all candidates of the native-autotune-v1 kernels
     # (tens of seconds per key and process), so the bitwise grid is split in two by chunk size.
