@@ -339,8 +339,8 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
             # the baseline: the rule's configuration, or (speed) the key's order configuration, candidate 0
             rule = rows[0]["candidate"] if speed else _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
-            more = f" {best['ms_more']}" if nmore else ""
-            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms{more} ({len(valid)}/{len(rows)} valid; "
+            ms_more = f" {best['ms_more']}" if nmore else ""
+            _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms{ms_more} ({len(valid)}/{len(rows)} valid; "
                  f"{'order config' if speed else 'rule'} {'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
         else:
             _log(f"{tkey}: no valid candidate (left to the rule)")

@@ -60,9 +60,10 @@ def conv1d_grad_partials(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         (:data:`~ordered_ssd.fold.CONV1D_BWD_TILE_L`). ``dweight = fold_dims(dweight_partial, (0, 1))``.
 
     Determinism: each partial is a sequential fp32 sum over its tile's positions in order, from +0.0, in its
-    own registers (no operation mixes channels); the bits depend on the example's values and the shape only (never on ``B``, the other examples or
-    the launch grid). On the GPU the Triton compiler may contract a product and a sum into one FMA, so the CUDA
-    bits can differ from :func:`conv1d_grad_partials_torch`'s; they are fixed for a GPU model and triton version.
+    own registers (no operation mixes channels); the bits depend on the example's values and the shape only (never
+    on ``B``, the other examples or the launch grid). On the GPU the Triton compiler may contract a product and a
+    sum into one FMA, so the CUDA bits can differ from :func:`conv1d_grad_partials_torch`'s; they are fixed for a
+    GPU model and triton version.
 
     Raises:
         ValueError: a shape other than the above (the message names the argument, expected and actual value).

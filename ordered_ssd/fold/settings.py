@@ -269,8 +269,9 @@ CONV1D_BWD_TILE_L = 128
 CONV1D_BWD_BLOCK_D = 64
 
 #: Bit-neutral. Warps per program of the conv1d partials kernel: it only decides how many channels a lane holds
-#: (two at 64 channels and one warp), never an order. One warp per 64 channels was the fastest of BLOCK_D 64/128/256 x 1/2/4/8 warps on the H200 at eight layer shapes
-#: (B 1..64, L 512..65536, 544..8704 channels; 2026-12-03), all with the same bits.
+#: (two at 64 channels and one warp), never an order. One warp per 64 channels was the fastest of BLOCK_D
+#: 64/128/256 x 1/2/4/8 warps on the H200 at eight layer shapes (B 1..64, L 512..65536, 544..8704 channels;
+#: 2026-12-03), all with the same bits.
 CONV1D_BWD_NUM_WARPS = 1
 
 #: Version of ordered-ssd's own reduction algorithms on the CUDA path; raised whenever a change gives other bits
