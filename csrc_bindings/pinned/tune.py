@@ -47,6 +47,8 @@ import torch
 from .. import _configs, _examples, _registry
 from .._spec import oversized_tiles
 from .live import live_candidates
+from .pick import (ROBUST_RULE, describe_sizes, least_worst_ratio, pick_entry,  # noqa: F401 - re-exported
+                   problem_list, problem_sizes, worst_ratios)
 
 #: where the compile workers start (``python -m csrc_bindings.pinned.tune``): the folder that holds this package
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -154,49 +156,6 @@ def speed_candidates(kernel, key, dt, live, arch):
     return [({n: c[n] for n in blocks}, c["num_warps"], c["num_stages"]) for c in unique_configs(out)]
 
 
-def problem_sizes(args):
-    """The timed problem's sizes besides the autotune key (the key's own sizes win, e.g. chunk-cumsum's nheads)."""
-    return {"batch": args.batch, "seqlen_chunks": args.seqlen_chunks, "nheads": args.problem_nheads,
-            "ngroups": args.ngroups}
-
-
-def problem_list(args):
-    """The timed problems: :func:`problem_sizes`, then one per ``--also-problem BxCxHxG`` (batch, seqlen in chunks,
-    nheads, ngroups). Raises ValueError on a malformed or non-positive one, or nheads not a multiple of ngroups."""
-    out = [problem_sizes(args)]
-    for text in getattr(args, "also_problem", None) or ():
-        try:
-            b, c, h, g = (int(v) for v in text.split("x"))
-        except ValueError:
-            b = c = h = g = 0
-        if min(b, c, h, g) < 1 or h % g:
-            raise ValueError(f"--also-problem: expected BxCxHxG (positive, H a multiple of G), got {text!r}")
-        out.append({"batch": b, "seqlen_chunks": c, "nheads": h, "ngroups": g})
-    return out
-
-
-def describe_sizes(sizes):
-    if isinstance(sizes, list):
-        text = "; ".join(describe_sizes(s) for s in sizes)
-        return text if len(sizes) == 1 else f"{text}; chosen: {ROBUST_RULE} (least worst ratio to each one's fastest)"
-    return (f"batch {sizes['batch']}, seqlen {sizes['seqlen_chunks']} * chunk_size, nheads {sizes['nheads']} "
-            f"(unless keyed), ngroups {sizes['ngroups']}")
-
-
-#: how a search over several problems picks (:func:`least_worst_ratio`)
-ROBUST_RULE = "least-worst-ratio-v1"
-
-
-def least_worst_ratio(rows):
-    """The row (``ms``, and ``ms_more`` for every further problem) whose worst ratio to the fastest row of each
-    problem is the smallest, the first in candidate order on a tie: one table entry per autotune key serves every
-    batch and length, so it should lose least where it loses most. One problem: the fastest row."""
-    times = [[r["ms"], *r.get("ms_more", ())] for r in rows]
-    fastest = [max(min(t[j] for t in times), 1e-9) for j in range(len(times[0]))]
-    worst = [max(t[j] / fastest[j] for j in range(len(fastest))) for t in times]
-    return rows[worst.index(min(worst))]
-
-
 def _problem(kernel, key, dt, cache, sizes):
     tag = (kernel, tuple(sorted(key.items())), dt, tuple(sorted(sizes.items())))
     if tag not in cache:
@@ -209,20 +168,33 @@ def _problem(kernel, key, dt, cache, sizes):
 
 # ------------------------------------------------------------------------------------------- phase 1 worker
 def worker_compile(tasks_file, out_file, deadline):
+    """Run every task's candidate once on the first problem (its status: ``ok`` or the error), then the ``ok`` ones
+    on each further problem (``more``: their integer sizes may make Triton specialise, and compile, anew); a
+    failure there is left to phase 2 to report. One problem alive at a time, built once per (kernel, key, dtype)."""
     spec = json.loads(Path(tasks_file).read_text())
-    tasks, sizes = spec["tasks"], spec["sizes"]
+    tasks, problems = spec["tasks"], [spec["sizes"], *spec.get("more", ())]
     cache, results = {}, []
-    for kernel, key, dt, idx, cand in tasks:
-        if time.time() > deadline:
-            results.append([kernel, key, dt, idx, "skipped: budget"])
-            continue
-        try:
-            p = _problem(kernel, key, dt, cache, sizes)
-            _registry.run_kernel(kernel, p, config=_cfg_dict(cand))
-            torch.cuda.synchronize()
-            results.append([kernel, key, dt, idx, "ok"])
-        except Exception as exc:  # noqa: BLE001 - any failure makes the candidate invalid
-            results.append([kernel, key, dt, idx, f"{type(exc).__name__}: {str(exc)[:200]}"])
+    groups = {}
+    for t in tasks:
+        groups.setdefault((t[0], json.dumps(t[1], sort_keys=True), t[2]), []).append(t)
+    for group in groups.values():
+        ok = []
+        for j, sizes in enumerate(problems):
+            for kernel, key, dt, idx, cand in (group if j == 0 else ok):
+                if time.time() > deadline:
+                    if j == 0:
+                        results.append([kernel, key, dt, idx, "skipped: budget"])
+                    continue
+                try:
+                    p = _problem(kernel, key, dt, cache, sizes)
+                    _registry.run_kernel(kernel, p, config=_cfg_dict(cand))
+                    torch.cuda.synchronize()
+                    if j == 0:
+                        results.append([kernel, key, dt, idx, "ok"])
+                        ok.append([kernel, key, dt, idx, cand])
+                except Exception as exc:  # noqa: BLE001 - any failure makes the candidate invalid
+                    if j == 0:
+                        results.append([kernel, key, dt, idx, f"{type(exc).__name__}: {str(exc)[:200]}"])
     Path(out_file).write_text(json.dumps(results))
 
 
@@ -250,7 +222,7 @@ def phase1(jobs, cands, args, deadline):
     for s, shard in enumerate(shards):
         shard.sort(key=lambda t: (t[0], json.dumps(t[1], sort_keys=True), t[2], t[3]))
         tf, of = tmp / f"tasks{s}.json", tmp / f"out{s}.json"
-        tf.write_text(json.dumps({"sizes": problem_sizes(args), "tasks": shard}))
+        tf.write_text(json.dumps({"sizes": problem_sizes(args), "more": problem_list(args)[1:], "tasks": shard}))
         procs.append((subprocess.Popen([sys.executable, "-m", MODULE, "--worker-compile", str(tf), str(of),
                                         str(deadline)], cwd=str(PACKAGE_PARENT)), of))
     status = {}
@@ -278,11 +250,12 @@ def _time(fn, reps=10, trials=3):
     return best
 
 
-def phase2(jobs, cands, status, deadline, sizes, speed=False):
+def phase2(jobs, cands, status, deadline, sizes, speed=False, current=None, keep_within=None):
     """Time every compiled candidate of every job in this process; the best valid one per job. ``sizes``: one
     problem (the fastest), or a list (:func:`problem_list`): validity checked on the first, every valid candidate
     timed on each, :func:`least_worst_ratio` picks (none ran on every problem: not written). ``speed``: the entries
-    hold only the kernel's bit-neutral parameters (``NEUTRAL``), for the speed table."""
+    hold only the kernel's bit-neutral parameters (``NEUTRAL``), for the speed table. ``current``: table key -> the
+    entry before the search; with ``keep_within`` a key keeps it where :func:`pick_entry` says so."""
     problems = sizes if isinstance(sizes, list) else [sizes]
     sizes = problems[0]
     run_kernel = _registry.run_kernel
@@ -333,18 +306,26 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False):
             _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget), or none ran on every "
                  f"problem: not written")
         elif valid:
-            best = least_worst_ratio(valid)
+            best = pick_entry(valid, (current or {}).get(tkey), keep_within)
             table[tkey] = (best["candidate"] if not speed else
                            {n: best["candidate"][n] for n in _configs._neutral().get(kernel, ())})
             # the baseline: the rule's configuration, or (speed) the key's order configuration, candidate 0
             rule = rows[0]["candidate"] if speed else _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
             ms_more = f" {best['ms_more']}" if nmore else ""
+            was = (current or {}).get(tkey)
+            worst = dict(zip((json.dumps(r["candidate"], sort_keys=True) for r in valid), worst_ratios(valid)))
+            was_worst = worst.get(json.dumps(was, sort_keys=True)) if was is not None else None
+            was_text = "" if was is None else (f"; entry before {'kept' if best['candidate'] == was else 'replaced'}"
+                                               f", worst ratio {'%.3f' % was_worst if was_worst else 'n/a'}")
             _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms{ms_more} ({len(valid)}/{len(rows)} valid; "
-                 f"{'order config' if speed else 'rule'} {'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'})")
+                 f"{'order config' if speed else 'rule'} {'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'}"
+                 f"{was_text})")
         else:
             _log(f"{tkey}: no valid candidate (left to the rule)")
         report.append({"key": tkey, "rows": rows, "chosen": table.get(tkey)})
+        if (current or {}).get(tkey) is not None:
+            report[-1]["before"] = current[tkey]
     return table, report
 
 
@@ -502,6 +483,9 @@ def main():
     ap.add_argument("--also-problem", action="append", default=None, metavar="BxCxHxG",
                     help="also time every valid candidate on this problem (batch, seqlen in chunks, nheads, ngroups; "
                          f"repeatable) and pick by {ROBUST_RULE}")
+    ap.add_argument("--keep-within", type=float, default=None, metavar="R",
+                    help="keep a key's table entry where its worst ratio to each problem's fastest is at most R "
+                         "(e.g. 1.1): a re-search changes a key's bits only where it buys more than that")
     ap.add_argument("--kernels", default="", help="comma list: tune only these kernels (default: all)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="print the (kernel, key, dtype) jobs and the problem sizes, then exit (no GPU needed; "
@@ -544,6 +528,8 @@ def main():
         problems = problem_list(args)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.keep_within is not None and (args.speed or args.keep_within < 1.0):
+        ap.error(f"--keep-within: expected a ratio >= 1.0 for the pinned table (not --speed), got {args.keep_within}")
     if args.list_jobs:
         for kernel, key, dt in shard_jobs(build_jobs(args), shard):
             print(kernel, json.dumps(key, sort_keys=True), dt)
@@ -571,12 +557,15 @@ def main():
     _log(f"tuning {len(jobs)} (kernel, key, dtype) jobs on {torch.cuda.get_device_name(0)} "
          f"({_configs.device_arch('cuda')}); versions {versions}")
     status = phase1(jobs, cands, args, t0 + 0.8 * args.budget_s)
-    table, report = phase2(jobs, cands, status, deadline, problems, speed=args.speed)
+    current = None if args.speed else dict(_configs._table())
+    table, report = phase2(jobs, cands, status, deadline, problems, speed=args.speed, current=current,
+                           keep_within=args.keep_within)
     meta = {"generated_by": f"python -m {MODULE}",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "gpu": torch.cuda.get_device_name(0), "versions": {**versions, "torch": torch.__version__},
             "shapes": args.shapes, "nheads": args.nheads, "dtypes": args.dtypes,
-            "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problems)}"}
+            "timing": f"best of 3 trials x 10 launches, CUDA events, {describe_sizes(problems)}"
+                      + (f"; an entry kept where within {args.keep_within}" if args.keep_within else "")}
     if not args.speed and out.resolve() == TABLE_PATH:
         write_pinned_table(out, table, meta, merge=not args.replace, speed_path=SPEED_PATH)
     else:

@@ -30,7 +30,9 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
     assert [ln.split(" ", 1)[0] for ln in res.stdout.strip().splitlines()[:-1]] == ["chunk_cumsum_bwd",
                                                                                   "chunk_state_fwd"]
     for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups"),
-                        (["--kernels", "chunk_state_fwd,no_such_kernel"], "got ['no_such_kernel']")):
+                        (["--kernels", "chunk_state_fwd,no_such_kernel"], "got ['no_such_kernel']"),
+                        (["--keep-within", "0.5"], "--keep-within: expected a ratio >= 1.0"),
+                        (["--keep-within", "1.1", "--speed"], "--keep-within: expected a ratio >= 1.0")):
         res = subprocess.run(cmd[:3] + ["--list-jobs", *bad], capture_output=True, text=True, timeout=120,
                              cwd=tuner.PACKAGE_PARENT)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
@@ -368,6 +370,15 @@ def test_several_problems_pick_the_candidate_that_loses_least_where_it_loses_mos
     assert [(r["ms"], r["ms_more"]) for r in report[0]["rows"]] == [(5.0, [2.0]), (1.0, [20.0])]
     assert table[tkey]["num_warps"] == 4  # worst ratios 5 (4 warps) against 10 (8 warps)
     assert tuner.phase2(jobs, cands, status, float("inf"), [large, small])[0][tkey]["num_warps"] == 4
+    # --keep-within: the entry before the search stays while its worst ratio (10, 8 warps) is within the bound
+    before = {tkey: {"BLOCK_SIZE_M": 32, "num_warps": 8, "num_stages": 3}}
+    for within, warps in ((10.0, 8), (9.9, 4), (None, 4)):
+        table, report = tuner.phase2(jobs, cands, status, float("inf"), [small, large], current=before,
+                                     keep_within=within)
+        assert table[tkey]["num_warps"] == warps and report[0]["before"] == before[tkey], within
+    other = {tkey: {"BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 3}}  # not a candidate: cannot be kept
+    table, _ = tuner.phase2(jobs, cands, status, float("inf"), [small, large], current=other, keep_within=100.0)
+    assert table[tkey]["num_warps"] == 4
     rows = [{"ms": 1.0, "ms_more": [2.0]}, {"ms": 2.0, "ms_more": [1.0]}]
     assert tuner.least_worst_ratio(rows) is rows[0]  # a tie: the first in candidate order
     rows = [{"ms": 1.0, "ms_more": [10.0]}, {"ms": 3.0, "ms_more": [4.0]}]
@@ -390,3 +401,42 @@ def test_several_problems_pick_the_candidate_that_loses_least_where_it_loses_mos
     for bad in ("16x64x64", "16x64x63x4", "0x8x16x1", "ax8x16x1"):
         with pytest.raises(ValueError, match="--also-problem: expected BxCxHxG"):
             problems(bad)
+
+
+def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypatch):
+    """Phase 1 runs every candidate on the first problem (its status) and the ones that ran there on each further
+    problem too, so that Triton compiles the specialisations the further problems need (a candidate that fails
+    on a further problem stays ``ok``: phase 2 reports it); one problem alive at a time, built once per group."""
+    import json
+
+    import csrc_bindings._examples as ex
+    import csrc_bindings._registry as reg
+
+    built, ran = [], []
+
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+        built.append((key["hdim"], batch))
+        return {"batch": batch}
+
+    def fake_run(kernel, p, config=None):
+        ran.append((p["batch"], config["num_warps"]))
+        if config["num_warps"] == 2 or (config["num_warps"] == 8 and p["batch"] == 16):
+            raise RuntimeError("out of resources")
+        return ()
+
+    monkeypatch.setattr(ex, "problem_for_key", fake_problem)
+    monkeypatch.setattr(reg, "run_kernel", fake_run)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    small = {"batch": 4, "seqlen_chunks": 8, "nheads": 16, "ngroups": 1}
+    large = {"batch": 16, "seqlen_chunks": 64, "nheads": 64, "ngroups": 4}
+    tasks = [["chunk_state_fwd", {"chunk_size": 64, "hdim": h, "dstate": 16}, "bfloat16", i, [{}, w, 2]]
+             for h in (32, 64) for i, w in enumerate((2, 4, 8))]
+    tf, of = tmp_path / "tasks.json", tmp_path / "out.json"
+    tf.write_text(json.dumps({"sizes": small, "more": [large], "tasks": tasks}))
+    tuner.worker_compile(str(tf), str(of), float("inf"))
+    status = {(t[1]["hdim"], t[3]): t[4] for t in json.loads(of.read_text())}
+    assert [status[(h, i)][:12] for h in (32, 64) for i in range(3)] == ["RuntimeError", "ok", "ok"] * 2
+    assert built == [(32, 4), (32, 16), (64, 4), (64, 16)]
+    assert ran == [(4, 2), (4, 4), (4, 8), (16, 4), (16, 8)] * 2
+    tuner.worker_compile(str(tf), str(of), 0.0)  # past the deadline: nothing runs, every task is cut
+    assert [t[4] for t in json.loads(of.read_text())] == ["skipped: budget"] * 6
