@@ -15,14 +15,16 @@ import torch.nn.functional as F
 
 
 def _rand(gen, shape, scale=1.0, shift=0.0):
-    return torch.randn(*shape, generator=gen) * scale + shift
+    return torch.randn(*shape, generator=gen, device=gen.device) * scale + shift
 
 
 def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, batch=2, seqlen=200,
                  dtype=torch.float32, device="cpu", seed=0, state_dim=None, swiglu_cols=48,
-                 sp_dtype=torch.float32):
-    """A dict of tensors for one small Mamba-2 SSD problem (see the module docstring)."""
-    gen = torch.Generator().manual_seed(seed)
+                 sp_dtype=torch.float32, on_device=False):
+    """A dict of tensors for one small Mamba-2 SSD problem (see the module docstring). The random values come from
+    a CPU generator seeded with ``seed`` (the same on every machine), or with ``on_device`` from ``device``'s own
+    generator (other values; seconds faster for the tuner's large problems, whose values only need to be finite)."""
+    gen = torch.Generator(device=device if on_device else "cpu").manual_seed(seed)
     P, N, H, G, B, L = headdim, dstate, nheads, ngroups, batch, seqlen
     C = math.ceil(L / chunk_size)
     pad = C * chunk_size - L
@@ -76,7 +78,7 @@ def make_problem(*, chunk_size=64, headdim=32, dstate=16, nheads=4, ngroups=2, b
 
 
 def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, seqlen_chunks=8, nheads=16, ngroups=1,
-                    seed=0):
+                    seed=0, on_device=False):
     """:func:`make_problem` sized for ``kernel``'s autotune ``key`` (missing sizes: chunk_size 256, hdim 64,
     dstate 128).
     ``seqlen`` defaults to ``seqlen_chunks * chunk_size``; ``nheads`` is overridden by a key that has it."""
@@ -88,4 +90,4 @@ def problem_for_key(kernel, key, dtype, device, *, batch=4, seqlen=None, seqlen_
     return make_problem(chunk_size=chunk_size, headdim=P, dstate=N, nheads=H, ngroups=ngroups, batch=batch, seqlen=L,
                         dtype=dtype, device=device, seed=seed, state_dim=key.get("dim"),
                         swiglu_cols=int(key.get("ncols", 48)),
-                        sp_dtype=dtype if kernel.startswith("state_passing") else torch.float32)
+                        sp_dtype=dtype if kernel.startswith("state_passing") else torch.float32, on_device=on_device)

@@ -162,7 +162,7 @@ def _problem(kernel, key, dt, cache, sizes):
         cache.clear()  # one problem alive at a time
         cache[tag] = _examples.problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
                                      seqlen_chunks=sizes["seqlen_chunks"], nheads=sizes["nheads"],
-                                     ngroups=sizes["ngroups"])
+                                     ngroups=sizes["ngroups"], on_device=True)
     return cache[tag]
 
 

@@ -16,3 +16,17 @@ def test_problem_for_key_sizes_the_sequence_in_chunks_of_the_key():
     p = problem_for_key("chunk_cumsum_fwd", {"chunk_size": 32, "nheads": 6}, torch.float32, "cpu", batch=1,
                         seqlen=40, seqlen_chunks=5, nheads=2)
     assert (p["seqlen"], p["nchunks"], p["nheads"]) == (40, 2, 6)
+
+
+def test_problem_values_come_from_a_seeded_cpu_generator_unless_on_device():
+    """The default values are those of a CPU generator seeded with ``seed`` (the recorded launches and the GPU
+    tests rely on them); ``on_device`` draws from the device's generator, the same stream on the CPU."""
+    from csrc_bindings._examples import make_problem
+
+    kw = dict(chunk_size=16, headdim=8, dstate=4, nheads=2, ngroups=1, batch=2, seqlen=40)
+    p = make_problem(**kw, seed=3)
+    expect = torch.randn(2, 40, 2, generator=torch.Generator().manual_seed(3)) * 0.5 - 1.0
+    assert torch.equal(p["dt_raw"], expect)
+    q = make_problem(**kw, seed=3, on_device=True)
+    assert all(torch.equal(p[k], q[k]) for k in p if isinstance(p[k], torch.Tensor))
+    assert not torch.equal(make_problem(**kw, seed=4)["x"], p["x"])

@@ -50,7 +50,8 @@ def test_tuner_plumbing_passes_the_problem_sizes_to_workers_and_timing(tmp_path,
 
     built, ran, spawned = [], [], []
 
-    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups, on_device):
+        assert on_device  # values made on the GPU (seconds faster at large sizes)
         built.append((kernel, batch, seqlen_chunks, nheads, ngroups))
         return {"x": torch.ones(3)}
 
@@ -335,7 +336,8 @@ def test_several_problems_pick_the_candidate_that_loses_least_where_it_loses_mos
     # ms per launch: (problem batch, num_warps) -> 8 warps wins on the small problem, loses 10x on the large one
     ms = {(2, 4): 5.0, (2, 8): 1.0, (16, 4): 2.0, (16, 8): 20.0}
 
-    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups, on_device):
+        assert on_device  # values made on the GPU (seconds faster at large sizes)
         return {"x": torch.full((3,), float(batch))}
 
     def fake_run(kernel, p, config=None):
@@ -414,7 +416,8 @@ def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypat
 
     built, ran = [], []
 
-    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups):
+    def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups, on_device):
+        assert on_device  # values made on the GPU (seconds faster at large sizes)
         built.append((key["hdim"], batch))
         return {"batch": batch}
 
