@@ -217,6 +217,7 @@ def phase1(jobs, cands, args, deadline):
         s = load.index(min(load))
         shards[s].extend(g)
         load[s] += weight(g)
+    t_start = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="tune_"))
     procs = []
     for s, shard in enumerate(shards):
@@ -232,7 +233,7 @@ def phase1(jobs, cands, args, deadline):
             for kernel, key, dt, idx, st in json.loads(of.read_text()):
                 status[(kernel, json.dumps(key, sort_keys=True), dt, idx)] = st
     _log(f"phase 1: {len(tasks)} candidate compiles in {nj} workers, "
-         f"{sum(1 for v in status.values() if v == 'ok')} ok")
+         f"{sum(1 for v in status.values() if v == 'ok')} ok, {time.time() - t_start:.0f} s")
     return status
 
 
