@@ -4,53 +4,78 @@ Key: ``"{arch}/{dtype}/{kernel}/{autotune key}"``; value: block sizes + ``num_wa
 Keys that are missing here use the ``mincost-v1`` rule (see :mod:`csrc_bindings._configs`).
 """
 
-META = {'earlier': {'earlier': {'date': '2026-12-03',
-                         'dtypes': 'bfloat16,float16,float32',
-                         'earlier': {'date': '2026-12-01',
+META = {'earlier': {'earlier': {'earlier': {'date': '2026-12-03',
                                      'dtypes': 'bfloat16,float16,float32',
                                      'earlier': {'date': '2026-12-01',
                                                  'dtypes': 'bfloat16,float16,float32',
-                                                 'earlier': {'earlier': {'date': '2026-11-30',
-                                                                         'dtypes': 'bfloat16',
-                                                                         'earlier': {'date': '2026-11-30',
+                                                 'earlier': {'date': '2026-12-01',
+                                                             'dtypes': 'bfloat16,float16,float32',
+                                                             'earlier': {'earlier': {'date': '2026-11-30',
                                                                                      'dtypes': 'bfloat16',
                                                                                      'earlier': {'date': '2026-11-30',
                                                                                                  'dtypes': 'bfloat16',
                                                                                                  'earlier': {'date': '2026-11-30',
-                                                                                                             'dtypes': 'bfloat16,float16,float32',
+                                                                                                             'dtypes': 'bfloat16',
+                                                                                                             'earlier': {'date': '2026-11-30',
+                                                                                                                         'dtypes': 'bfloat16,float16,float32',
+                                                                                                                         'generated_by': 'benchmarks/tune_pinned_configs.py',
+                                                                                                                         'gpu': 'NVIDIA '
+                                                                                                                                'H200',
+                                                                                                                         'nheads': '24,32,48,64',
+                                                                                                                         'note': 'two '
+                                                                                                                                 'runs '
+                                                                                                                                 'of '
+                                                                                                                                 'the '
+                                                                                                                                 'script '
+                                                                                                                                 'on '
+                                                                                                                                 'one '
+                                                                                                                                 'H200: '
+                                                                                                                                 'bmm_chunk_fwd/bwd '
+                                                                                                                                 'and '
+                                                                                                                                 'the '
+                                                                                                                                 'complete '
+                                                                                                                                 'chunk_cumsum_bwd '
+                                                                                                                                 'searches '
+                                                                                                                                 'of '
+                                                                                                                                 'the '
+                                                                                                                                 'first '
+                                                                                                                                 'run '
+                                                                                                                                 'were '
+                                                                                                                                 'timed '
+                                                                                                                                 'at '
+                                                                                                                                 'batch '
+                                                                                                                                 '2, '
+                                                                                                                                 'everything '
+                                                                                                                                 'else '
+                                                                                                                                 'at '
+                                                                                                                                 'batch '
+                                                                                                                                 '4 '
+                                                                                                                                 '(--skip-existing)',
+                                                                                                                         'shapes': '256x64x128',
+                                                                                                                         'timing': 'best '
+                                                                                                                                   'of '
+                                                                                                                                   '3 '
+                                                                                                                                   'trials '
+                                                                                                                                   'x '
+                                                                                                                                   '10 '
+                                                                                                                                   'launches, '
+                                                                                                                                   'CUDA '
+                                                                                                                                   'events, '
+                                                                                                                                   'batch '
+                                                                                                                                   '4, '
+                                                                                                                                   'seqlen '
+                                                                                                                                   '8 '
+                                                                                                                                   '* '
+                                                                                                                                   'chunk_size, '
+                                                                                                                                   'nheads '
+                                                                                                                                   '16',
+                                                                                                                         'versions': {'mamba_ssm': '2.3.2.post1',
+                                                                                                                                      'torch': '2.11.0+cu130',
+                                                                                                                                      'triton': '3.6.0'}},
                                                                                                              'generated_by': 'benchmarks/tune_pinned_configs.py',
                                                                                                              'gpu': 'NVIDIA '
                                                                                                                     'H200',
-                                                                                                             'nheads': '24,32,48,64',
-                                                                                                             'note': 'two '
-                                                                                                                     'runs '
-                                                                                                                     'of '
-                                                                                                                     'the '
-                                                                                                                     'script '
-                                                                                                                     'on '
-                                                                                                                     'one '
-                                                                                                                     'H200: '
-                                                                                                                     'bmm_chunk_fwd/bwd '
-                                                                                                                     'and '
-                                                                                                                     'the '
-                                                                                                                     'complete '
-                                                                                                                     'chunk_cumsum_bwd '
-                                                                                                                     'searches '
-                                                                                                                     'of '
-                                                                                                                     'the '
-                                                                                                                     'first '
-                                                                                                                     'run '
-                                                                                                                     'were '
-                                                                                                                     'timed '
-                                                                                                                     'at '
-                                                                                                                     'batch '
-                                                                                                                     '2, '
-                                                                                                                     'everything '
-                                                                                                                     'else '
-                                                                                                                     'at '
-                                                                                                                     'batch '
-                                                                                                                     '4 '
-                                                                                                                     '(--skip-existing)',
+                                                                                                             'nheads': '32,64,128',
                                                                                                              'shapes': '256x64x128',
                                                                                                              'timing': 'best '
                                                                                                                        'of '
@@ -62,31 +87,34 @@ META = {'earlier': {'earlier': {'date': '2026-12-03',
                                                                                                                        'CUDA '
                                                                                                                        'events, '
                                                                                                                        'batch '
-                                                                                                                       '4, '
+                                                                                                                       '8, '
                                                                                                                        'seqlen '
-                                                                                                                       '8 '
+                                                                                                                       '16 '
                                                                                                                        '* '
                                                                                                                        'chunk_size, '
                                                                                                                        'nheads '
-                                                                                                                       '16',
+                                                                                                                       '64 '
+                                                                                                                       '(unless '
+                                                                                                                       'keyed), '
+                                                                                                                       'ngroups '
+                                                                                                                       '1',
                                                                                                              'versions': {'mamba_ssm': '2.3.2.post1',
                                                                                                                           'torch': '2.11.0+cu130',
                                                                                                                           'triton': '3.6.0'}},
                                                                                                  'generated_by': 'benchmarks/tune_pinned_configs.py',
                                                                                                  'gpu': 'NVIDIA H200',
-                                                                                                 'nheads': '32,64,128',
-                                                                                                 'shapes': '256x64x128',
+                                                                                                 'nheads': '24',
+                                                                                                 'shapes': '256x64x64',
                                                                                                  'timing': 'best of 3 '
                                                                                                            'trials x '
                                                                                                            '10 '
                                                                                                            'launches, '
                                                                                                            'CUDA '
                                                                                                            'events, '
-                                                                                                           'batch 8, '
-                                                                                                           'seqlen 16 '
-                                                                                                           '* '
+                                                                                                           'batch 64, '
+                                                                                                           'seqlen 2 * '
                                                                                                            'chunk_size, '
-                                                                                                           'nheads 64 '
+                                                                                                           'nheads 24 '
                                                                                                            '(unless '
                                                                                                            'keyed), '
                                                                                                            'ngroups 1',
@@ -95,58 +123,62 @@ META = {'earlier': {'earlier': {'date': '2026-12-03',
                                                                                                               'triton': '3.6.0'}},
                                                                                      'generated_by': 'benchmarks/tune_pinned_configs.py',
                                                                                      'gpu': 'NVIDIA H200',
-                                                                                     'nheads': '24',
-                                                                                     'shapes': '256x64x64',
+                                                                                     'nheads': '64,128',
+                                                                                     'shapes': '256x64x128',
                                                                                      'timing': 'best of 3 trials x 10 '
                                                                                                'launches, CUDA events, '
-                                                                                               'batch 64, seqlen 2 * '
-                                                                                               'chunk_size, nheads 24 '
+                                                                                               'batch 8, seqlen 16 * '
+                                                                                               'chunk_size, nheads 64 '
                                                                                                '(unless keyed), '
                                                                                                'ngroups 1',
                                                                                      'versions': {'mamba_ssm': '2.3.2.post1',
                                                                                                   'torch': '2.11.0+cu130',
                                                                                                   'triton': '3.6.0'}},
-                                                                         'generated_by': 'benchmarks/tune_pinned_configs.py',
-                                                                         'gpu': 'NVIDIA H200',
-                                                                         'nheads': '64,128',
-                                                                         'shapes': '256x64x128',
-                                                                         'timing': 'best of 3 trials x 10 launches, '
-                                                                                   'CUDA events, batch 8, seqlen 16 * '
-                                                                                   'chunk_size, nheads 64 (unless '
-                                                                                   'keyed), ngroups 1',
-                                                                         'versions': {'mamba_ssm': '2.3.2.post1',
-                                                                                      'torch': '2.11.0+cu130',
-                                                                                      'triton': '3.6.0'}},
-                                                             'generated_by': 'python -m csrc_bindings.pinned.tune '
-                                                                             '--merge-from',
-                                                             'merged': [{'date': '2026-12-01',
-                                                                         'dtypes': 'bfloat16,float16,float32',
                                                                          'generated_by': 'python -m '
-                                                                                         'csrc_bindings.pinned.tune',
-                                                                         'gpu': 'NVIDIA H200',
-                                                                         'nheads': '24,32,48,64',
-                                                                         'shapes': 'key-space',
-                                                                         'timing': 'best of 3 trials x 10 launches, '
-                                                                                   'CUDA events, batch 4, seqlen 8 * '
-                                                                                   'chunk_size, nheads 32 (unless '
-                                                                                   'keyed), ngroups 1',
-                                                                         'versions': {'mamba_ssm': '2.3.2.post1',
-                                                                                      'torch': '2.11.0+cu130',
-                                                                                      'triton': '3.6.0'}},
-                                                                        {'date': '2026-12-01',
-                                                                         'dtypes': 'bfloat16,float16,float32',
-                                                                         'generated_by': 'python -m '
-                                                                                         'csrc_bindings.pinned.tune',
-                                                                         'gpu': 'NVIDIA H200',
-                                                                         'nheads': '24,32,48,64',
-                                                                         'shapes': 'key-space',
-                                                                         'timing': 'best of 3 trials x 10 launches, '
-                                                                                   'CUDA events, batch 4, seqlen 8 * '
-                                                                                   'chunk_size, nheads 32 (unless '
-                                                                                   'keyed), ngroups 1',
-                                                                         'versions': {'mamba_ssm': '2.3.2.post1',
-                                                                                      'torch': '2.11.0+cu130',
-                                                                                      'triton': '3.6.0'}}]},
+                                                                                         'csrc_bindings.pinned.tune '
+                                                                                         '--merge-from',
+                                                                         'merged': [{'date': '2026-12-01',
+                                                                                     'dtypes': 'bfloat16,float16,float32',
+                                                                                     'generated_by': 'python -m '
+                                                                                                     'csrc_bindings.pinned.tune',
+                                                                                     'gpu': 'NVIDIA H200',
+                                                                                     'nheads': '24,32,48,64',
+                                                                                     'shapes': 'key-space',
+                                                                                     'timing': 'best of 3 trials x 10 '
+                                                                                               'launches, CUDA events, '
+                                                                                               'batch 4, seqlen 8 * '
+                                                                                               'chunk_size, nheads 32 '
+                                                                                               '(unless keyed), '
+                                                                                               'ngroups 1',
+                                                                                     'versions': {'mamba_ssm': '2.3.2.post1',
+                                                                                                  'torch': '2.11.0+cu130',
+                                                                                                  'triton': '3.6.0'}},
+                                                                                    {'date': '2026-12-01',
+                                                                                     'dtypes': 'bfloat16,float16,float32',
+                                                                                     'generated_by': 'python -m '
+                                                                                                     'csrc_bindings.pinned.tune',
+                                                                                     'gpu': 'NVIDIA H200',
+                                                                                     'nheads': '24,32,48,64',
+                                                                                     'shapes': 'key-space',
+                                                                                     'timing': 'best of 3 trials x 10 '
+                                                                                               'launches, CUDA events, '
+                                                                                               'batch 4, seqlen 8 * '
+                                                                                               'chunk_size, nheads 32 '
+                                                                                               '(unless keyed), '
+                                                                                               'ngroups 1',
+                                                                                     'versions': {'mamba_ssm': '2.3.2.post1',
+                                                                                                  'torch': '2.11.0+cu130',
+                                                                                                  'triton': '3.6.0'}}]},
+                                                             'generated_by': 'python -m csrc_bindings.pinned.tune',
+                                                             'gpu': 'NVIDIA H200',
+                                                             'nheads': '24,32,48,64',
+                                                             'shapes': 'key-space',
+                                                             'timing': 'best of 3 trials x 10 launches, CUDA events, '
+                                                                       'batch 4, seqlen 8 * chunk_size, nheads 32 '
+                                                                       '(unless keyed), ngroups 1',
+                                                             'versions': {'mamba_ssm': '2.3.2.post1',
+                                                                          'torch': '2.11.0+cu130',
+                                                                          'triton': '3.6.0'}},
                                                  'generated_by': 'python -m csrc_bindings.pinned.tune',
                                                  'gpu': 'NVIDIA H200',
                                                  'nheads': '24,32,48,64',
@@ -160,30 +192,37 @@ META = {'earlier': {'earlier': {'date': '2026-12-03',
                                      'gpu': 'NVIDIA H200',
                                      'nheads': '24,32,48,64',
                                      'shapes': 'key-space',
-                                     'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 8 * '
-                                               'chunk_size, nheads 32 (unless keyed), ngroups 1',
+                                     'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 16 * '
+                                               'chunk_size, nheads 64 (unless keyed), ngroups 1',
                                      'versions': {'mamba_ssm': '2.3.2.post1',
                                                   'torch': '2.11.0+cu130',
                                                   'triton': '3.6.0'}},
+                         'generated_by': 'python -m csrc_bindings.pinned.tune --merge-from',
+                         'merged': [{'date': '2026-12-03',
+                                     'dtypes': 'bfloat16,float16,float32',
+                                     'generated_by': 'python -m csrc_bindings.pinned.tune',
+                                     'gpu': 'NVIDIA H200',
+                                     'nheads': '24,32,48,64',
+                                     'selected': 'the entries of this run >= 10 % faster than the pinned ones on its '
+                                                 'problem (bf16 64/32: 0.173 against 0.266 ms; fp32 64/32: 0.195 '
+                                                 'against 0.265); the run was stopped by its time limit after 5 keys',
+                                     'shapes': '64x32x64,64x64x64,64x128x64,128x32x64,128x64x64,128x128x64,256x32x64,256x64x64,256x128x64',
+                                     'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 64 * '
+                                               'chunk_size, nheads 64 (unless keyed), ngroups 4',
+                                     'versions': {'mamba_ssm': '2.3.2.post1',
+                                                  'torch': '2.11.0+cu130',
+                                                  'triton': '3.6.0'}}]},
+             'generated_by': 'python -m csrc_bindings.pinned.tune --merge-from',
+             'merged': [{'date': '2026-12-03',
+                         'dtypes': 'bfloat16',
                          'generated_by': 'python -m csrc_bindings.pinned.tune',
                          'gpu': 'NVIDIA H200',
                          'nheads': '24,32,48,64',
                          'shapes': 'key-space',
                          'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 16 * chunk_size, '
-                                   'nheads 64 (unless keyed), ngroups 1',
-                         'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}},
-             'generated_by': 'python -m csrc_bindings.pinned.tune --merge-from',
-             'merged': [{'date': '2026-12-03',
-                         'dtypes': 'bfloat16,float16,float32',
-                         'generated_by': 'python -m csrc_bindings.pinned.tune',
-                         'gpu': 'NVIDIA H200',
-                         'nheads': '24,32,48,64',
-                         'selected': 'the entries of this run >= 10 % faster than the pinned ones on its problem (bf16 '
-                                     '64/32: 0.173 against 0.266 ms; fp32 64/32: 0.195 against 0.265); the run was '
-                                     'stopped by its time limit after 5 keys',
-                         'shapes': '64x32x64,64x64x64,64x128x64,128x32x64,128x64x64,128x128x64,256x32x64,256x64x64,256x128x64',
-                         'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 64 * chunk_size, '
-                                   'nheads 64 (unless keyed), ngroups 4',
+                                   'nheads 16 (unless keyed), ngroups 1; batch 4, seqlen 32 * chunk_size, nheads 64 '
+                                   '(unless keyed), ngroups 4; chosen: least-worst-ratio-v1 (least worst ratio to each '
+                                   "one's fastest); an entry kept where within 1.1",
                          'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}}]},
  'generated_by': 'python -m csrc_bindings.pinned.tune --merge-from',
  'merged': [{'date': '2026-12-03',
@@ -191,6 +230,19 @@ META = {'earlier': {'earlier': {'date': '2026-12-03',
              'generated_by': 'python -m csrc_bindings.pinned.tune',
              'gpu': 'NVIDIA H200',
              'nheads': '24,32,48,64',
+             'shapes': '128x32x16,128x32x32,128x32x64,128x32x128,128x32x256,128x64x16,128x64x32,128x64x64,128x64x128,128x64x256,128x128x16,128x128x32,128x128x64,128x128x128,128x128x256,256x32x16,256x32x32,256x32x64,256x32x128,256x32x256,256x64x16,256x64x32,256x64x64,256x64x128,256x64x256,256x128x16,256x128x32,256x128x64,256x128x128,256x128x256',
+             'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 16 * chunk_size, nheads 16 '
+                       '(unless keyed), ngroups 1; batch 4, seqlen 32 * chunk_size, nheads 64 (unless keyed), ngroups '
+                       "4; chosen: least-worst-ratio-v1 (least worst ratio to each one's fastest); an entry kept where "
+                       'within 1.1',
+             'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}},
+            {'date': '2026-12-03',
+             'dtypes': 'float16,float32',
+             'generated_by': 'python -m csrc_bindings.pinned.tune',
+             'gpu': 'NVIDIA H200',
+             'nheads': '24,32,48,64',
+             'note': 'without the keys where a phase-1 compile worker ran out of GPU memory (an incomplete search; 17 '
+                     'written keys dropped before the merge)',
              'shapes': 'key-space',
              'timing': 'best of 3 trials x 10 launches, CUDA events, batch 4, seqlen 16 * chunk_size, nheads 16 '
                        '(unless keyed), ngroups 1; batch 4, seqlen 32 * chunk_size, nheads 64 (unless keyed), ngroups '
@@ -211,36 +263,36 @@ TABLE = {
  'sm_90/bfloat16/chunk_cumsum_fwd/chunk_size=256,nheads=32': {'BLOCK_SIZE_H': 4, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_cumsum_fwd/chunk_size=256,nheads=48': {'BLOCK_SIZE_H': 16, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_cumsum_fwd/chunk_size=256,nheads=64': {'BLOCK_SIZE_H': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
@@ -272,13 +324,13 @@ TABLE = {
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=128,hdim=32': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=128,hdim=64': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=256,hdim=128': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 256, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=256,hdim=64': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=128': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_bwd_dz/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
@@ -324,35 +376,35 @@ TABLE = {
  'sm_90/bfloat16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/bfloat16/chunk_scan_fwd/chunk_size=256,hdim=64,dstate=128,IS_CAUSAL=True': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 2},
  'sm_90/bfloat16/chunk_scan_fwd/chunk_size=256,hdim=64,dstate=64,IS_CAUSAL=True': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 2},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/bfloat16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
@@ -381,61 +433,61 @@ TABLE = {
  'sm_90/float16/chunk_cumsum_fwd/chunk_size=256,nheads=32': {'BLOCK_SIZE_H': 16, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_cumsum_fwd/chunk_size=256,nheads=48': {'BLOCK_SIZE_H': 2, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_cumsum_fwd/chunk_size=256,nheads=64': {'BLOCK_SIZE_H': 16, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_dC/chunk_size=64,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dcb/chunk_size=256,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dstates/hdim=64,dstate=128,chunk_size=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dz/chunk_size=128,hdim=128': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dz/chunk_size=128,hdim=32': {'BLOCK_SIZE_M': 128, 'num_stages': 3, 'num_warps': 4},
@@ -447,7 +499,7 @@ TABLE = {
  'sm_90/float16/chunk_scan_bwd_dz/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_bwd_dz/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
@@ -459,7 +511,7 @@ TABLE = {
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=256,hdim=128,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=256,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
@@ -477,24 +529,24 @@ TABLE = {
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=256,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=256,hdim=64,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
+ 'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float16/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float16/chunk_scan_fwd/chunk_size=256,hdim=64,dstate=128,IS_CAUSAL=True': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 2},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
@@ -508,33 +560,33 @@ TABLE = {
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float16/chunk_state_fwd/hdim=64,dstate=128,chunk_size=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 2},
@@ -549,40 +601,40 @@ TABLE = {
  'sm_90/float32/chunk_cumsum_fwd/chunk_size=256,nheads=48': {'BLOCK_SIZE_H': 8, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_cumsum_fwd/chunk_size=256,nheads=64': {'BLOCK_SIZE_H': 8, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dC/chunk_size=64,dstate=256,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
@@ -601,20 +653,20 @@ TABLE = {
  'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_ddAcs_stable/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dstates/hdim=64,dstate=128,chunk_size=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 2},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=128,hdim=128': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=128,hdim=32': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=128,hdim=64': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=256,hdim=128': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dz/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dz/chunk_size=256,hdim=32': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=256,hdim=64': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=64,hdim=128': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_bwd_dz/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_bwd_dz/chunk_size=64,hdim=32': {'BLOCK_SIZE_M': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_bwd_dz/chunk_size=64,hdim=64': {'BLOCK_SIZE_M': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
@@ -622,7 +674,7 @@ TABLE = {
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=32,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=32,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=32,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=32,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=32,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 4, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=128,hdim=64,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
@@ -650,60 +702,60 @@ TABLE = {
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=128,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=32,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=128': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 4},
- 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 4, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=16': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
+ 'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=32': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_chunk_state_bwd_dx/chunk_size=64,hdim=64,dstate=64': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 4},
  'sm_90/float32/chunk_scan_fwd/chunk_size=256,hdim=64,dstate=128,IS_CAUSAL=True': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 5, 'num_warps': 2},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=128,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=32,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=256,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=128,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=16,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 64, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=256,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=32': {'BLOCK_SIZE_M': 128, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=32,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=128': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=32': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
- 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=64': {'BLOCK_SIZE_M': 32, 'BLOCK_SIZE_N': 128, 'num_stages': 3, 'num_warps': 4},
+ 'sm_90/float32/chunk_state_bwd_db/chunk_size=64,dstate=64,hdim=64': {'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/chunk_state_fwd/hdim=64,dstate=128,chunk_size=256': {'BLOCK_SIZE_K': 32, 'BLOCK_SIZE_M': 64, 'BLOCK_SIZE_N': 32, 'num_stages': 5, 'num_warps': 2},
  'sm_90/float32/state_passing_bwd/dim=1024': {'BLOCK_SIZE': 2048, 'num_stages': 3, 'num_warps': 4},
  'sm_90/float32/state_passing_bwd/dim=16384': {'BLOCK_SIZE': 1024, 'num_stages': 3, 'num_warps': 4},
