@@ -7,6 +7,21 @@ each candidate on one problem (:func:`problem_sizes`) or several (:func:`problem
 """
 from __future__ import annotations
 
+import torch
+
+#: the status of a candidate that hit the GPU's memory limit (the tuner's compile workers share the GPU): not a
+#: property of the candidate, so its key is not written, as when the budget cuts a search short
+OUT_OF_MEMORY = "skipped: out of memory"
+
+
+def failure_status(exc) -> str:
+    """What a search records for a candidate whose run raised ``exc``: :data:`OUT_OF_MEMORY`, or the error's type
+    and message (the candidate is invalid)."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc):
+        return OUT_OF_MEMORY
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 #: how a search over several problems picks (:func:`least_worst_ratio`)
 ROBUST_RULE = "least-worst-ratio-v1"
 

@@ -47,8 +47,8 @@ import torch
 from .. import _configs, _examples, _registry
 from .._spec import oversized_tiles
 from .live import live_candidates
-from .pick import (ROBUST_RULE, describe_sizes, least_worst_ratio, pick_entry,  # noqa: F401 - re-exported
-                   problem_list, problem_sizes, worst_ratios)
+from .pick import (OUT_OF_MEMORY, ROBUST_RULE, describe_sizes, failure_status,  # noqa: F401 - re-exported
+                   least_worst_ratio, pick_entry, problem_list, problem_sizes, worst_ratios)
 
 #: where the compile workers start (``python -m csrc_bindings.pinned.tune``): the folder that holds this package
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
@@ -159,7 +159,8 @@ def speed_candidates(kernel, key, dt, live, arch):
 def _problem(kernel, key, dt, cache, sizes):
     tag = (kernel, tuple(sorted(key.items())), dt, tuple(sorted(sizes.items())))
     if tag not in cache:
-        cache.clear()  # one problem alive at a time
+        cache.clear()  # one problem alive at a time, its memory handed back (14 workers share the GPU)
+        torch.cuda.empty_cache()
         cache[tag] = _examples.problem_for_key(kernel, key, DTYPES[dt], "cuda", batch=sizes["batch"],
                                      seqlen_chunks=sizes["seqlen_chunks"], nheads=sizes["nheads"],
                                      ngroups=sizes["ngroups"], on_device=True)
@@ -194,7 +195,7 @@ def worker_compile(tasks_file, out_file, deadline):
                         ok.append([kernel, key, dt, idx, cand])
                 except Exception as exc:  # noqa: BLE001 - any failure makes the candidate invalid
                     if j == 0:
-                        results.append([kernel, key, dt, idx, f"{type(exc).__name__}: {str(exc)[:200]}"])
+                        results.append([kernel, key, dt, idx, failure_status(exc)])
     Path(out_file).write_text(json.dumps(results))
 
 
@@ -282,7 +283,7 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False, current=None, keep
                     if finite and same:
                         row["ms"] = _time(lambda: run_kernel(kernel, p, config=cfg))
                 except Exception as exc:  # noqa: BLE001
-                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    row["error"] = failure_status(exc)
             rows.append(row)
         for more in problems[1:]:  # the candidates valid on the first problem, on each further one
             for row, c in zip(rows, cands(kernel, key, dt)):
@@ -295,17 +296,20 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False, current=None, keep
                     p, cfg = _problem(kernel, key, dt, cache, more), _cfg_dict(c)
                     row.setdefault("ms_more", []).append(_time(lambda: run_kernel(kernel, p, config=cfg)))
                 except Exception as exc:  # noqa: BLE001
-                    row["error_more"] = f"{type(exc).__name__} (problem {more}): {str(exc)[:200]}"
+                    status_more = failure_status(exc)
+                    row["error_more"] = status_more if status_more == OUT_OF_MEMORY else \
+                        f"{type(exc).__name__} (problem {more}): {str(exc)[:200]}"
         nmore = len(problems) - 1
         valid = [r for r in rows if "ms" in r and "error_more" not in r and len(r.get("ms_more", ())) == nmore]
         tkey = _registry.table_key(arch, dt, kernel, key)
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
-                  or r["compile"] in ("skipped: budget", "not compiled"))
+                  or r["compile"] in ("skipped: budget", "not compiled", OUT_OF_MEMORY)
+                  or OUT_OF_MEMORY in (r.get("error"), r.get("error_more")))
         if cut or (any("error_more" in r for r in rows) and not valid):
-            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget), or none ran on every "
-                 f"problem: not written")
+            _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget, out of memory), or none "
+                 f"ran on every problem: not written")
         elif valid:
             best = pick_entry(valid, (current or {}).get(tkey), keep_within)
             table[tkey] = (best["candidate"] if not speed else

@@ -443,3 +443,34 @@ def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypat
     assert ran == [(4, 2), (4, 4), (4, 8), (16, 4), (16, 8)] * 2
     tuner.worker_compile(str(tf), str(of), 0.0)  # past the deadline: nothing runs, every task is cut
     assert [t[4] for t in json.loads(of.read_text())] == ["skipped: budget"] * 6
+
+    def oom_run(kernel, p, config=None):  # the GPU full of the other workers' problems
+        if config["num_warps"] == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 160.00 MiB")
+        return (torch.ones(2),)
+
+    monkeypatch.setattr(reg, "run_kernel", oom_run)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    tuner.worker_compile(str(tf), str(of), float("inf"))
+    status = {(t[1]["hdim"], t[3]): t[4] for t in json.loads(of.read_text())}
+    assert [status[(32, i)] for i in range(3)] == ["ok", tuner.OUT_OF_MEMORY, "ok"]
+    jobs = [("chunk_state_fwd", {"chunk_size": 64, "hdim": 32, "dstate": 16}, "bfloat16")]
+    cands = lambda kernel, key, dt: [t[4] for t in tasks[:3]]  # noqa: E731
+    by_job = {(jobs[0][0], json.dumps(jobs[0][1], sort_keys=True), "bfloat16", i): status[(32, i)] for i in range(3)}
+    monkeypatch.setattr("csrc_bindings._configs.device_arch", lambda device: "sm_90")
+    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), small)
+    assert table == {} and "ms" in report[0]["rows"][0]  # a search that lost a candidate to memory: not written
+    by_job = {k: "ok" for k in by_job}  # phase 2 itself out of memory on that candidate: the same
+    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), small)
+    assert table == {} and report[0]["rows"][1]["error"] == tuner.OUT_OF_MEMORY
+
+
+class _FakeEvent:  # CUDA events on the CPU: every launch takes 1 ms
+    def __init__(self, **kw):
+        pass
+
+    def record(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 10.0
