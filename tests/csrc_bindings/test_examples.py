@@ -18,7 +18,7 @@ def test_problem_for_key_sizes_the_sequence_in_chunks_of_the_key():
     assert (p["seqlen"], p["nchunks"], p["nheads"]) == (40, 2, 6)
 
 
-def test_problem_values_come_from_a_seeded_cpu_generator_unless_on_device():
+def test_problem_values_come_from_a_seeded_cpu_generator_unless_on_device(monkeypatch):
     """The default values are those of a CPU generator seeded with ``seed`` (the recorded launches and the GPU
     tests rely on them); ``on_device`` draws from the device's generator, the same stream on the CPU."""
     from csrc_bindings._examples import make_problem
@@ -29,4 +29,18 @@ def test_problem_values_come_from_a_seeded_cpu_generator_unless_on_device():
     assert torch.equal(p["dt_raw"], expect)
     q = make_problem(**kw, seed=3, on_device=True)
     assert all(torch.equal(p[k], q[k]) for k in p if isinstance(p[k], torch.Tensor))
+    import csrc_bindings._examples as ex
+
+    devices = []
+
+    real = torch.Generator
+
+    def spy(device="cpu"):  # records the device each problem's generator is made on (then draws on the CPU)
+        devices.append(str(device))
+        return real("cpu")
+
+    monkeypatch.setattr(ex.torch, "Generator", spy)
+    make_problem(**kw, device="meta", on_device=False)
+    make_problem(**kw, device="meta", on_device=True)
+    assert devices == ["cpu", "meta"]
     assert not torch.equal(make_problem(**kw, seed=4)["x"], p["x"])

@@ -31,8 +31,10 @@ def test_tuner_lists_its_jobs_and_problem_sizes_without_a_gpu():
                                                                                   "chunk_state_fwd"]
     for bad, needle in ((["--batch", "0"], "--batch"), (["--ngroups", "5"], "multiple of --ngroups"),
                         (["--kernels", "chunk_state_fwd,no_such_kernel"], "got ['no_such_kernel']"),
-                        (["--keep-within", "0.5"], "--keep-within: expected a ratio >= 1.0"),
-                        (["--keep-within", "1.1", "--speed"], "--keep-within: expected a ratio >= 1.0")):
+                        (["--keep-within", "0.5"], "--keep-within: expected a ratio >= 1.0, got 0.5"),
+                        (["--keep-within", "nan"], "--keep-within: expected a ratio >= 1.0, got nan"),
+                        (["--keep-within", "1.1", "--speed"], "--keep-within: applies to a search of the pinned"),
+                        (["--keep-within", "1.1", "--merge-from", "x.py"], "not to --speed or --merge-from")):
         res = subprocess.run(cmd[:3] + ["--list-jobs", *bad], capture_output=True, text=True, timeout=120,
                              cwd=tuner.PACKAGE_PARENT)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
@@ -414,12 +416,24 @@ def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypat
     import csrc_bindings._examples as ex
     import csrc_bindings._registry as reg
 
-    built, ran = [], []
+    import gc
+    import weakref
+
+    built, ran, alive, freed = [], [], [], []
+
+    class Problem(dict):  # a dict that a weak reference can follow
+        pass
 
     def fake_problem(kernel, key, dtype, device, *, batch, seqlen_chunks, nheads, ngroups, on_device):
         assert on_device  # values made on the GPU (seconds faster at large sizes)
+        assert all(r() is None for r in alive), "the previous problem is still referenced"
         built.append((key["hdim"], batch))
-        return {"batch": batch}
+        p = Problem(batch=batch)
+        alive.append(weakref.ref(p))
+        return p
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(len(built)))
+    gc.disable()  # only reference counts can free a problem, as soon as its last reference goes
 
     def fake_run(kernel, p, config=None):
         ran.append((p["batch"], config["num_warps"]))
@@ -440,6 +454,8 @@ def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypat
     status = {(t[1]["hdim"], t[3]): t[4] for t in json.loads(of.read_text())}
     assert [status[(h, i)][:12] for h in (32, 64) for i in range(3)] == ["RuntimeError", "ok", "ok"] * 2
     assert built == [(32, 4), (32, 16), (64, 4), (64, 16)]
+    assert freed == [0, 1, 2, 3]  # the cached memory handed back before each new problem
+    gc.enable()
     assert ran == [(4, 2), (4, 4), (4, 8), (16, 4), (16, 8)] * 2
     tuner.worker_compile(str(tf), str(of), 0.0)  # past the deadline: nothing runs, every task is cut
     assert [t[4] for t in json.loads(of.read_text())] == ["skipped: budget"] * 6
@@ -460,9 +476,41 @@ def test_compile_workers_run_each_candidate_on_every_problem(tmp_path, monkeypat
     monkeypatch.setattr("csrc_bindings._configs.device_arch", lambda device: "sm_90")
     table, report = tuner.phase2(jobs, cands, by_job, float("inf"), small)
     assert table == {} and "ms" in report[0]["rows"][0]  # a search that lost a candidate to memory: not written
-    by_job = {k: "ok" for k in by_job}  # phase 2 itself out of memory on that candidate: the same
-    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), small)
+    assert report[0]["rows"][1]["error"] == tuner.OUT_OF_MEMORY  # tried again in phase 2: out of memory again
+    monkeypatch.setattr(reg, "run_kernel", lambda kernel, p, config=None: (torch.ones(2),))
+    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), small)  # phase 2 alone on the GPU: it runs
+    assert len(table) == 1 and all("ms" in r for r in report[0]["rows"])
+    monkeypatch.setattr(reg, "run_kernel", oom_run)
+    by_job = {k: "ok" for k in by_job}  # out of memory on a further problem only: the key is not written either
+    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), [small, large])
     assert table == {} and report[0]["rows"][1]["error"] == tuner.OUT_OF_MEMORY
+    monkeypatch.setattr(reg, "run_kernel", lambda kernel, p, config=None: (
+        oom_run(kernel, p, config) if p["batch"] == 16 else (torch.ones(2),)))
+    table, report = tuner.phase2(jobs, cands, by_job, float("inf"), [small, large])
+    assert table == {} and report[0]["rows"][1]["error_more"] == tuner.OUT_OF_MEMORY
+
+
+def test_phase1_hands_the_further_problems_to_its_workers(tmp_path, monkeypatch):
+    """``--also-problem``: the tasks file of every compile worker names the further problems (``more``)."""
+    import argparse
+    import json
+
+    specs = []
+
+    class FakePopen:
+        def __init__(self, cmd, cwd=None):
+            specs.append(json.loads(open(cmd[4]).read()))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(tuner.subprocess, "Popen", FakePopen)
+    args = argparse.Namespace(batch=4, seqlen_chunks=16, problem_nheads=16, ngroups=1, jobs=2,
+                              also_problem=["4x32x64x4"])
+    jobs = [("chunk_state_fwd", {"chunk_size": 64, "hdim": h, "dstate": 16}, "bfloat16") for h in (32, 64)]
+    tuner.phase1(jobs, lambda kernel, key, dt: [({}, 4, 2)], args, deadline=float("inf"))
+    assert len(specs) == 2 and all(sp["more"] == [{"batch": 4, "seqlen_chunks": 32, "nheads": 64, "ngroups": 4}]
+                                   and sp["sizes"]["seqlen_chunks"] == 16 for sp in specs)
 
 
 class _FakeEvent:  # CUDA events on the CPU: every launch takes 1 ms
