@@ -3,8 +3,9 @@
 Each kernel's example runner (beside its launcher, run by :func:`csrc_bindings._registry.run_kernel`) takes one of
 these problems. Used by the tuner (``python -m csrc_bindings.pinned.tune``, timing every candidate) and by the GPU
 tests (every table entry compiles and runs; bitwise reproducibility). Inputs are pure-torch random tensors from a
-seeded CPU generator (the tuner: the device's own, ``on_device``), with plausible magnitudes (negative ``A``, softplus'd ``dt``, per-chunk ``dA_cumsum``); no
-native kernel is used to build them, so timing one kernel never depends on another's configuration.
+seeded CPU generator (the tuner: the device's own, ``on_device``), with plausible magnitudes (negative ``A``,
+softplus'd ``dt``, per-chunk ``dA_cumsum``); no native kernel is used to build them, so timing one kernel never
+depends on another's configuration.
 """
 from __future__ import annotations
 

@@ -47,20 +47,15 @@ from .._spec import oversized_tiles
 from .live import live_candidates
 from .pick import (OUT_OF_MEMORY, ROBUST_RULE, describe_sizes, failure_status,  # noqa: F401 - re-exported
                    least_worst_ratio, pick_entry, problem_list, problem_sizes, worst_ratios)
-from .write import (SPEED_DOC, SPEED_PATH, TABLE_PATH, _entries, _read_module,  # noqa: F401 - re-exported
-                    changed_keys, merge_tables, prune_speed, write_pinned_table, write_table)
+from .write import (MODULE, SPEED_DOC, SPEED_PATH, TABLE_PATH, _entries, _log,  # noqa: F401 - re-exported
+                    _read_module, changed_keys, merge_tables, prune_speed, write_pinned_table, write_table)
 
 #: where the compile workers start (``python -m csrc_bindings.pinned.tune``): the folder that holds this package
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
-MODULE = "csrc_bindings.pinned.tune"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 #: ``--shapes key-space``: every layer shape of the key space the table is meant to cover on sm_90 (chunk_size
 #: 64/128/256, headdim 32/64/128, d_state 16 to 256), as ``CHUNKxHEADDIMxDSTATE``
 KEY_SPACE = tuple(f"{c}x{p}x{n}" for c in (64, 128, 256) for p in (32, 64, 128) for n in (16, 32, 64, 128, 256))
-
-
-def _log(*a):
-    print(*a, flush=True)
 
 
 def build_jobs(args):
@@ -307,6 +302,7 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False, current=None, keep
         nmore = len(problems) - 1
         valid = [r for r in rows if "ms" in r and "error_more" not in r and len(r.get("ms_more", ())) == nmore]
         tkey = _registry.table_key(arch, dt, kernel, key)
+        was = (current or {}).get(tkey)  # the key's entry before the search
         # a search that the budget (or a dead compile worker) cut short would replace a complete one with the
         # candidates it reached: keep it out
         cut = sum(1 for r in rows if r.get("timing") == "skipped: budget"
@@ -316,26 +312,24 @@ def phase2(jobs, cands, status, deadline, sizes, speed=False, current=None, keep
             _log(f"{tkey}: {cut} of {len(rows)} candidates not compiled or not timed (budget, out of memory), or none "
                  f"ran on every problem: not written")
         elif valid:
-            best = pick_entry(valid, (current or {}).get(tkey), keep_within)
+            best = pick_entry(valid, was, keep_within)
             table[tkey] = (best["candidate"] if not speed else
                            {n: best["candidate"][n] for n in _configs._neutral().get(kernel, ())})
             # the baseline: the rule's configuration, or (speed) the key's order configuration, candidate 0
             rule = rows[0]["candidate"] if speed else _registry.rule_config(kernel).as_dict()
             rule_ms = next((r["ms"] for r in valid if r["candidate"] == rule), None)
             ms_more = f" {best['ms_more']}" if nmore else ""
-            was = (current or {}).get(tkey)
-            worst = dict(zip((json.dumps(r["candidate"], sort_keys=True) for r in valid), worst_ratios(valid)))
-            was_worst = worst.get(json.dumps(was, sort_keys=True)) if was is not None else None
+            was_worst = next((w for r, w in zip(valid, worst_ratios(valid)) if r["candidate"] == was), None)
             was_text = "" if was is None else (f"; entry before {'kept' if best['candidate'] == was else 'replaced'}"
-                                               f", worst ratio {'%.3f' % was_worst if was_worst else 'n/a'}")
+                                               f", worst ratio {'n/a' if was_worst is None else '%.3f' % was_worst}")
             _log(f"{tkey}: {best['candidate']} {best['ms']:.4f} ms{ms_more} ({len(valid)}/{len(rows)} valid; "
                  f"{'order config' if speed else 'rule'} {'%.4f ms' % rule_ms if rule_ms is not None else 'n/a'}"
                  f"{was_text})")
         else:
             _log(f"{tkey}: no valid candidate (left to the rule)")
         report.append({"key": tkey, "rows": rows, "chosen": table.get(tkey)})
-        if (current or {}).get(tkey) is not None:
-            report[-1]["before"] = current[tkey]
+        if was is not None:
+            report[-1]["before"] = was
     return table, report
 
 

@@ -8,6 +8,7 @@ import pprint
 from pathlib import Path
 from typing import Optional
 
+#: the tuner, whose command the generated modules name (and whose compile workers ``python -m`` starts)
 MODULE = "csrc_bindings.pinned.tune"
 TABLE_PATH = Path(__file__).resolve().with_name("table.py")
 SPEED_PATH = Path(__file__).resolve().with_name("speed_table.py")
