@@ -1,0 +1,61 @@
+"""The committed H200 benchmark (``docs/results/bench_h200.json``, newest run first) still describes the code: every
+row recorded the configuration each SSD kernel launched at for its shape, and those that come from the pinned table
+or the rule must equal what ``csrc_bindings.describe_launch`` resolves for that shape on sm_90 now. A table change
+at a benchmark row's key therefore fails here until that row is benched again (or the row is merged from a run on
+the new table). Kernels whose configuration upstream's autotuner chose by timing in that process (``speed``
+``native-autotune-v1``) are not compared."""
+import json
+import os
+
+import pytest
+
+import csrc_bindings
+from ordered_ssd.apps.bench.shapes import NAMED, torch_dtype
+
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "results", "bench_h200.json")
+
+
+def _newest_rows():
+    with open(RESULTS) as fh:
+        run = json.load(fh)["runs"][0]
+    return run["shapes"]
+
+
+ROWS = _newest_rows()
+
+
+def test_the_newest_run_holds_every_named_benchmark_shape():
+    names = [row["name"] for row in ROWS]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(NAMED), "docs/results/bench_h200.json's newest run must hold S1-S5 and G1-G13"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["name"] for row in ROWS])
+def test_each_rows_recorded_configs_are_the_tables_now(row):
+    shape = NAMED[row["name"]]
+    assert row["dims"] == shape.dims(), "the row's dimensions are the named shape's"
+    now = csrc_bindings.describe_launch(chunk_size=shape.chunk, headdim=shape.headdim, dstate=shape.N,
+                                        nheads=shape.nheads, ngroups=shape.G, dtype=torch_dtype(shape.dtype),
+                                        arch="sm_90")["kernels"]
+    recorded = row["pinned"]
+    assert "error" not in recorded, recorded
+    compared = 0
+    for kernel, was in recorded.items():
+        if was.get("speed") == "native-autotune-v1":  # chosen by timing in that process, not by the table
+            continue
+        assert kernel in now, f"{row['name']}: kernel {kernel} recorded but no longer described"
+        assert now[kernel]["config"] == was["config"], (
+            f"{row['name']} ({row['dims']}): {kernel} launched at {was['config']} in the committed run, the table "
+            f"gives {now[kernel]['config']} now: bench this row again on the current table")
+        compared += 1
+    assert compared >= 10, f"{row['name']}: only {compared} kernels compared"
+
+
+def test_a_changed_entry_is_seen(monkeypatch):
+    """The comparison above can fail: a recorded configuration that differs from the table's is reported."""
+    row = next(r for r in ROWS if r["name"] == "S1")
+    kernel = next(k for k, v in row["pinned"].items() if v.get("speed") != "native-autotune-v1")
+    changed = dict(row, pinned={**row["pinned"], kernel: {**row["pinned"][kernel],
+                                                           "config": {"BLOCK_SIZE_M": 1, "num_warps": 1}}})
+    with pytest.raises(AssertionError, match=f"{kernel} launched at"):
+        test_each_rows_recorded_configs_are_the_tables_now(changed)
