@@ -13,7 +13,9 @@ measures, over ``steps`` steps each:
   (``idle_backward_ms``, ``out.backward``): the Python and launch cost alone, what remains to remove;
 * ``calls``: per function of the CUDA path (the public ops, the compositions ``ordered_*_fwd/bwd``, every
   ``csrc_bindings`` launcher, the common launch path ``launch`` / ``launch_fitting`` (which calls Triton's ``run``;
-  a launcher replaying its plan, ``csrc_bindings._plans``, reaches ``launch_fitting`` through ``replay`` instead),
+  a launcher replaying its plan, ``csrc_bindings._plans``, reaches ``launch_fitting`` through ``replay`` instead;
+  ``run_compiled`` launches a compiled kernel kept for its key, ``csrc_bindings._launch_cache``: once warm, every
+  launch whose key is cached ends there, a plan's launches included, with or without plans),
   the fold launches of :mod:`ordered_ssd.fold`): calls per step and inclusive host microseconds per call and per
   step, over idle-GPU steps with every such function wrapped by a timer (:func:`timed_calls`; each wrapper adds
   about a microsecond; nested functions are counted in their callers too);
@@ -54,7 +56,7 @@ _PREFIXES = ("ordered_ssd.ops", "ordered_ssd.fold", "ordered_ssd.modules", "csrc
 def _timed_functions() -> Dict[str, Callable]:
     """``{label: function}``: the public ops, the compositions, the launchers, the launch path and the folds."""
     import csrc_bindings
-    from csrc_bindings import _native, _plans, _resources
+    from csrc_bindings import _launch_cache, _native, _plans, _resources
 
     from ... import fold, ops
     from ...ops import (causal_conv1d, elementwise, layernorm_gated, linear, ssd_combined, ssd_split_conv1d)
@@ -71,6 +73,7 @@ def _timed_functions() -> Dict[str, Callable]:
     found["launch path _native.launch"] = _native.launch
     found["launch path _plans.replay (a launcher's plan)"] = _plans.replay
     found["launch path launch_fitting (Triton run)"] = _resources.launch_fitting
+    found["launch path run_compiled (a kept kernel)"] = _launch_cache.run_compiled
     for name in ("fold_many", "fold_example_sums", "fold_dims", "fold_example_gemms", "fold_example_gemms_grouped",
                  "lexical_cumsum", "dA_cumsum_grad_scans", "conv1d_grad_partials"):
         found[f"fold {name}"] = getattr(fold, name)
