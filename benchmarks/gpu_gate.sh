@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU gate in one device call, the test files split over seven parallel pytest processes (the GPU is mostly idle:
-# the tests are launch-bound), every log under $OUT.
+# The GPU gate in one device call, the test files split over nine parallel pytest processes (the GPU is mostly idle:
+# the tests are launch- and compile-bound), every log under $OUT.
 #
-#   bash benchmarks/gpu_gate.sh tests [PART]    the GPU test suite; PART 1, 2 or 3 runs some of its processes
-#                                               (1: the bitwise grid and compile; 2: bindings, parity, ops, fold;
-#                                               3: the other module tests and the rest), for a machine that gives one
-#                                               command less time than the whole suite takes (the project's device
-#                                               tool gives 10 minutes, in which the seven processes together did not
-#                                               finish in 2026-12; part 1 did; parts 2 and 3 alone are not yet timed;
-#                                               parts 2 and 3 and `check` started together in one call got 33 %, 37 %,
-#                                               28 % and 1 % of their tests done in 480 s, and no check result)
+#   bash benchmarks/gpu_gate.sh tests [PART]    the GPU test suite; PART 1 to 4 runs some of its processes, for a
+#                                               machine that gives one command less time than the whole suite takes
+#                                               (the project's device tool gives 10 minutes); on one H200 in
+#                                               2026-12 (session 24, Triton's cache warm from earlier calls):
+#                                               1 (the bitwise grid, compile) 270 s; 2 (bindings and parity 148 s,
+#                                               ops) and 3 (fold, native timing) split the old part 2, whose ops
+#                                               and fold process had run 109 of its 123 tests at its 540 s limit;
+#                                               4 (the other module tests, the rest) the old part 3, whose two
+#                                               processes had run 71 of 84 and 18 of 72 tests at 340 s, the latter
+#                                               held by the deterministic-mode timing test, now alone in part 3
 #   bash benchmarks/gpu_gate.sh bench    ordered-ssd bench --breakdown
 #   bash benchmarks/gpu_gate.sh check    ordered-ssd check --native
 #
@@ -21,7 +23,8 @@
 # On a machine with several GPUs, `tests` spreads its processes over them round-robin (CUDA_VISIBLE_DEVICES, one GPU
 # per process; env GATE_GPUS, default: the number `nvidia-smi -L` lists, or 1 where CUDA_VISIBLE_DEVICES is set), so an
 # x2 or x4 machine can run every part in one call (not yet timed); no test needs more than one GPU.
-# Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call.
+# Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call; at the
+# limit a step gets SIGINT, so pytest still prints its failures, its summary line and its slowest tests.
 # Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
 # are printed.
 set -u
@@ -33,7 +36,7 @@ status=0
 
 job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.log, append its exit status
   local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -s INT -k 30 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "rc=$?" >> "$OUT/$name.log"
 }
 
@@ -41,7 +44,7 @@ case "${1:-tests}" in
   tests)
     t=${T_TESTS:-540}
     part=${2:-all}
-    case "$part" in all|1|2|3) ;; *) echo "usage: gpu_gate.sh tests [1|2|3]" >&2; exit 2 ;; esac
+    case "$part" in all|1|2|3|4) ;; *) echo "usage: gpu_gate.sh tests [1|2|3|4]" >&2; exit 2 ;; esac
     in_part() { [ "$part" = all ] || [ "$part" = "$1" ]; }
     gpus=${GATE_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
     [ -n "${CUDA_VISIBLE_DEVICES+set}" ] && [ -z "${GATE_GPUS:-}" ] && gpus=1  # the caller chose the GPUs
@@ -57,20 +60,23 @@ case "${1:-tests}" in
       fi
       n=$(( n + 1 ))
     }
-    # Seven processes: the first step of every new key times all candidates of the native-autotune-v1 kernels
+    # Nine processes: the first step of every new key times all candidates of the native-autotune-v1 kernels
     # (tens of seconds per key and process), so the bitwise grid is split in two by chunk size.
     grid=tests/gpu/modules/test_mamba2_cuda.py
+    timing=tests/gpu/csrc_bindings/test_native_timing.py
     start 1 gpu-grid-a "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and cs64"
     start 1 gpu-grid-b "$t" "${PYTEST[@]}" $grid -k "test_cuda_path_bitwise_repeatable and not cs64"
     start 1 gpu-compile "$t" "${PYTEST[@]}" tests/gpu/modules/test_compile.py
     start 2 gpu-bindings "$t" "${PYTEST[@]}" tests/gpu/csrc_bindings/test_bindings.py \
       tests/gpu/modules/test_parity_with_mamba2.py
-    start 2 gpu-ops "$t" "${PYTEST[@]}" tests/gpu/ops tests/gpu/fold
-    start 3 gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules \
+    start 2 gpu-ops "$t" "${PYTEST[@]}" tests/gpu/ops
+    start 3 gpu-fold "$t" "${PYTEST[@]}" tests/gpu/fold
+    start 3 gpu-timing "$t" "${PYTEST[@]}" $timing
+    start 4 gpu-modules "$t" "${PYTEST[@]}" tests/gpu/modules \
       --ignore=tests/gpu/modules/test_parity_with_mamba2.py --ignore=tests/gpu/modules/test_compile.py \
       -k "not test_cuda_path_bitwise_repeatable"
-    start 3 gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules --ignore=tests/gpu/ops \
-      --ignore=tests/gpu/fold --ignore=tests/gpu/csrc_bindings/test_bindings.py
+    start 4 gpu-rest "$t" "${PYTEST[@]}" tests/gpu --ignore=tests/gpu/modules --ignore=tests/gpu/ops \
+      --ignore=tests/gpu/fold --ignore=tests/gpu/csrc_bindings/test_bindings.py --ignore=$timing
     wait ;;
   bench)
     job bench "${T_BENCH:-560}" python -m ordered_ssd bench --breakdown --no-native-child \
@@ -81,7 +87,7 @@ case "${1:-tests}" in
     rm -rf "$OUT/check/runs"
     logs="check" ;;
   *)
-    echo "usage: gpu_gate.sh tests [1|2|3] | bench | check" >&2; exit 2 ;;
+    echo "usage: gpu_gate.sh tests [1|2|3|4] | bench | check" >&2; exit 2 ;;
 esac
 for name in $logs; do
   echo "== $name"; tail -n 4 "$OUT/$name.log"
