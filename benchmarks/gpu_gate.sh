@@ -6,12 +6,12 @@
 #                                               machine that gives one command less time than the whole suite takes
 #                                               (the project's device tool gives 10 minutes); on one H200 in
 #                                               2026-12 (session 24, Triton's cache warm from earlier calls):
-#                                               1 (the bitwise grid, compile) 270 s; 2 (bindings and parity 148 s,
-#                                               ops) and 3 (fold, native timing) split the old part 2, whose ops
-#                                               and fold process had run 109 of its 123 tests at its 540 s limit;
-#                                               4 (the other module tests, the rest) the old part 3, whose two
-#                                               processes had run 71 of 84 and 18 of 72 tests at 340 s, the latter
-#                                               held by the deterministic-mode timing test, now alone in part 3
+#                                               1 (the bitwise grid, compile) 270 s; the old part 2's ops and fold
+#                                               process had run 109 of its 123 tests at its 540 s limit, so ops
+#                                               stay in 2 (with bindings and parity, 148 s) and fold moves to 3;
+#                                               the old part 3's two processes had run 71 of 84 and 18 of 72 tests
+#                                               at a 340 s limit, the latter held by the deterministic-mode timing
+#                                               test, now alone in 3 beside fold; 4: the other module tests, the rest
 #   bash benchmarks/gpu_gate.sh bench    ordered-ssd bench --breakdown
 #   bash benchmarks/gpu_gate.sh check    ordered-ssd check --native
 #
@@ -24,7 +24,7 @@
 # per process; env GATE_GPUS, default: the number `nvidia-smi -L` lists, or 1 where CUDA_VISIBLE_DEVICES is set), so an
 # x2 or x4 machine can run every part in one call (not yet timed); no test needs more than one GPU.
 # Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call; at the
-# limit a step gets SIGINT, so pytest still prints its failures, its summary line and its slowest tests.
+# limit a step gets SIGINT (SIGKILL 15 s later), so pytest still prints its failures, summary line and slowest tests.
 # Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
 # are printed.
 set -u
@@ -36,7 +36,7 @@ status=0
 
 job() {  # job NAME LIMIT CMD...: run CMD with a time limit, log to $OUT/NAME.log, append its exit status
   local name=$1 limit=$2; shift 2
-  timeout -s INT -k 30 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "rc=$?" >> "$OUT/$name.log"
 }
 

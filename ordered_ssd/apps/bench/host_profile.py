@@ -124,13 +124,14 @@ def timed_calls(functions: Dict[str, Callable], cuda_sync: Callable[[], None] = 
 
 
 def _split_step(runner, mode):
-    """``runner.step(mode)`` with the forward and the backward timed apart: ``(forward_s, backward_s)``."""
+    """``runner.step(mode)`` with the forward and the backward timed apart: ``(forward_s, backward_s)`` (autocast in
+    the shape's dtype, as ``runner.step``)."""
     layer = runner.layers[mode]
     if mode != "native":
         layer.literal = mode == "literal"
     runner.zero_grads()
     t0 = time.perf_counter()
-    with torch.autocast("cuda", dtype=torch.bfloat16) if runner.cuda else contextlib.nullcontext():
+    with torch.autocast("cuda", dtype=runner.in_dtype) if runner.cuda else contextlib.nullcontext():
         out = layer(runner.u)
     t1 = time.perf_counter()
     out.backward(runner.dout)

@@ -1,9 +1,9 @@
 """The committed H200 benchmark (``docs/results/bench_h200.json``, newest run first) still describes the code: every
-row recorded the configuration each SSD kernel launched at for its shape, and those that come from the pinned table
-or the rule must equal what ``csrc_bindings.describe_launch`` resolves for that shape on sm_90 now. A table change
-at a benchmark row's key therefore fails here until that row is benched again (or the row is merged from a run on
-the new table). Kernels whose configuration upstream's autotuner chose by timing in that process (``speed``
-``native-autotune-v1``) are not compared."""
+row recorded the configurations ``csrc_bindings.describe_launch`` resolved for its shape in the bench process (the
+table's, the rule's or a heuristic's; the fit-stages rule may still lower ``num_stages`` at a launch), and they
+must equal what it resolves for that shape on sm_90 now. A table change at a benchmark row's key therefore fails
+here until that row is benched again (or the row is merged from a run on the new table). Kernels whose configuration
+upstream's autotuner chose by timing in that process (``speed`` ``native-autotune-v1``) are not compared."""
 import json
 import os
 

@@ -36,7 +36,7 @@ def test_host_profile_counts_the_launches_of_an_ordered_step(tmp_path):
     assert REPLAY not in own
     assert own[NATIVE] > 10
     assert own[FITTING] == own[NATIVE] + 2
-    # with plans the native launchers replay them (one replay per launcher call, several launches each)
+    # with plans the native launchers replay them (one replay per launcher call)
     assert planned[REPLAY] > 10
     assert planned.get(NATIVE, 0) < own[NATIVE]
     # once warm, the same kept kernels launch either way (a plan's launch runs the kernel launch_fitting kept for
