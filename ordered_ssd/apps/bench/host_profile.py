@@ -124,15 +124,10 @@ def timed_calls(functions: Dict[str, Callable], cuda_sync: Callable[[], None] = 
 
 
 def _split_step(runner, mode):
-    """``runner.step(mode)`` with the forward and the backward timed apart: ``(forward_s, backward_s)`` (autocast in
-    the shape's dtype, as ``runner.step``)."""
-    layer = runner.layers[mode]
-    if mode != "native":
-        layer.literal = mode == "literal"
-    runner.zero_grads()
+    """``runner.step(mode)`` with the forward and the backward timed apart: ``(forward_s, backward_s)``."""
+    layer = runner.start(mode)
     t0 = time.perf_counter()
-    with torch.autocast("cuda", dtype=runner.in_dtype) if runner.cuda else contextlib.nullcontext():
-        out = layer(runner.u)
+    out = runner.forward(layer)
     t1 = time.perf_counter()
     out.backward(runner.dout)
     t2 = time.perf_counter()

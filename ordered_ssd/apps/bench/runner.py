@@ -59,17 +59,23 @@ class LayerRunner:
             p.grad = None
         self.u.grad = None
 
-    def step(self, mode: str) -> None:
+    def start(self, mode: str) -> torch.nn.Module:
+        """The layer of ``mode``, set for it (``literal``), with every gradient cleared: a step's first part."""
         layer = self.layers[mode]
         if mode != "native":
             layer.literal = mode == "literal"
         self.zero_grads()
+        return layer
+
+    def forward(self, layer: torch.nn.Module) -> torch.Tensor:
+        """``layer(u)``, on CUDA under ``torch.autocast`` in the shape's dtype."""
         if self.cuda:
             with torch.autocast("cuda", dtype=self.in_dtype):
-                out = layer(self.u)
-        else:
-            out = layer(self.u)
-        out.backward(self.dout)
+                return layer(self.u)
+        return layer(self.u)
+
+    def step(self, mode: str) -> None:
+        self.forward(self.start(mode)).backward(self.dout)
 
     def grad_digests(self) -> Dict[str, str]:
         digests = {name: (tensor_sha256(p.grad) if p.grad is not None else "none") for name, p in self.params}
