@@ -4,7 +4,11 @@ A configuration is chosen as a pure function of ``(GPU arch, dtype, kernel, the 
 
 1. the pinned table (:mod:`csrc_bindings.pinned.table`, written offline by ``python -m csrc_bindings.pinned.tune``),
    looked up by ``"{arch}/{dtype}/{kernel}/{k1}={v1},{k2}={v2},..."`` with the key names in the autotuner's order;
-2. otherwise the **rule** ``mincost-v1``: among the kernel's native candidate configurations (the upstream autotuner
+2. otherwise, for a kernel whose spec names ``order_nearest`` sizes (the chunk-cumsum kernels: ``nheads``;
+   ``state_passing_bwd``: ``dim``), the **rule** ``nearest-order-v1``: the entry of the same arch, dtype and kernel
+   with the same other key values whose ``order_nearest`` sizes are nearest (sum of ``|log2(a / b)|``; ties to the
+   first key in sorted order), :func:`nearest_order_key`;
+3. otherwise the **rule** ``mincost-v1``: among the kernel's native candidate configurations (the upstream autotuner
    list, copied into the kernel's :class:`~csrc_bindings._spec.KernelSpec`), the one with the smallest
    ``prod(BLOCK_SIZE_* values) * num_stages``, the earliest in the upstream list on ties. This is the same cost that
    mamba-ssm's own deterministic mode minimises, so it is the cheapest in shared memory. It reads no timing, no SM
@@ -13,7 +17,7 @@ A configuration is chosen as a pure function of ``(GPU arch, dtype, kernel, the 
 A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the split per kernel on the GPU):
 
 * the **order** parameters, which decide bits (block sizes along reduced dimensions, and whatever else the proof
-  finds to change an output bit): always from 1. or 2. above, so the bits of a shape never depend on speed tuning;
+  finds to change an output bit): always from 1., 2. or 3. above, so the bits of a shape never depend on speed tuning;
 * the **bit-neutral** parameters (:data:`csrc_bindings.pinned.neutral_params.NEUTRAL`; only on the arch of the
   proof and within the key range its cases covered, ``PROVEN``: elsewhere none), chosen for speed: from the
   speed table (:mod:`csrc_bindings.pinned.speed_table`, tuned offline per key by ``python -m
@@ -39,8 +43,8 @@ and the next launch outside a capture times), when an output's bytes overlap ano
 ``config``, and (the key then keeps its static choice for the process) when the live autotuner's configurations
 are neither the spec's candidates nor a part of them (or it has a hook) or it runs out of memory while timing.
 Where mamba-ssm's deterministic mode cut the live list to one candidate, the package's own autotuner times all of
-them (:func:`csrc_bindings._native._tuner_for`). The autotuner object gets its ``cache`` and its record of the run back (:func:`csrc_bindings._native.
-_launch_timed`).
+them (:func:`csrc_bindings._native._tuner_for`). The autotuner object gets its ``cache`` and its record of the run
+back (:func:`csrc_bindings._native._launch_timed`).
 
 The gated RMSNorm kernels have no autotuner: their ``BLOCK_N`` / ``num_warps`` follow upstream's heuristic (a pure
 function of ``group_size`` and the element size, :func:`csrc_bindings.layernorm_gated.rmsnorm_heuristic`), reported
@@ -66,6 +70,8 @@ from ._resources import FIT_RULE
 from ._spec import TIMING_PENDING, KernelSpec, key_of
 
 RULE_NAME = "mincost-v1"
+#: The rule by which a key missing from the table takes a near entry's order parameters (kernels that allow it).
+NEAREST_ORDER_RULE = "nearest-order-v1"
 SPEED_RULE = "nearest-speed-v1"
 #: The rule by which a kernel whose every parameter is bit-neutral takes upstream's autotuned choice (docstring).
 TIMED_RULE = "native-autotune-v1"
@@ -79,7 +85,8 @@ BINDINGS_ABI = 1
 class KernelConfig:
     """One launch configuration: the block-size constexprs plus ``num_warps`` and ``num_stages``.
 
-    ``source`` says where its order parameters came from: ``"table"``, ``"rule"``, ``"explicit"`` (passed by the
+    ``source`` says where its order parameters came from: ``"table"``, ``"nearest:<table key>"`` (rule
+    ``nearest-order-v1``), ``"rule"``, ``"explicit"`` (passed by the
     caller) or ``"heuristic"`` (gated RMSNorm, upstream's formula). ``speed`` says where its bit-neutral parameters
     came from: ``""`` (the same place), ``"speed-table"``, ``"nearest:<table key>"`` (rule ``nearest-speed-v1``)
     or ``"native-autotune-v1"`` (upstream's autotuner timed it in this process); ``"native-autotune-v1:pending"``
@@ -191,17 +198,45 @@ def pinned_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
 
 
 def order_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration before any speed choice (table entry, else the ``mincost-v1`` rule): the one whose
-    order parameters every launch keeps."""
+    """The pinned configuration before any speed choice (table entry, else ``nearest-order-v1``, else the
+    ``mincost-v1`` rule): the one whose order parameters every launch keeps."""
     return _order(spec, _key_items(key), dtype, arch)
 
 
 @functools.lru_cache(maxsize=4096)
 def _order(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfig:
-    entry = _table().get(table_key_of(spec, arch, dtype, {k: v for k, _, v in key_items}))
+    key = {k: v for k, _, v in key_items}
+    table = _table()
+    tkey = table_key_of(spec, arch, dtype, key)
+    entry = table.get(tkey)
     if entry is not None:
         return config_from_dict(spec, entry, "table")
+    near = nearest_order_key(spec, key, tkey, table)
+    if near is not None:
+        return config_from_dict(spec, table[near], f"nearest:{near}")
     return rule_of(spec)
+
+
+def nearest_order_key(spec: KernelSpec, key: Mapping, tkey: str, table: Mapping) -> str | None:
+    """Rule ``nearest-order-v1``: for a kernel with :attr:`~csrc_bindings._spec.KernelSpec.order_nearest` names,
+    the pinned-table key of the same arch, dtype and kernel whose values of those names are nearest to ``key``'s
+    (sum of ``|log2(a / b)|``) and whose other key values are ``key``'s own; ties to the first key in sorted order.
+    None for another kernel, or without such an entry (then ``mincost-v1``)."""
+    if not spec.order_nearest:
+        return None
+    prefix = tkey.rsplit("/", 1)[0] + "/"
+    best = None
+    for k in sorted(table):
+        if not k.startswith(prefix):
+            continue
+        other = _parse_key(k[len(prefix):])
+        if any(other.get(n) != v or isinstance(other.get(n), bool) != isinstance(v, bool)
+               for n, v in key.items() if n not in spec.order_nearest):
+            continue
+        d = _distance({n: key[n] for n in spec.order_nearest}, {n: other[n] for n in spec.order_nearest})
+        if best is None or d < best[0]:
+            best = (d, k)
+    return None if best is None else best[1]
 
 
 def _neutral() -> dict:
@@ -426,8 +461,9 @@ def table_hash() -> str:
 
 
 def fingerprint(speed: bool = True) -> str:
-    """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash> rule=mincost-v1
-    fit=fit-stages-v1 speed=<hash>"`` (without the ``speed=`` part when ``speed`` is False: what decides bits).
+    """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash>
+    rule=mincost-v1+nearest-order-v1 fit=fit-stages-v1 speed=<hash>"`` (without the ``speed=`` part when ``speed``
+    is False: what decides bits).
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
     Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
@@ -440,7 +476,7 @@ def fingerprint(speed: bool = True) -> str:
         parts.append(f"{dist}={installed_version(dist) or 'absent'}")
     parts.append(f"torch={torch.__version__}")
     parts.append(f"table={table_hash()}")
-    parts.append(f"rule={RULE_NAME}")
+    parts.append(f"rule={RULE_NAME}+{NEAREST_ORDER_RULE}")
     parts.append(f"fit={FIT_RULE}")
     if speed:
         parts.append(f"speed={speed_hash()}")

@@ -70,7 +70,8 @@ def table_key(arch: str, dtype, kernel: str, key: Mapping) -> str:
 
 
 def pinned_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration for ``kernel`` at ``key`` (table entry, else the ``mincost-v1`` rule); memoised.
+    """The pinned configuration for ``kernel`` at ``key`` (table entry, else ``nearest-order-v1``, else the
+    ``mincost-v1`` rule); memoised.
 
     Raises:
         KeyError: as :func:`table_key`.
@@ -85,8 +86,8 @@ def timed_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig | 
 
 
 def order_config(kernel: str, key: Mapping, dtype, arch: str) -> KernelConfig:
-    """The pinned configuration for ``kernel`` at ``key`` before any speed choice (table entry, else the
-    ``mincost-v1`` rule): its order parameters are the ones every launch keeps.
+    """The pinned configuration for ``kernel`` at ``key`` before any speed choice (table entry, else
+    ``nearest-order-v1``, else the ``mincost-v1`` rule): its order parameters are the ones every launch keeps.
 
     Raises:
         KeyError: as :func:`table_key`.
@@ -143,8 +144,8 @@ def describe_launch(*, chunk_size: int, headdim: int, dstate: int, nheads: int, 
 
     Returns:
         ``{"fingerprint": str, "arch": str, "dtype": str, "kernels": {name: {"key": {...}, "dtype": str,
-        "config": {...}, "source": "table" | "rule" | "heuristic"[, "speed": where the bit-neutral parameters came
-        from]}}}``; a group too wide for the gated RMSNorm
+        "config": {...}, "source": "table" | "nearest:<table key>" | "rule" | "heuristic"[, "speed": where the
+        bit-neutral parameters came from]}}}``; a group too wide for the gated RMSNorm
         gives ``"rmsnorm_gated": {"error": message}`` instead of raising. A kernel that upstream's autotuner has
         timed at this key in this process (rule ``native-autotune-v1``, :mod:`csrc_bindings._configs`) shows that
         choice, with ``"speed": "native-autotune-v1"``; before its first launch, the static choice it would launch

@@ -47,6 +47,11 @@ class KernelSpec:
             may then run it repeatedly on a launch's own arguments (rule ``native-autotune-v1``,
             :mod:`csrc_bindings._configs`) when every output's storage is apart from every other argument's.
             Empty: never timed at run time.
+        order_nearest: autotune-key names along which a key missing from the pinned table takes the order
+            parameters of the nearest table entry with the same other key values (rule ``nearest-order-v1``,
+            :func:`csrc_bindings._configs.nearest_order_key`); empty: such a key takes the ``mincost-v1`` rule.
+            Only for a kernel each of whose candidates is valid at every value of these names (a block size
+            that tiles them is masked), so the nearest entry's configuration computes the key correctly.
     """
     name: str
     module: str
@@ -62,6 +67,7 @@ class KernelSpec:
     config_error: Callable | None = None
     tile_bounds: Mapping = dataclasses.field(default_factory=dict)
     timing_outputs: tuple = ()
+    order_nearest: tuple = ()
 
     def __post_init__(self):
         if isinstance(self.arg_names, str):

@@ -82,6 +82,7 @@ CHUNK_CUMSUM_FWD = KernelSpec(
                "stride_dt_out_chunk stride_dt_out_head stride_dt_out_csize stride_dA_cs_batch stride_dA_cs_chunk "
                "stride_dA_cs_head stride_dA_cs_csize DT_SOFTPLUS HAS_DT_BIAS BLOCK_SIZE_H BLOCK_SIZE_CHUNK"),
     autotune_key=("chunk_size", "nheads"),
+    order_nearest=("nheads",),
     candidates=(
         ({"BLOCK_SIZE_H": 1}, 4, 3),
         ({"BLOCK_SIZE_H": 2}, 4, 3),
@@ -173,6 +174,7 @@ CHUNK_CUMSUM_BWD = KernelSpec(
                "stride_ddt_bias_chunk stride_ddt_bias_head DT_SOFTPLUS HAS_DT_BIAS BLOCK_SIZE_H BLOCK_SIZE_CHUNK "
                "DETERMINISTIC_REDUCTION"),
     autotune_key=("chunk_size", "nheads"),
+    order_nearest=("nheads",),
     candidates=(
         ({"BLOCK_SIZE_H": 1}, 4, 3),
         ({"BLOCK_SIZE_H": 2}, 4, 3),

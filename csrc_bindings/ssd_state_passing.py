@@ -192,6 +192,7 @@ STATE_PASSING_BWD = KernelSpec(
                "stride_ddA_cs_chunk stride_ddA_cs_head stride_dinitstates_batch stride_dinitstates_head "
                "stride_dinitstates_dim CONVERT_STATES HAS_DFINAL_STATES HAS_DINITSTATES HAS_SEQ_IDX BLOCK_SIZE"),
     autotune_key=("dim",),
+    order_nearest=("dim",),
     candidates=(
         ({"BLOCK_SIZE": 64}, 4, 3),
         ({"BLOCK_SIZE": 128}, 4, 3),
