@@ -234,7 +234,7 @@ def nearest_order_key(spec: KernelSpec, key: Mapping, tkey: str, table: Mapping)
                for n, v in key.items() if n not in spec.order_nearest):
             continue
         d = _distance({n: key[n] for n in spec.order_nearest}, {n: other[n] for n in spec.order_nearest})
-        if best is None or d < best[0]:
+        if d != float("inf") and (best is None or d < best[0]):  # inf: a boolean value, never near another
             best = (d, k)
     return None if best is None else best[1]
 

@@ -72,6 +72,9 @@ class KernelSpec:
     def __post_init__(self):
         if isinstance(self.arg_names, str):
             object.__setattr__(self, "arg_names", tuple(self.arg_names.split()))
+        if not set(self.order_nearest) <= set(self.autotune_key or ()):
+            raise ValueError(f"order_nearest: expected names of the autotune key {self.autotune_key} of {self.name}, "
+                             f"got {self.order_nearest}")
 
 
 #: ``KernelConfig.speed`` of a launch that is to time its key with upstream's autotuner (rule ``native-autotune-v1``,

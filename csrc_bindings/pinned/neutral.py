@@ -102,7 +102,8 @@ def cases(kernels=None) -> list:
 
 
 def base_config(kernel, key, dt, arch="sm_90") -> dict:
-    """The pinned configuration of the case before any speed choice (table entry, else the ``mincost-v1`` rule)."""
+    """The pinned configuration of the case before any speed choice (table entry, else ``nearest-order-v1``, else
+    the ``mincost-v1`` rule)."""
     return _registry.order_config(kernel, key, DTYPES[dt], arch).as_dict()
 
 

@@ -125,7 +125,7 @@ def unique_configs(configs) -> list:
 
 
 def speed_candidates(kernel, key, dt, live, arch):
-    """The candidates of a speed search: the order configuration of the key (table entry or rule); it with its
+    """The candidates of a speed search: the order configuration of the key (table entry, or either rule); it with its
     bit-neutral parameters (``NEUTRAL``) set as in each upstream candidate; it with ``num_warps`` 2/4/8 and with
     ``num_stages`` 1..5 where those are neutral. The order parameters never change. Deduplicated, order config first.
     """

@@ -6,6 +6,7 @@ import torch
 from csrc_bindings._configs import (_cost, _neutral, _parse_key, _speed, _table, config_from_dict, device_arch,
                                     resolve_config, table_key_of)
 from csrc_bindings._registry import KERNELS, order_config, pinned_config, rule_config, table_key
+from csrc_bindings._spec import KernelSpec
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -31,6 +32,8 @@ def test_every_table_entry_is_returned_and_memoised():
 
 
 def test_keys_outside_the_table_get_the_mincost_rule():
+    """A key with no entry and (for a kernel with ``order_nearest`` sizes) no entry to be near to in bf16 on sm_90:
+    chunk size 7 has no chunk-cumsum entry, and ``state_passing_bwd`` has fp32 entries only."""
     for kernel, spec in KERNELS.items():
         if spec.candidates is None or spec.autotune_key is None:
             continue
@@ -167,41 +170,53 @@ def test_nearest_order_rule_on_a_synthetic_table():
         return nearest_order_key(spec, key, table_key_of(spec, "sm_90", "bfloat16", key), table)
 
     assert near(64, 9) == pre + "chunk_size=64,nheads=8"
+    assert near(64, 1) == pre + "chunk_size=64,nheads=8"  # below the smallest entry
     assert near(64, 24) == pre + "chunk_size=64,nheads=32"  # |log2(24/32)| = 0.415 < |log2(24/8)| = 1.585
     assert near(64, 16) == pre + "chunk_size=64,nheads=32"  # a tie (1 and 1): "nheads=32" sorts before "nheads=8"
     assert near(64, 1000) == pre + "chunk_size=64,nheads=32"
     assert near(256, 8) == pre + "chunk_size=256,nheads=16"  # never another chunk_size, dtype or kernel
     assert near(128, 16) is None  # no entry at this chunk_size: the mincost-v1 rule
+    # a boolean value is never near another value (the distance is infinite), under an order_nearest name too
+    bool_spec = KernelSpec(name="k", module="m", attr="a", autotune_key=("IS_CAUSAL", "n"),
+                           order_nearest=("IS_CAUSAL",))
+    bpre = "sm_90/bfloat16/k/"
+    btable = {bpre + "IS_CAUSAL=False,n=4": e}
+    for v in (True, 1):
+        bkey = {"IS_CAUSAL": v, "n": 4}
+        assert nearest_order_key(bool_spec, bkey, table_key_of(bool_spec, "sm_90", "bfloat16", bkey), btable) is None
+    bkey = {"IS_CAUSAL": False, "n": 4}
+    assert nearest_order_key(bool_spec, bkey, "sm_90/bfloat16/k/IS_CAUSAL=False,n=5", btable) == bpre + (
+        "IS_CAUSAL=False,n=4")
+    with pytest.raises(ValueError, match="order_nearest: expected names of the autotune key"):
+        KernelSpec(name="k", module="m", attr="a", autotune_key=("chunk_size", "nheads"), order_nearest=("nhead",))
     dc = KERNELS["chunk_scan_bwd_dC"]
     assert dc.order_nearest == ()
     key = {"chunk_size": 64, "dstate": 48, "hdim": 64}
     assert nearest_order_key(dc, key, table_key_of(dc, "sm_90", "bfloat16", key), _table()) is None
 
 
-@pytest.mark.parametrize("kernel,key,dtype", [
-    ("chunk_cumsum_fwd", {"chunk_size": 256, "nheads": 40}, torch.bfloat16),
-    ("chunk_cumsum_bwd", {"chunk_size": 64, "nheads": 20}, torch.bfloat16),
-    ("chunk_cumsum_fwd", {"chunk_size": 128, "nheads": 1000}, torch.float32),
-    ("state_passing_bwd", {"dim": 3072}, torch.float32),
-    ("state_passing_bwd", {"dim": 65536}, torch.float32),
+@pytest.mark.parametrize("kernel,key,dtype,near", [
+    # log2(48/40) = 0.26 < log2(40/32) = 0.32
+    ("chunk_cumsum_fwd", {"chunk_size": 256, "nheads": 40}, torch.bfloat16, "chunk_size=256,nheads=48"),
+    # log2(24/20) = 0.26 < log2(20/16) = 0.32
+    ("chunk_cumsum_bwd", {"chunk_size": 64, "nheads": 20}, torch.bfloat16, "chunk_size=64,nheads=24"),
+    ("chunk_cumsum_fwd", {"chunk_size": 128, "nheads": 1000}, torch.float32, "chunk_size=128,nheads=256"),
+    ("chunk_cumsum_bwd", {"chunk_size": 256, "nheads": 256}, torch.float16, "chunk_size=256,nheads=128"),
+    ("chunk_cumsum_fwd", {"chunk_size": 64, "nheads": 2}, torch.float32, "chunk_size=64,nheads=8"),
+    # log2(4096/3072) = 0.42 < log2(3072/2048) = 0.58
+    ("state_passing_bwd", {"dim": 3072}, torch.float32, "dim=4096"),
+    ("state_passing_bwd", {"dim": 65536}, torch.float32, "dim=32768"),
+    ("state_passing_bwd", {"dim": 7}, torch.float32, "dim=512"),
 ])
-def test_keys_between_table_entries_take_the_nearest_entrys_order_parameters(kernel, key, dtype):
-    """Real table: a key missing from it takes the order parameters of the entry the rule names, which is the
-    nearest one by an independent computation; the source says which; the same in every call (memoised)."""
-    import math
+def test_keys_between_table_entries_take_the_nearest_entrys_order_parameters(kernel, key, dtype, near):
+    """Real table: a key missing from it takes the order parameters of the nearest entry (worked out by hand
+    above), the source says which, the same in every call (memoised)."""
     spec = KERNELS[kernel]
     tk = table_key("sm_90", dtype, kernel, key)
     table = _table()
     assert tk not in table
-    prefix = tk.rsplit("/", 1)[0] + "/"
-    pool = []
-    for k in sorted(table):
-        if k.startswith(prefix):
-            other = _parse_key(k[len(prefix):])
-            if all(other[n] == v for n, v in key.items() if n not in spec.order_nearest):
-                pool.append((sum(abs(math.log2(key[n] / other[n])) for n in spec.order_nearest), k))
-    assert pool, f"no entry of {prefix} to be near to"
-    best = min(pool)[1]
+    best = tk.rsplit("/", 1)[0] + "/" + near
+    assert best in table
     got = order_config(kernel, key, dtype, "sm_90")
     assert got.source == f"nearest:{best}"
     assert got == config_from_dict(spec, table[best], f"nearest:{best}")
@@ -239,6 +254,9 @@ def test_the_chunk_cumsum_kernels_take_a_timed_configuration_at_every_nheads_of_
                     else:
                         assert got.source == "table" or got.source.startswith(
                             f"nearest:sm_90/{dt}/{kernel}/chunk_size={chunk_size},"), (kernel, dt, chunk_size, nheads)
+                        name = got.source[len("nearest:"):] if got.source != "table" else table_key(
+                            "sm_90", dtype, kernel, {"chunk_size": chunk_size, "nheads": nheads})
+                        assert got.as_dict() == table[name], (kernel, dt, chunk_size, nheads)
     kernels = ("chunk_cumsum_fwd", "chunk_cumsum_bwd")
     assert sorted(missing) == sorted([(k, dt, 256, 256) for k in kernels for dt in DT]
                                      + [(k, "float16", c, h) for k in kernels for c in (64, 128) for h in tuned])

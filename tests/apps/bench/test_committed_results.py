@@ -31,6 +31,29 @@ def test_the_newest_run_holds_every_named_benchmark_shape():
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["name"] for row in ROWS])
+def test_each_row_of_the_newest_run_was_measured(row):
+    """A row skipped by a run's time budget (or failed) carries the configurations it would have run, so the test
+    below alone would pass it: every mode of every row must have a step time and a bitwise verdict."""
+    rows = row["rows"]
+    assert sorted(rows) == ["native", "ordered", "upstream-det"], row["name"]
+    for mode, r in rows.items():
+        assert "error" not in r, (row["name"], mode, r.get("error"))
+        assert r.get("ms", 0) > 0, (row["name"], mode)
+        assert isinstance(r.get("bitwise"), bool), (row["name"], mode)
+    targets = rows["ordered"].get("targets") or {}
+    assert all(isinstance(targets.get(t), bool) for t in ("time", "memory", "upstream_det", "met")), (
+        row["name"], targets)
+
+
+def test_a_skipped_row_is_seen():
+    """The check above can fail: a row the time budget skipped (as ``bench`` writes it) is reported."""
+    row = next(r for r in ROWS if r["name"] == "S1")
+    skipped = dict(row, rows={m: {"mode": m, "error": "skipped: time budget"} for m in row["rows"]})
+    with pytest.raises(AssertionError, match="skipped: time budget"):
+        test_each_row_of_the_newest_run_was_measured(skipped)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["name"] for row in ROWS])
 def test_each_rows_recorded_configs_are_the_tables_now(row):
     shape = NAMED[row["name"]]
     assert row["dims"] == shape.dims(), "the row's dimensions are the named shape's"
