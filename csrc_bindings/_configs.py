@@ -462,8 +462,9 @@ def table_hash() -> str:
 
 def fingerprint(speed: bool = True) -> str:
     """``"csrc_bindings/abi1 mamba_ssm=.. causal_conv1d=.. triton=.. torch=.. table=<hash>
-    rule=mincost-v1+nearest-order-v1 fit=fit-stages-v1 speed=<hash>"`` (without the ``speed=`` part when ``speed``
-    is False: what decides bits).
+    rule=mincost-v1+nearest-order-v1:<hash> fit=fit-stages-v1 speed=<hash>"`` (without the ``speed=`` part when
+    ``speed`` is False: what decides bits; the ``rule`` hash, :func:`nearest_order_hash`, names which kernels take
+    ``nearest-order-v1`` along which key sizes).
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
     Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
@@ -476,11 +477,19 @@ def fingerprint(speed: bool = True) -> str:
         parts.append(f"{dist}={installed_version(dist) or 'absent'}")
     parts.append(f"torch={torch.__version__}")
     parts.append(f"table={table_hash()}")
-    parts.append(f"rule={RULE_NAME}+{NEAREST_ORDER_RULE}")
+    parts.append(f"rule={RULE_NAME}+{NEAREST_ORDER_RULE}:{nearest_order_hash()}")
     parts.append(f"fit={FIT_RULE}")
     if speed:
         parts.append(f"speed={speed_hash()}")
     return " ".join(parts)
+
+
+def nearest_order_hash() -> str:
+    """SHA-256 (first 8 hex digits) of which kernels take ``nearest-order-v1`` along which key sizes
+    (``{kernel: order_nearest}``): it decides configurations as the table does, from this package's own specs."""
+    from ._registry import KERNELS
+    spec_map = {name: list(spec.order_nearest) for name, spec in sorted(KERNELS.items()) if spec.order_nearest}
+    return hashlib.sha256(json.dumps(spec_map, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def speed_hash() -> str:

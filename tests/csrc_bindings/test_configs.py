@@ -269,3 +269,18 @@ def test_the_chunk_cumsum_kernels_take_a_timed_configuration_at_every_nheads_of_
 def _table_meta() -> dict:
     from csrc_bindings.pinned.table import META
     return META
+
+
+def test_the_fingerprint_names_which_kernels_take_the_nearest_entry(monkeypatch):
+    """Giving another kernel order_nearest sizes changes configurations as a table change does: the fingerprint's
+    rule part changes with it."""
+    import dataclasses
+
+    import csrc_bindings
+    from csrc_bindings import _registry
+    before = csrc_bindings.fingerprint(speed=False)
+    spec = KERNELS["chunk_scan_bwd_dC"]
+    monkeypatch.setitem(_registry.KERNELS, spec.name, dataclasses.replace(spec, order_nearest=("dstate",)))
+    after = csrc_bindings.fingerprint(speed=False)
+    assert after != before
+    assert before.split(" rule=")[0] == after.split(" rule=")[0]  # the same versions and table
