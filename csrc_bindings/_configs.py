@@ -484,11 +484,23 @@ def fingerprint(speed: bool = True) -> str:
     return " ".join(parts)
 
 
+#: ``() -> {kernel name: KernelSpec}``, bound by :mod:`csrc_bindings._registry` (which imports this module)
+_kernel_specs = None
+
+
+def bind_kernel_specs(get) -> None:
+    """Called once by :mod:`csrc_bindings._registry` with a function that returns its ``KERNELS``."""
+    global _kernel_specs
+    _kernel_specs = get
+
+
 def nearest_order_hash() -> str:
     """SHA-256 (first 8 hex digits) of which kernels take ``nearest-order-v1`` along which key sizes
     (``{kernel: order_nearest}``): it decides configurations as the table does, from this package's own specs."""
-    from ._registry import KERNELS
-    spec_map = {name: list(spec.order_nearest) for name, spec in sorted(KERNELS.items()) if spec.order_nearest}
+    if _kernel_specs is None:  # never after ``import csrc_bindings``, whose __init__ imports the registry
+        raise RuntimeError("csrc_bindings._registry has not bound the kernel specs")
+    spec_map = {name: list(spec.order_nearest) for name, spec in sorted(_kernel_specs().items())
+                if spec.order_nearest}
     return hashlib.sha256(json.dumps(spec_map, sort_keys=True).encode()).hexdigest()[:8]
 
 

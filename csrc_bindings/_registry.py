@@ -15,8 +15,8 @@ import torch
 
 from . import (causal_conv1d, k_activations, layernorm_gated, selective_state_update, ssd_bmm, ssd_chunk_scan,
                ssd_chunk_state, ssd_combined, ssd_state_passing)
-from ._configs import (KernelConfig, device_arch, dtype_name, fingerprint, order_of, pinned_of, rule_of, table_key_of,
-                       timed_of)
+from ._configs import (KernelConfig, bind_kernel_specs, device_arch, dtype_name, fingerprint, order_of, pinned_of,
+                       rule_of, table_key_of, timed_of)
 from ._spec import KernelSpec, key_of
 from .layernorm_gated import rmsnorm_heuristic
 
@@ -43,6 +43,7 @@ MIRRORS = (ssd_chunk_state, ssd_bmm, ssd_state_passing, ssd_chunk_scan, ssd_comb
 _BY_NAME = {s.name: s for s in SPECS}
 #: the Triton kernels, by name (checked against their ``arg_names`` and autotune key at first use)
 KERNELS = {s.name: s for s in SPECS if s.arity is None}
+bind_kernel_specs(lambda: KERNELS)  # the fingerprint names which of them take nearest-order-v1
 #: causal-conv1d's C++ ops, by name (checked against their number of arguments at first use)
 CONV_OPS = {s.name: s for s in SPECS if s.arity is not None}
 #: kernels with a table entry (autotuned upstream), in layer order
