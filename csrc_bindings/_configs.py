@@ -224,17 +224,28 @@ def nearest_order_key(spec: KernelSpec, key: Mapping, tkey: str, table: Mapping)
     None for another kernel, or without such an entry (then ``mincost-v1``)."""
     if not spec.order_nearest:
         return None
+    return _nearest_key(key, tkey, table, along=spec.order_nearest)
+
+
+def _nearest_key(key: Mapping, tkey: str, keys, along=None) -> str | None:
+    """The one of ``keys`` (table keys) of ``tkey``'s arch, dtype and kernel nearest to ``key`` by :func:`_distance`
+    over every key name, or with ``along`` over those names only, the others equal to ``key``'s own; an infinite
+    distance (a boolean value against another) never counts; ties to the first key in sorted order; None if none.
+    Both nearest rules use it (``nearest-speed-v1``, ``nearest-order-v1``)."""
     prefix = tkey.rsplit("/", 1)[0] + "/"
     best = None
-    for k in sorted(table):
+    for k in sorted(keys):
         if not k.startswith(prefix):
             continue
         other = _parse_key(k[len(prefix):])
-        if any(other.get(n) != v or isinstance(other.get(n), bool) != isinstance(v, bool)
-               for n, v in key.items() if n not in spec.order_nearest):
+        if along is None:
+            d = _distance(key, other)
+        elif any(other.get(n) != v or isinstance(other.get(n), bool) != isinstance(v, bool)
+                 for n, v in key.items() if n not in along):
             continue
-        d = _distance({n: key[n] for n in spec.order_nearest}, {n: other[n] for n in spec.order_nearest})
-        if d != float("inf") and (best is None or d < best[0]):  # inf: a boolean value, never near another
+        else:
+            d = _distance({n: key[n] for n in along}, {n: other.get(n) for n in along})
+        if d != float("inf") and (best is None or d < best[0]):
             best = (d, k)
     return None if best is None else best[1]
 
@@ -310,15 +321,10 @@ def speed_entry(spec: KernelSpec, key: Mapping, dtype, arch: str):
     elif tkey in table:
         return None, ""  # the table entry's own values: tuned at this key
     else:
-        prefix = tkey.rsplit("/", 1)[0] + "/"
-        pool = {k: v for k, v in table.items() if k.startswith(prefix)}
-        pool.update((k, v) for k, v in speed.items() if k.startswith(prefix))
-        near = [(_distance(key, _parse_key(k[len(prefix):])), k) for k in pool]
-        near = [t for t in near if t[0] != float("inf")]
-        if not near:
+        best = _nearest_key(key, tkey, set(table) | set(speed))
+        if best is None:
             return None, ""
-        _, best = min(near)
-        entry, source = pool[best], f"nearest:{best}"
+        entry, source = speed.get(best, table.get(best)), f"nearest:{best}"
     return {n: int(entry[n]) for n in neutral if n in entry}, source
 
 
