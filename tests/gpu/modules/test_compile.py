@@ -8,6 +8,8 @@
 * one eager training step (forward + backward) captured with ``torch.cuda.graph`` replays with the eager bits, for
   two different inputs copied into the static ones (no host synchronisation in the step), with and without
   ``seq_idx`` (a static ``seq_idx`` tensor; the conv backward reads it on the device only);
+* ``torch.cuda.make_graphed_callables`` of the model (forward and backward graphs) replays steps with the eager bits,
+  with and without ``seq_idx``;
 * a training step, with and without ``seq_idx``, makes no synchronising CUDA call
   (``torch.cuda.set_sync_debug_mode``);
 * the custom ops pass ``torch.library.opcheck`` (schema and no undeclared mutation, autograd registration, the
@@ -206,6 +208,31 @@ def test_cuda_graph_capture_of_a_training_step_gives_the_eager_bits(dtype, mem_e
         torch.cuda.synchronize()
         _assert_bits({k: v.detach().clone() for k, v in static.items()}, eager[i % 2], f"replay {i}")
     del graph
+
+
+@pytest.mark.parametrize("mem_eff,packed", [(True, False), (False, True)], ids=["mem_eff", "unfused-seq_idx"])
+def test_make_graphed_callables_of_the_model_gives_the_eager_bits(mem_eff, packed):
+    """torch.cuda.make_graphed_callables(model, sample_args): the forward and the backward are captured as two
+    graphs (after the function's own warm-up iterations) and the module's forward replays them; two inputs in turn,
+    each step's output and every gradient (accumulated into ``.grad`` by autograd from the backward graph's static
+    outputs) have the eager bits. With ``seq_idx`` it is a positional sample argument (int32, no gradient), the
+    way make_graphed_callables takes arguments."""
+    dtype = torch.bfloat16
+    model = TwoLayers(dtype, use_mem_eff_path=mem_eff)
+    inputs = [_inputs(dtype, seed=s) for s in (1, 2)]
+    seq_idx = _seq_idx() if packed else None
+    eager = [_step(model, model, u, dout, seq_idx) for u, dout in inputs]
+
+    sample = (inputs[0][0].clone().requires_grad_(True),) + ((seq_idx,) if packed else ())
+    graphed = torch.cuda.make_graphed_callables(model, sample)
+    assert graphed is model and "forward" in vars(model)  # the instance's forward now replays the graphs
+
+    def call(u, seq_idx=None):
+        return graphed(u) if seq_idx is None else graphed(u, seq_idx)
+
+    for i in range(4):
+        u, dout = inputs[i % 2]
+        _assert_bits(_step(model, call, u, dout, seq_idx), eager[i % 2], f"graphed step {i}")
 
 
 @pytest.mark.parametrize("mem_eff", [True, False])
