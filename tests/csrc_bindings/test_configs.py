@@ -278,3 +278,20 @@ def test_the_fingerprint_names_which_kernels_take_the_nearest_entry(monkeypatch)
     after = csrc_bindings.fingerprint(speed=False)
     assert after != before
     assert before.split(" rule=")[0] == after.split(" rule=")[0]  # the same versions and table
+
+
+def test_the_speed_table_overrides_no_pinned_entry_written_after_it():
+    """A speed-table entry holds bit-neutral values timed with the order parameters pinned when it was tuned
+    (2026-11-30), and wins over the pinned table's own values at its key. Every pinned-table write since then pruned
+    the speed entries at the keys it wrote (``write.prune_speed``, recorded in the speed table's META "pruned"); the
+    keys both tables still share are the two first-table chunk-cumsum entries (chunk 256, 24 heads) the speed run
+    was timed on top of, which no later run rewrote. A table write that forgets to prune adds a key here."""
+    from csrc_bindings.pinned.speed_table import META as SPEED_META
+
+    shared = sorted(set(_table()) & set(_speed()))
+    assert shared == ["sm_90/bfloat16/chunk_cumsum_bwd/chunk_size=256,nheads=24",
+                      "sm_90/float32/chunk_cumsum_fwd/chunk_size=256,nheads=24"]
+    pruned = {k for p in SPEED_META["pruned"] for k in p["entries"]}
+    fp16_128 = {f"sm_90/float16/chunk_cumsum_{d}/chunk_size=128,nheads={h}" for d in ("fwd", "bwd") for h in (16, 64)}
+    assert fp16_128 <= pruned
+    assert not pruned & set(_speed())

@@ -230,6 +230,10 @@ def test_make_graphed_callables_of_the_model_gives_the_eager_bits(mem_eff, packe
     def call(u, seq_idx=None):
         return graphed(u) if seq_idx is None else graphed(u, seq_idx)
 
+    probe = call(inputs[0][0].clone().requires_grad_(True), seq_idx)  # the graphs' autograd function, not eager
+    assert type(probe.grad_fn).__name__ == "GraphedBackward", type(probe.grad_fn)
+    del probe
+
     for i in range(4):
         u, dout = inputs[i % 2]
         _assert_bits(_step(model, call, u, dout, seq_idx), eager[i % 2], f"graphed step {i}")
