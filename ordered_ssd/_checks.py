@@ -25,6 +25,31 @@ def check_int(name: str, value, *, minimum: int = 1) -> int:
     return value
 
 
+def check_flag(name: str, value) -> bool:
+    """A constructor flag: a bool (or the int 0 or 1, as ``Mamba2`` code often passes)."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+
+
+def check_factory(device, dtype) -> None:
+    """The ``device`` and ``dtype`` a layer's parameters are created with (both may be None): a floating
+    ``torch.dtype``, and a device torch parses and has (CUDA only where ``torch.cuda.is_available()``)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype: expected None or a floating torch.dtype (e.g. torch.float32, torch.bfloat16), "
+                        f"got {type(dtype).__name__} {dtype!r}")
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected None, a torch.device or a device string such as 'cuda', "
+                         f"got {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: expected an available device, got {device!r}, but torch.cuda.is_available() is "
+                         f"False (torch {torch.__version__})")
+
+
 def check_real(name: str, value, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
@@ -70,8 +95,11 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         raise ValueError(f"{name}: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
     if u.device != device:  # first: the dtypes allowed depend on the device
         raise ValueError(f"{name}: expected device {device} (the device of the layer's parameters), got {u.device}")
+    names = ", ".join(str(t) for t in allowed_dtypes)
+    if device.type != "cuda" and dtype is not None and dtype not in allowed_dtypes:  # no input dtype would do
+        raise TypeError(f"the layer's parameters: expected dtype in ({names}) on {device.type}, got {dtype} "
+                        f"(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call .float())")
     if u.dtype not in allowed_dtypes:
-        names = ", ".join(str(t) for t in allowed_dtypes)
         raise TypeError(f"{name}: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")

@@ -156,6 +156,16 @@ def _forward(layer_kw=None, *, cuda_path=False, meta=False, u=None, **fwd):
     return call
 
 
+def _set_then_forward(**attrs):
+    """A forward of a fresh fp32 layer whose attributes ``attrs`` were set after construction."""
+    def call(ctx):
+        layer = _layer()
+        for k, v in attrs.items():
+            setattr(layer, k, v)
+        layer(torch.randn(2, 5, 16))
+    return call
+
+
 def _ctor(**kw):
     return lambda ctx: OrderedMamba2(**{**BASE, **kw})
 
@@ -221,7 +231,18 @@ ROWS = [
         r"^chunk_size: expected an int >= 1, got float 64\.0$"),
     Row("ctor/d_conv=0", _ctor(d_conv=0), ValueError, r"^d_conv: expected an int >= 1, got 0$"),
     Row("ctor/headdim not dividing d_ssm", _ctor(headdim=12), ValueError,
-        r"^d_ssm: expected a multiple of headdim=12, got 32$"),
+        r"^headdim: expected a divisor of d_ssm = expand \* d_model = 32, got 12$"),
+    Row("ctor/d_ssm not a multiple of headdim", _ctor(d_ssm=12), ValueError,
+        r"^d_ssm: expected a multiple of headdim=8, got 12$"),
+    Row("ctor/dtype int", _ctor(dtype=torch.int32), TypeError,
+        r"^dtype: expected None or a floating torch\.dtype \(e\.g\. torch\.float32, torch\.bfloat16\), "
+        r"got dtype torch\.int32$"),
+    Row("ctor/dtype str", _ctor(dtype="float32"), TypeError,
+        r"^dtype: expected None or a floating torch\.dtype .*, got str 'float32'$"),
+    Row("ctor/device unparsable", _ctor(device="gpu0"), ValueError,
+        r"^device: expected None, a torch\.device or a device string such as 'cuda', got 'gpu0' \("),
+    Row("ctor/flag not a bool", _ctor(use_mem_eff_path="no"), TypeError,
+        r"^use_mem_eff_path: expected a bool, got str 'no'$"),
     Row("ctor/ngroups not dividing nheads", _ctor(ngroups=3), ValueError,
         r"^ngroups: expected a divisor of nheads = d_ssm / headdim = 4, got 3$"),
     Row("ctor/dt_limit nan", _ctor(dt_limit=(float("nan"), 1.0)), ValueError,
@@ -231,6 +252,13 @@ ROWS = [
     # --------------------------------------------------------------------------- the module: forward
     Row("fwd/int dtype", _forward(u=lambda: torch.ones(2, 5, 16, dtype=torch.int64)), TypeError,
         r"^u: expected dtype in \(torch\.float32, torch\.float64\) on cpu, got torch\.int64$"),
+    Row("fwd/bf16 layer on the cpu", lambda ctx: OrderedMamba2(**BASE, dtype=torch.bfloat16)(
+        torch.randn(2, 5, 16, dtype=torch.bfloat16)), TypeError,
+        r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) on cpu, got "
+        r"torch\.bfloat16 \(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call "
+        r"\.float\(\)\)$"),
+    Row("fwd/chunk_size set to 0 after construction", _set_then_forward(chunk_size=0), ValueError,
+        r"^chunk_size: expected an int >= 1, got 0$"),
     Row("fwd/fp64 into fp32 layer", _forward(u=U(2, 5, 16, dtype=torch.float64)), TypeError,
         r"^u: expected dtype torch\.float32 \(the dtype of the layer's parameters\), got torch\.float64$"),
     Row("fwd/d_model", _forward(u=U(2, 5, 15)), ValueError,
@@ -336,6 +364,9 @@ ROWS = [
     Row("cli/--data shorter than a sequence", _check("--data", lambda ctx: ctx.file("short.txt", b"x" * 10)),
         CliFailed, r"^ordered-ssd check: error: --data: too little data for --seq-len 24: expected at least 50 bytes, "
                    r"got 10$", True),
+    Row("cli/--data-bytes shorter than a sequence", _check("--data-bytes", "10"), CliFailed,
+        r"^ordered-ssd check: error: --data-bytes: too little data for --seq-len 24: expected at least 50 bytes, "
+        r"got 10$", True),
     Row("cli/--out is a file", _check(out=lambda ctx: ctx.file("taken", b"keep me")), CliFailed,
         r"^ordered-ssd check: error: --out: expected a directory, got an existing file that is not one: .*taken$",
         True),

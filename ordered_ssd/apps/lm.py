@@ -175,11 +175,13 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
 class ByteData:
     """Train/validation split of a byte corpus and the deterministic batch of every step."""
 
-    def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05):
+    def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05, data_bytes: Optional[int] = None):
         data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.int64)
         n_val = max(seq_len + 1, int(len(data) * val_fraction))
         if len(data) < n_val + seq_len + 1:
-            raise DataError(f"--data: too little data for --seq-len {seq_len}: expected at least "
+            # the corpus was cut at --data-bytes (``data_bytes``, its limit): that is the flag to change
+            flag = "--data-bytes" if data_bytes is not None and len(data) >= data_bytes else "--data"
+            raise DataError(f"{flag}: too little data for --seq-len {seq_len}: expected at least "
                             f"{n_val + seq_len + 1} bytes, got {len(data)}")
         self.train, self.val = data[:-n_val], data[-n_val:]
         self.seq_len = seq_len

@@ -103,7 +103,9 @@ class OrderedMamba2(nn.Module):
     Raises (at construction, before any parameter is allocated): ``TypeError`` / ``ValueError``
     naming the argument for non-int or non-positive sizes, ``d_ssm`` not a multiple of
     ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
-    ``dt_limit`` or ``A_init_range`` with min > max (or NaN). Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
+    ``dt_limit`` or ``A_init_range`` with min > max (or NaN), a flag (``bias``, ``rmsnorm``, ``use_mem_eff_path``,
+    ...) that is not a bool (or 0/1), a ``dtype`` that is not a floating ``torch.dtype``, a ``device`` torch cannot
+    parse or a CUDA device without CUDA. Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
     accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks it in :meth:`forward` (the constructor cannot
     know where the layer will run).
 
@@ -166,6 +168,8 @@ class OrderedMamba2(nn.Module):
             _checks.check_int(name, value)
         d_inner = expand * d_model
         if d_ssm is None:
+            if d_inner % headdim != 0:
+                raise ValueError(f"headdim: expected a divisor of d_ssm = expand * d_model = {d_inner}, got {headdim}")
             d_ssm = d_inner
         _checks.check_int("d_ssm", d_ssm)
         if d_ssm > d_inner:
@@ -184,6 +188,10 @@ class OrderedMamba2(nn.Module):
         _checks.check_range("dt_limit", dt_limit, allow_inf_max=True)
         if conv_init is not None:
             _checks.check_real("conv_init", conv_init, positive=True)
+        for name, value in (("D_has_hdim", D_has_hdim), ("rmsnorm", rmsnorm), ("norm_before_gate", norm_before_gate),
+                            ("bias", bias), ("conv_bias", conv_bias), ("use_mem_eff_path", use_mem_eff_path)):
+            _checks.check_flag(name, value)
+        _checks.check_factory(device, dtype)
 
         factory_kwargs = {"device": device, "dtype": dtype}
         self.d_model = d_model
@@ -327,6 +335,7 @@ class OrderedMamba2(nn.Module):
             u = u.reshape(u.shape[0] // seqlen, seqlen, u.shape[1])
         w = self.in_proj.weight
         _checks.check_tensor("u", u)
+        _checks.check_int("chunk_size", self.chunk_size)  # an attribute a user may set after construction
         backend = self.backend_for(u)
         autocast = u.device.type == "cuda" and torch.is_autocast_enabled("cuda")
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,

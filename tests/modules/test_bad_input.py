@@ -37,6 +37,19 @@ def test_constructor_rejects(kwargs, exc, pattern):
         OrderedMamba2(**{**BASE, **kwargs})
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a build or machine without CUDA")
+def test_cuda_device_without_cuda_is_refused_before_any_parameter():
+    with pytest.raises(ValueError, match=r"^device: expected an available device, got 'cuda', but "
+                                         r"torch\.cuda\.is_available\(\) is False"):
+        OrderedMamba2(**BASE, device="cuda")
+
+
+@pytest.mark.parametrize("value", [True, False, 0, 1])
+def test_flags_take_bools_and_0_or_1(value):
+    layer = OrderedMamba2(**BASE, bias=value, use_mem_eff_path=value)
+    assert (layer.in_proj.bias is not None) == bool(value) and layer.use_mem_eff_path == value
+
+
 def test_process_group_not_supported():
     with pytest.raises(NotImplementedError, match="process_group"):
         OrderedMamba2(**BASE, process_group=object())

@@ -43,7 +43,8 @@ def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: O
     if absent:
         problems.append(", ".join(absent) + " not installed")
     if problems:
-        return (" and ".join(problems) + f"; the benchmark needs a CUDA GPU and the native extras: {INSTALL}")
+        return (" and ".join(problems) + f"; the benchmark needs a CUDA GPU and the native extras: {INSTALL} "
+                f"(--device cpu --modes ordered runs a smoke test of the harness on the CPU)")
     if any(m in modes for m in ("ordered", "literal")):
         if cuda_path is None:
             from ...modules import cuda_path_available as cuda_path

@@ -115,11 +115,27 @@ def _plot(path: str, runs: dict, title: str = "ordered-ssd check: loss of every 
     return None
 
 
-def _describe(comparison: dict) -> str:
+def _first_diff(what: str, diff: Optional[dict]) -> str:
+    """``"gradients differ from step 0 in 20 tensors (a.weight, ...)"``, or ``"gradients equal"``."""
+    if diff is None:
+        return f"{what} equal"
+    more = ", ..." if diff["count"] > len(diff["params"]) else ""
+    return (f"{what} differ from step {diff['step']} in {diff['count']} tensor(s) "
+            f"({', '.join(diff['params'])}{more})")
+
+
+def describe_comparison(comparison: dict) -> str:
+    """One line for a :func:`compare_runs` result: ``identical``, or where the two runs first differ."""
     if comparison["identical"]:
         return "identical"
-    return (f"DIFFERENT (loss from step {comparison['first_loss_diff']}, grads {comparison['first_grad_diff']}, "
-            f"final params equal: {comparison['final_equal']})")
+    loss = comparison["first_loss_diff"]
+    parts = ["losses equal" if loss is None else f"losses differ from step {loss}",
+             _first_diff("gradients", comparison["first_grad_diff"])]
+    if "first_param_diff" in comparison:
+        parts.append(_first_diff("parameters", comparison["first_param_diff"]))
+    final = {True: "yes", False: "no", None: "not recorded"}[comparison["final_equal"]]
+    return f"DIFFERENT ({'; '.join(parts)}; final parameters equal: {final})"
+
 
 
 def same_step(a: dict, b: dict) -> bool:
@@ -171,15 +187,15 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     ok = reproducible and diverged is None
     _print_table(runs, stop_at, print_fn)
     if ddp:
-        print_fn(f"b (fresh processes) vs a:             {_describe(cmp_b)}")
-        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {_describe(cmp_c)}")
+        print_fn(f"b (fresh processes) vs a:             {describe_comparison(cmp_b)}")
+        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {describe_comparison(cmp_c)}")
         print_fn("ranks agree (loss, gradient and parameter bits on every rank): " + (
             "yes, in every run" if ranks_agree else "NO: " + ", ".join(
                 f"run {lab} ranks {runs[lab]['ranks_disagreeing']}" for lab in ("a", "b", "c")
                 if not runs[lab]["ranks_agree"])))
     else:
-        print_fn(f"b (fresh process) vs a:               {_describe(cmp_b)}")
-        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {_describe(cmp_c)}")
+        print_fn(f"b (fresh process) vs a:               {describe_comparison(cmp_b)}")
+        print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {describe_comparison(cmp_c)}")
     if native:
         print_fn("(native columns: the loss; '*' marks a step whose loss or gradient bits differ from native-1)")
         print_fn("native Mamba2 run 1 vs run 2 (control): " + (

@@ -58,7 +58,8 @@ def spec_from_args(args) -> dict:
         raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
                         f"directory)")
     if args.native and device.type != "cuda":
-        raise DataError("--native: the native Mamba2 control needs a CUDA device (and mamba-ssm)")
+        raise DataError(f"--native: the native Mamba2 control needs a CUDA device (and mamba-ssm), got --device "
+                        f"{device}")
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
         batch = pick(args.batch, "batch")

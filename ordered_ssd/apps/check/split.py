@@ -22,7 +22,8 @@ from ..files import atomic_write_json, remove_stale
 from ..lm import ByteData
 from .errors import CheckError
 from .launch import Launcher, child_threads
-from .report import STALE, _print_table, compare_runs, diverged_verdict, first_nonfinite, load_record, merge_restart, write_report
+from .report import (STALE, _print_table, compare_runs, describe_comparison, diverged_verdict, first_nonfinite,
+                     load_record, merge_restart, write_report)
 from .run import prepared_run
 from .train import build_model
 
@@ -186,10 +187,7 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         lab = key.split("_vs_")[0]
         what = (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed)" if lab == "replay"
                 else f"{lab} ({int(lab.split('x')[0])} rank(s) x {int(lab.split('x')[1])} accumulation step(s))")
-        print_fn(f"{what} vs {ref}: " + ("identical" if cmp["identical"] else
-                                        f"DIFFERENT (loss from step {cmp['first_loss_diff']}, grads "
-                                        f"{cmp['first_grad_diff']}, params {cmp.get('first_param_diff')}, final "
-                                        f"params equal: {cmp['final_equal']})"))
+        print_fn(f"{what} vs {ref}: {describe_comparison(cmp)}")
     if not ranks_agree:
         print_fn("ranks agree: NO: " + ", ".join(f"run {lab} ranks {rec['ranks_disagreeing']}"
                                                   for lab, rec in runs.items() if not rec.get("ranks_agree", True)))

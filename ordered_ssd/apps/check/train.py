@@ -134,7 +134,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     fingerprint = fingerprint_string(fingerprint_info)
     blocks = world.blocks(spec["batch"])
     corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"])
+    data = ByteData(corpus, spec["seq_len"], data_bytes=spec["data_bytes"])
     if data.sha256 != spec["data_sha256"]:
         raise CheckError(f"the data read by run {world.run_name(label)} differs from the data of the parent run")
     model, optimizer = build_model(spec, device)

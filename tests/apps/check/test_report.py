@@ -1,5 +1,5 @@
 """The comparison of run records (:mod:`ordered_ssd.apps.check.report`)."""
-from ordered_ssd.apps.check.report import compare_runs
+from ordered_ssd.apps.check.report import compare_runs, describe_comparison
 
 
 def test_compare_runs_finds_the_first_difference():
@@ -12,3 +12,23 @@ def test_compare_runs_finds_the_first_difference():
     assert c["identical"] is False and c["first_loss_diff"] == 2 and c["loss_equal_steps"] == 2
     assert c["first_grad_diff"] == {"step": 1, "params": ["w"], "count": 1} and c["final_equal"] is False
     assert compare_runs(a, a)["identical"] is True
+
+
+def test_describe_comparison_names_where_runs_first_differ_in_words():
+    def rec(losses, grads, params=None):
+        steps = [{"step": i, "loss": l, "grads": g} for i, (l, g) in enumerate(zip(losses, grads))]
+        if params is not None:
+            for s, p in zip(steps, params):
+                s["params"] = p
+        return {"steps": steps, "final": {"w": "f"}, "val_loss": "0x1p+0"}
+    a = rec(["0x1p+0", "0x1p+1"], [{"w": "x", "v": "x"}, {"w": "y", "v": "y"}])
+    b = rec(["0x1p+0", "0x1p+1"], [{"w": "x", "v": "x"}, {"w": "Y", "v": "Y"}])
+    assert describe_comparison(compare_runs(a, a)) == "identical"
+    assert describe_comparison(compare_runs(a, b)) == (
+        "DIFFERENT (losses equal; gradients differ from step 1 in 2 tensor(s) (v, w); final parameters equal: yes)")
+    names = [f"p{i}" for i in range(10)]
+    c = rec(["0x1p+0"], [{n: "x" for n in names}], [{n: "x" for n in names}])
+    d = rec(["0x1p+1"], [{n: "y" for n in names}], [{n: "x" for n in names}])
+    text = describe_comparison(compare_runs(c, d))
+    assert text.startswith("DIFFERENT (losses differ from step 0; gradients differ from step 0 in 10 tensor(s) (")
+    assert text.endswith(", ...); parameters equal; final parameters equal: yes)") and "{" not in text
