@@ -26,25 +26,34 @@ def check_int(name: str, value, *, minimum: int = 1) -> int:
 
 
 def check_flag(name: str, value) -> bool:
-    """A constructor flag: a bool (or the int 0 or 1, as ``Mamba2`` code often passes)."""
-    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+    """A constructor flag, used as a truth value as ``Mamba2`` uses it: a value equal to True or False (a bool, 0
+    or 1, a numpy or 0-d torch bool) or None (false); a string or any other value is refused."""
+    try:
+        ok = value is None or (not isinstance(value, (str, bytes)) and value in (True, False))
+    except (TypeError, ValueError, RuntimeError):  # == that cannot give one truth value (e.g. an array)
+        ok = False
+    if ok:
         return bool(value)
-    raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    raise TypeError(f"{name}: expected a bool (or 0/1, or None for False), got {type(value).__name__} {value!r}")
 
 
 def check_factory(device, dtype) -> None:
     """The ``device`` and ``dtype`` a layer's parameters are created with (both may be None): a floating
-    ``torch.dtype``, and a device torch parses and has (CUDA only where ``torch.cuda.is_available()``)."""
+    ``torch.dtype``, and a device torch parses (a CUDA one only where ``torch.cuda.is_available()``)."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype: expected None or a floating torch.dtype (e.g. torch.float32, torch.bfloat16), "
                         f"got {type(dtype).__name__} {dtype!r}")
     if device is None:
         return
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device: expected None, a torch.device, a str or an int, got {type(device).__name__} "
+                        f"{device!r}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"device: expected None, a torch.device or a device string such as 'cuda', "
-                         f"got {device!r} ({e})") from None
+                         f"got {device!r} ({first})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: expected an available device, got {device!r}, but torch.cuda.is_available() is "
                          f"False (torch {torch.__version__})")

@@ -242,7 +242,7 @@ ROWS = [
     Row("ctor/device unparsable", _ctor(device="gpu0"), ValueError,
         r"^device: expected None, a torch\.device or a device string such as 'cuda', got 'gpu0' \("),
     Row("ctor/flag not a bool", _ctor(use_mem_eff_path="no"), TypeError,
-        r"^use_mem_eff_path: expected a bool, got str 'no'$"),
+        r"^use_mem_eff_path: expected a bool \(or 0/1, or None for False\), got str 'no'$"),
     Row("ctor/ngroups not dividing nheads", _ctor(ngroups=3), ValueError,
         r"^ngroups: expected a divisor of nheads = d_ssm / headdim = 4, got 3$"),
     Row("ctor/dt_limit nan", _ctor(dt_limit=(float("nan"), 1.0)), ValueError,

@@ -44,10 +44,27 @@ def test_cuda_device_without_cuda_is_refused_before_any_parameter():
         OrderedMamba2(**BASE, device="cuda")
 
 
-@pytest.mark.parametrize("value", [True, False, 0, 1])
-def test_flags_take_bools_and_0_or_1(value):
+@pytest.mark.parametrize("value", [True, False, 0, 1, torch.tensor(True), None], ids=str)
+def test_flags_take_what_mamba2_takes_as_a_truth_value(value):
+    """Mamba2 uses its flags as truth values: bools, 0/1, a 0-d bool tensor (numpy bools alike) and None pass."""
     layer = OrderedMamba2(**BASE, bias=value, use_mem_eff_path=value)
-    assert (layer.in_proj.bias is not None) == bool(value) and layer.use_mem_eff_path == value
+    assert (layer.in_proj.bias is not None) == bool(value) and bool(layer.use_mem_eff_path) == bool(value)
+
+
+@pytest.mark.parametrize("value,kind", [("no", "str"), (2, "int"), (torch.ones(2), "Tensor")])
+def test_flags_refuse_other_values(value, kind):
+    with pytest.raises(TypeError, match=rf"^rmsnorm: expected a bool \(or 0/1, or None for False\), got {kind} "):
+        OrderedMamba2(**BASE, rmsnorm=value)
+
+
+@pytest.mark.parametrize("device,exc,pattern", [
+    (1.5, TypeError, r"^device: expected None, a torch\.device, a str or an int, got float 1\.5$"),
+    ("gpu0", ValueError, r"^device: expected None, a torch\.device or a device string such as 'cuda', got 'gpu0' "
+                         r"\([^\n]*\)$"),
+])
+def test_device_errors_are_one_line(device, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        OrderedMamba2(**BASE, device=device)
 
 
 def test_process_group_not_supported():

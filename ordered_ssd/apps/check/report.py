@@ -56,6 +56,8 @@ def compare_runs(ref: dict, other: dict) -> dict:
                 out["first_param_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
     if ref["final"] is not None and other["final"] is not None:
         out["final_equal"] = ref["final"] == other["final"]
+    out["steps"] = [len(ref["steps"]), len(other["steps"])]
+    out["val_loss_equal"] = ref.get("val_loss") == other.get("val_loss")
     out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
                         and out.get("first_param_diff") is None and out["final_equal"] is True
                         and ref.get("val_loss") == other.get("val_loss"))
@@ -129,13 +131,19 @@ def describe_comparison(comparison: dict) -> str:
     if comparison["identical"]:
         return "identical"
     loss = comparison["first_loss_diff"]
-    parts = ["losses equal" if loss is None else f"losses differ from step {loss}",
-             _first_diff("gradients", comparison["first_grad_diff"])]
+    parts = []
+    if not comparison["same_length"]:
+        n_ref, n_other = comparison.get("steps", ("?", "?"))
+        parts.append(f"the runs have {n_ref} and {n_other} steps (the first {comparison['steps_compared']} compared)")
+    parts += ["losses equal" if loss is None else f"losses differ from step {loss}",
+              _first_diff("gradients", comparison["first_grad_diff"])]
     if "first_param_diff" in comparison:
         parts.append(_first_diff("parameters", comparison["first_param_diff"]))
     final = {True: "yes", False: "no", None: "not recorded"}[comparison["final_equal"]]
-    return f"DIFFERENT ({'; '.join(parts)}; final parameters equal: {final})"
-
+    parts.append(f"final parameters equal: {final}")
+    if comparison.get("val_loss_equal") is False:
+        parts.append("validation losses differ")
+    return f"DIFFERENT ({'; '.join(parts)})"
 
 
 def same_step(a: dict, b: dict) -> bool:

@@ -32,3 +32,14 @@ def test_describe_comparison_names_where_runs_first_differ_in_words():
     text = describe_comparison(compare_runs(c, d))
     assert text.startswith("DIFFERENT (losses differ from step 0; gradients differ from step 0 in 10 tensor(s) (")
     assert text.endswith(", ...); parameters equal; final parameters equal: yes)") and "{" not in text
+
+
+def test_describe_comparison_names_a_length_or_validation_loss_difference():
+    def rec(n, val="0x1p+0"):
+        return {"steps": [{"step": i, "loss": "0x1p+0", "grads": {"w": "x"}} for i in range(n)],
+                "final": {"w": "f"}, "val_loss": val}
+    assert describe_comparison(compare_runs(rec(2), rec(1))) == (
+        "DIFFERENT (the runs have 2 and 1 steps (the first 1 compared); losses equal; gradients equal; final "
+        "parameters equal: yes)")
+    assert describe_comparison(compare_runs(rec(2), rec(2, val="0x1p+1"))) == (
+        "DIFFERENT (losses equal; gradients equal; final parameters equal: yes; validation losses differ)")
