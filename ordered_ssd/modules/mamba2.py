@@ -105,9 +105,9 @@ class OrderedMamba2(nn.Module):
     ``headdim`` or larger than ``d_inner``, ``nheads`` not a multiple of ``ngroups``,
     ``dt_limit`` or ``A_init_range`` with min > max (or NaN), a flag (``bias``, ``rmsnorm``, ``use_mem_eff_path``,
     ...) that is not a truth value as ``Mamba2`` takes it (a bool, 0/1, a numpy or 0-d torch bool, None), a
-    ``dtype`` that is not a floating ``torch.dtype``, a ``device`` torch cannot parse or a CUDA device without CUDA. Any ``chunk_size >= 1`` and ``d_conv >= 1`` is
-    accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks it in :meth:`forward` (the constructor cannot
-    know where the layer will run).
+    ``dtype`` that is not a floating ``torch.dtype``, a ``device`` torch cannot parse or a CUDA device without CUDA.
+    Any ``chunk_size >= 1`` and ``d_conv >= 1`` is accepted here; the CUDA path needs ``d_conv`` in 2..4 and checks
+    it in :meth:`forward` (the constructor cannot know where the layer will run).
 
     Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
     folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the

@@ -60,7 +60,7 @@ def compare_runs(ref: dict, other: dict) -> dict:
     out["val_loss_equal"] = ref.get("val_loss") == other.get("val_loss")
     out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
                         and out.get("first_param_diff") is None and out["final_equal"] is True
-                        and ref.get("val_loss") == other.get("val_loss"))
+                        and out["val_loss_equal"])
     return out
 
 
@@ -133,7 +133,7 @@ def describe_comparison(comparison: dict) -> str:
     loss = comparison["first_loss_diff"]
     parts = []
     if not comparison["same_length"]:
-        n_ref, n_other = comparison.get("steps", ("?", "?"))
+        n_ref, n_other = comparison["steps"]
         parts.append(f"the runs have {n_ref} and {n_other} steps (the first {comparison['steps_compared']} compared)")
     parts += ["losses equal" if loss is None else f"losses differ from step {loss}",
               _first_diff("gradients", comparison["first_grad_diff"])]
@@ -141,7 +141,7 @@ def describe_comparison(comparison: dict) -> str:
         parts.append(_first_diff("parameters", comparison["first_param_diff"]))
     final = {True: "yes", False: "no", None: "not recorded"}[comparison["final_equal"]]
     parts.append(f"final parameters equal: {final}")
-    if comparison.get("val_loss_equal") is False:
+    if not comparison["val_loss_equal"]:
         parts.append("validation losses differ")
     return f"DIFFERENT ({'; '.join(parts)})"
 
