@@ -105,9 +105,14 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
     if u.device != device:  # first: the dtypes allowed depend on the device
         raise ValueError(f"{name}: expected device {device} (the device of the layer's parameters), got {u.device}")
     names = ", ".join(str(t) for t in allowed_dtypes)
-    if device.type != "cuda" and dtype is not None and dtype not in allowed_dtypes:  # no input dtype would do
-        raise TypeError(f"the layer's parameters: expected dtype in ({names}) on {device.type}, got {dtype} "
-                        f"(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call .float())")
+    if dtype is not None and dtype not in allowed_dtypes:  # the layer's dtype has no path here
+        if device.type != "cuda":  # no input dtype would do
+            raise TypeError(f"the layer's parameters: expected dtype in ({names}) on {device.type}, got {dtype} "
+                            f"(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call .float())")
+        if u.dtype == dtype:  # on CUDA: the reference backend, asked for, with an input of the layer's dtype
+            raise TypeError(f"the layer's parameters: expected dtype in ({names}) for the reference backend, got "
+                            f"{dtype} (bf16/fp16 layers run on the CUDA path: set layer.backend = None or 'cuda', "
+                            f"or call .float())")
     if u.dtype not in allowed_dtypes:
         raise TypeError(f"{name}: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:

@@ -156,6 +156,24 @@ def _forward(layer_kw=None, *, cuda_path=False, meta=False, u=None, **fwd):
     return call
 
 
+def _fake_cuda_forward(u_dtype, *, dtype=torch.bfloat16, backend="reference"):
+    """A forward of a layer of ``dtype`` whose parameters are fake CUDA tensors (no GPU needed: the checks run
+    before any computation), with ``layer.backend`` set, on a fake CUDA input of ``u_dtype``."""
+    def call(ctx):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        layer = OrderedMamba2(**BASE, device="meta", dtype=dtype)
+        layer.backend = backend
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            for mod in layer.modules():
+                for name, p in list(mod._parameters.items()):
+                    if p is not None:
+                        mod._parameters[name] = torch.nn.Parameter(
+                            torch.empty(p.shape, dtype=p.dtype, device="cuda"), requires_grad=False)
+            layer(torch.empty(2, 5, 16, dtype=u_dtype, device="cuda"))
+    return call
+
+
 def _set_then_forward(**attrs):
     """A forward of a fresh fp32 layer whose attributes ``attrs`` were set after construction."""
     def call(ctx):
@@ -257,6 +275,12 @@ ROWS = [
         r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) on cpu, got "
         r"torch\.bfloat16 \(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call "
         r"\.float\(\)\)$"),
+    Row("fwd/bf16 layer, reference backend on cuda, bf16 input", _fake_cuda_forward(torch.bfloat16), TypeError,
+        r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) for the reference backend, "
+        r"got torch\.bfloat16 \(bf16/fp16 layers run on the CUDA path: set layer\.backend = None or 'cuda', or call "
+        r"\.float\(\)\)$"),
+    Row("fwd/bf16 layer, reference backend on cuda, fp32 input", _fake_cuda_forward(torch.float32), TypeError,
+        r"^u: expected dtype torch\.bfloat16 \(the dtype of the layer's parameters\), got torch\.float32$"),
     Row("fwd/chunk_size set to 0 after construction", _set_then_forward(chunk_size=0), ValueError,
         r"^chunk_size: expected an int >= 1, got 0$"),
     Row("fwd/fp64 into fp32 layer", _forward(u=U(2, 5, 16, dtype=torch.float64)), TypeError,

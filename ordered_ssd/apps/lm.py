@@ -119,8 +119,9 @@ def _text_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
 BINARY_SNIFF_BYTES = 8000
 
 
-def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
-    """Bytes of the corpus (at most ``max_bytes``) and a description of where they came from.
+def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str, bool]:
+    """Bytes of the corpus (at most ``max_bytes``), a description of where they came from, and whether the
+    ``max_bytes`` limit (``--data-bytes``) cut it: True where a file read had bytes left or files were left unread.
 
     Raises:
         DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, is a
@@ -146,13 +147,15 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
         raise DataError(f"--data: expected a regular file or a directory, got {path} (a FIFO, device or socket)")
     else:
         raise DataError(f"--data: expected an existing file or directory, got {path} (no such file or directory)")
-    chunks, total, binary = [], 0, []
+    chunks, total, binary, cut = [], 0, [], False
     for f in files:
         if total >= max_bytes:
+            cut = True  # files left unread
             break
         try:
             with open(f, "rb") as fh:
                 data = fh.read(max_bytes - total)
+                more = len(data) == max_bytes - total and fh.read(1) != b""
         except OSError as e:
             raise DataError(f"--data: cannot read {f}: {e.strerror}") from None
         nul = data.find(b"\0", 0, BINARY_SNIFF_BYTES) if path is not None else -1
@@ -163,24 +166,26 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str]:
             continue
         chunks.append(data)
         total += len(data)
+        cut = more  # the last file read decides, where no file is left unread
     if binary:
         source += (f"; skipped {len(binary)} binary file(s), with a NUL byte in their first {BINARY_SNIFF_BYTES} "
                    f"bytes: {', '.join(binary[:5])}{', ...' if len(binary) > 5 else ''}")
     corpus = b"".join(chunks)
     if not corpus:
         raise DataError(f"--data: expected some bytes to train on, got 0 bytes in {source}")
-    return corpus, source
+    return corpus, source, cut
 
 
 class ByteData:
     """Train/validation split of a byte corpus and the deterministic batch of every step."""
 
-    def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05, data_bytes: Optional[int] = None):
+    def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05, cut: bool = False):
+        """``cut``: :func:`load_corpus` cut the corpus at ``--data-bytes`` (then a too short corpus names that flag,
+        else ``--data``)."""
         data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.int64)
         n_val = max(seq_len + 1, int(len(data) * val_fraction))
         if len(data) < n_val + seq_len + 1:
-            # the corpus was cut at --data-bytes (``data_bytes``, its limit): that is the flag to change
-            flag = "--data-bytes" if data_bytes is not None and len(data) >= data_bytes else "--data"
+            flag = "--data-bytes" if cut else "--data"
             raise DataError(f"{flag}: too little data for --seq-len {seq_len}: expected at least "
                             f"{n_val + seq_len + 1} bytes, got {len(data)}")
         self.train, self.val = data[:-n_val], data[-n_val:]

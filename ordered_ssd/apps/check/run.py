@@ -72,8 +72,8 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int) -> Iterator[Tuple[str, 
                          f"got {spec['steps']}")
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
-    corpus, source = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"], data_bytes=spec["data_bytes"])
+    corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"], cut=cut)
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):
         yield out_dir, data, source

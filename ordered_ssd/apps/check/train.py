@@ -133,8 +133,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     fingerprint_info = world.fingerprint()
     fingerprint = fingerprint_string(fingerprint_info)
     blocks = world.blocks(spec["batch"])
-    corpus, _ = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"], data_bytes=spec["data_bytes"])
+    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"], cut=cut)
     if data.sha256 != spec["data_sha256"]:
         raise CheckError(f"the data read by run {world.run_name(label)} differs from the data of the parent run")
     model, optimizer = build_model(spec, device)

@@ -73,7 +73,7 @@ def test_the_sampler_reaches_the_last_window_and_keeps_the_old_draws():
     for step in range(50):
         new, old = data.starts(0, step, 4), _old_starts(data, 0, step, 4)
         assert bool(((new == old) | (new == last)).all())
-    corpus, _ = load_corpus(None, 60000)  # the tests' corpus: the same windows as before
+    corpus, _, _ = load_corpus(None, 60000)  # the tests' corpus: the same windows as before
     data = ByteData(corpus, 24)
     assert all(torch.equal(data.starts(0, s, 4), _old_starts(data, 0, s, 4)) for s in range(40))
 
@@ -103,11 +103,34 @@ def test_special_files_in_data_are_skipped_and_named(tmp_path):
     corpus.mkdir()
     (corpus / "a.txt").write_text("hello world\n" * 100)
     os.mkfifo(corpus / "pipe")
-    data, source = load_corpus(str(corpus), 10_000)  # would block forever reading the FIFO
-    assert data == b"hello world\n" * 100
+    data, source, cut = load_corpus(str(corpus), 10_000)  # would block forever reading the FIFO
+    assert data == b"hello world\n" * 100 and cut is False
     assert "(1 files, sorted by path; skipped 1 special file(s), not regular files: pipe)" in source
     with pytest.raises(DataError, match="expected a regular file or a directory, got "):
         load_corpus(str(corpus / "pipe"), 10_000)
+
+
+def test_a_short_corpus_names_the_flag_that_made_it_short(tmp_path):
+    """``--data-bytes`` only where that limit cut the corpus; a file exactly that long is too short by ``--data``."""
+    seq, need = 24, 50  # n_val 25 + seq 24 + 1
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * 40)
+    for data_bytes, cut in ((40, False), (41, False), (39, True), (10, True)):
+        corpus, _, was_cut = load_corpus(str(short), data_bytes)
+        assert (len(corpus), was_cut) == (min(40, data_bytes), cut), data_bytes
+        flag = "--data-bytes" if cut else "--data"
+        with pytest.raises(DataError, match=f"^{flag}: too little data for --seq-len {seq}: expected at least "
+                                            f"{need} bytes, got {len(corpus)}$"):
+            ByteData(corpus, seq, cut=was_cut)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"a" * 30)
+    (folder / "b.txt").write_bytes(b"b" * 30)
+    assert load_corpus(str(folder), 30)[1:] == (f"directory {folder} (2 files, sorted by path)", True)  # b unread
+    assert load_corpus(str(folder), 60)[2] is False and load_corpus(str(folder), 59)[2] is True
+    res = run_cli("check", *TINY, "--data", str(short), "--data-bytes", "40", "--out", str(tmp_path / "out"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        f"--data: too little data for --seq-len {seq}: expected at least {need} bytes, got 40"), res.stderr
 
 
 def test_special_data_path_is_a_usage_error(tmp_path):
