@@ -91,9 +91,11 @@ def check_tensor(name: str, value) -> torch.Tensor:
 
 
 def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: torch.device,
-                      allowed_dtypes: Sequence[torch.dtype], name: str = "u") -> None:
+                      allowed_dtypes: Sequence[torch.dtype], name: str = "u", backend: Optional[str] = None) -> None:
     """``u`` must be a [B, L, d_model] floating tensor with B, L >= 1 on the layer's device and of the layer's
-    dtype (``dtype=None``, under autocast: any of ``allowed_dtypes``)."""
+    dtype (``dtype=None``, under autocast: any of ``allowed_dtypes``). ``backend``: ``layer.backend`` where the
+    layer was told its path (then a layer ``dtype`` outside ``allowed_dtypes`` can take no input), None where the
+    input's device and dtype chose it."""
     check_tensor(name, u)
     if u.dim() != 3:
         raise ValueError(f"{name}: expected a 3-d tensor [B, L, d_model={d_model}], got shape {tuple(u.shape)}")
@@ -109,10 +111,11 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         if device.type != "cuda":  # no input dtype would do
             raise TypeError(f"the layer's parameters: expected dtype in ({names}) on {device.type}, got {dtype} "
                             f"(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call .float())")
-        if u.dtype == dtype:  # on CUDA: the reference backend, asked for, with an input of the layer's dtype
-            raise TypeError(f"the layer's parameters: expected dtype in ({names}) for the reference backend, got "
-                            f"{dtype} (bf16/fp16 layers run on the CUDA path: set layer.backend = None or 'cuda', "
-                            f"or call .float())")
+        if backend is not None:  # on CUDA, the path asked for: no input dtype would do either
+            other = "the CUDA path" if backend == "reference" else "the reference backend"
+            raise TypeError(f"the layer's parameters: expected dtype in ({names}) with layer.backend = {backend!r}, "
+                            f"got {dtype} ({dtype} layers run on {other} here: set layer.backend = None, or call "
+                            f".float())")
     if u.dtype not in allowed_dtypes:
         raise TypeError(f"{name}: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
     if dtype is not None and u.dtype != dtype:

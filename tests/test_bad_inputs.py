@@ -275,12 +275,14 @@ ROWS = [
         r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) on cpu, got "
         r"torch\.bfloat16 \(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call "
         r"\.float\(\)\)$"),
-    Row("fwd/bf16 layer, reference backend on cuda, bf16 input", _fake_cuda_forward(torch.bfloat16), TypeError,
-        r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) for the reference backend, "
-        r"got torch\.bfloat16 \(bf16/fp16 layers run on the CUDA path: set layer\.backend = None or 'cuda', or call "
-        r"\.float\(\)\)$"),
-    Row("fwd/bf16 layer, reference backend on cuda, fp32 input", _fake_cuda_forward(torch.float32), TypeError,
-        r"^u: expected dtype torch\.bfloat16 \(the dtype of the layer's parameters\), got torch\.float32$"),
+    Row("fwd/bf16 layer, reference backend on cuda", _fake_cuda_forward(torch.bfloat16), TypeError,
+        r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) with layer\.backend = "
+        r"'reference', got torch\.bfloat16 \(torch\.bfloat16 layers run on the CUDA path here: set layer\.backend = "
+        r"None, or call \.float\(\)\)$"),
+    Row("fwd/fp16 layer, reference backend on cuda, fp32 input", _fake_cuda_forward(torch.float32, dtype=torch.float16),
+        TypeError, r"^the layer's parameters: expected dtype in \(torch\.float32, torch\.float64\) with "
+        r"layer\.backend = 'reference', got torch\.float16 \(torch\.float16 layers run on the CUDA path here: set "
+        r"layer\.backend = None, or call \.float\(\)\)$"),
     Row("fwd/chunk_size set to 0 after construction", _set_then_forward(chunk_size=0), ValueError,
         r"^chunk_size: expected an int >= 1, got 0$"),
     Row("fwd/fp64 into fp32 layer", _forward(u=U(2, 5, 16, dtype=torch.float64)), TypeError,

@@ -119,9 +119,21 @@ def _text_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
 BINARY_SNIFF_BYTES = 8000
 
 
+def _has_text(path: str, sniff: bool) -> bool:
+    """Whether :func:`load_corpus` would take bytes from file ``path``: it is readable and not empty, and (with
+    ``sniff``) has no NUL byte in its first :data:`BINARY_SNIFF_BYTES` bytes."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(BINARY_SNIFF_BYTES)
+    except OSError:
+        return False
+    return bool(head) and not (sniff and b"\0" in head)
+
+
 def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str, bool]:
     """Bytes of the corpus (at most ``max_bytes``), a description of where they came from, and whether the
-    ``max_bytes`` limit (``--data-bytes``) cut it: True where a file read had bytes left or files were left unread.
+    ``max_bytes`` limit (``--data-bytes``) cut it: True where the last file read had bytes left, or a file left
+    unread would have given bytes (readable, not empty, not binary).
 
     Raises:
         DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, is a
@@ -148,9 +160,9 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str, bool]:
     else:
         raise DataError(f"--data: expected an existing file or directory, got {path} (no such file or directory)")
     chunks, total, binary, cut = [], 0, [], False
-    for f in files:
+    for k, f in enumerate(files):
         if total >= max_bytes:
-            cut = True  # files left unread
+            cut = any(_has_text(g, sniff=path is not None) for g in files[k:])  # a file left unread had bytes to use
             break
         try:
             with open(f, "rb") as fh:

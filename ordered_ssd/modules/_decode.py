@@ -81,7 +81,8 @@ def step(layer, u, conv_state, ssm_state):
         raise ValueError(f"hidden_states: expected [B, 1, d_model] (one token per example), got {tuple(u.shape)}")
     backend = layer.backend_for(u)
     _checks.check_layer_input(u, d_model=layer.d_model, dtype=w.dtype, device=w.device,
-                              allowed_dtypes=layer._input_dtypes(backend), name="hidden_states")
+                              allowed_dtypes=layer._input_dtypes(backend), name="hidden_states",
+                              backend=layer.backend)
     check_cache(layer, conv_state, ssm_state, u.shape[0], u.device)
     with torch.no_grad():
         if backend == "cuda":

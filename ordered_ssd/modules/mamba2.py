@@ -339,7 +339,7 @@ class OrderedMamba2(nn.Module):
         backend = self.backend_for(u)
         autocast = u.device.type == "cuda" and torch.is_autocast_enabled("cuda")
         _checks.check_layer_input(u, d_model=self.d_model, dtype=None if autocast else w.dtype, device=w.device,
-                                  allowed_dtypes=self._input_dtypes(backend))
+                                  allowed_dtypes=self._input_dtypes(backend), backend=self.backend)
         Bsz, L, _ = u.shape
         _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=u.device, values=self.validate_seq_idx)
         if cu_seqlens is not None:

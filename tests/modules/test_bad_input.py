@@ -195,6 +195,83 @@ def test_cuda_without_the_extras_raises_instead_of_falling_back(monkeypatch):
 
 
 
+class _Reached(Exception):
+    """Raised by a stand-in for a compute path: the checks let the call through to it."""
+
+
+def _fake_cuda_layer(dtype, backend):
+    """A layer of ``dtype`` whose parameters are fake CUDA tensors (enter a FakeTensorMode first), with
+    ``layer.backend`` set and both compute paths replaced by stand-ins that raise :class:`_Reached`."""
+    layer = OrderedMamba2(**BASE, device="meta", dtype=dtype)
+    layer.backend = backend
+    for mod in layer.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cuda"),
+                                                           requires_grad=False)
+
+    def reached(path):
+        def stand_in(*args, **kwargs):
+            raise _Reached(path)
+        return stand_in
+    layer._check_cuda_path = lambda *a: None
+    layer._forward_cuda, layer._forward_reference = reached("cuda"), reached("reference")
+    return layer
+
+
+_BF16, _FP16, _FP32, _FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+_WRONG_PARAMS = (r"^the layer's parameters: expected dtype in \({}\) with layer\.backend = '{}', got {} \({} layers "
+                 r"run on ")
+_CUDA_DTYPES = r"torch\.float32, torch\.float16, torch\.bfloat16"
+_REF_DTYPES = r"torch\.float32, torch\.float64"
+
+
+@pytest.mark.parametrize("backend,dtype,u_dtype,outcome", [
+    # the path chosen by the input (backend None): a good input reaches its path; else the input is told the
+    # layer's dtype, which then reaches a path
+    (None, _BF16, _BF16, "cuda"), (None, _FP16, _FP16, "cuda"), (None, _FP32, _FP32, "cuda"),
+    (None, _FP64, _FP64, "reference"),
+    (None, _BF16, _FP64, r"^u: expected dtype torch\.bfloat16 \(the dtype of the layer's parameters\), got "),
+    (None, _BF16, _FP32, r"^u: expected dtype torch\.bfloat16 \(the dtype of the layer's parameters\), got "),
+    (None, _FP64, _FP32, r"^u: expected dtype torch\.float64 \(the dtype of the layer's parameters\), got "),
+    # the path asked for: a layer dtype it cannot run gets one error, whatever the input's dtype
+    ("reference", _FP32, _FP32, "reference"), ("reference", _FP64, _FP64, "reference"),
+    *[("reference", d, ud, _WRONG_PARAMS.format(_REF_DTYPES, "reference", "torch\\." + n, "torch\\." + n)
+       + r"the CUDA path here: set layer\.backend = None, or call \.float\(\)\)$")
+      for d, n in ((_BF16, "bfloat16"), (_FP16, "float16")) for ud in (_BF16, _FP16, _FP32)],
+    ("cuda", _BF16, _BF16, "cuda"),
+    *[("cuda", _FP64, ud, _WRONG_PARAMS.format(_CUDA_DTYPES, "cuda", r"torch\.float64", r"torch\.float64")
+       + r"the reference backend here: set layer\.backend = None, or call \.float\(\)\)$")
+      for ud in (_FP64, _FP32)],
+])
+@pytest.mark.parametrize("entry", ["forward", "step"])
+def test_the_layer_dtype_and_the_backend_on_cuda(backend, dtype, u_dtype, outcome, entry, monkeypatch):
+    """On CUDA (fake tensors: the checks run before any computation), a layer whose ``backend`` was set to a path
+    that cannot run its dtype gets one error that says what to do; with ``backend`` None the input's dtype chooses
+    the path and a mismatch names the layer's dtype. The forward and one decoding step check alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ordered_ssd.modules import _decode
+    from ordered_ssd.modules import mamba2 as mod
+
+    monkeypatch.setattr(mod, "_cuda_status", (True, "", None))  # as on a machine with the native extras
+    monkeypatch.setattr(_decode, "_step_cuda", lambda *a: (_ for _ in ()).throw(_Reached("cuda")))
+    monkeypatch.setattr(_decode, "reference_mamba2_step", lambda *a: (_ for _ in ()).throw(_Reached("reference")))
+    monkeypatch.setattr(_decode, "check_cache", lambda *a: None)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        layer = _fake_cuda_layer(dtype, backend)
+        u = torch.empty(2, 1 if entry == "step" else 5, 16, dtype=u_dtype, device="cuda")
+        call = (lambda: layer.step(u, u, u)) if entry == "step" else (lambda: layer(u))
+        if outcome in ("cuda", "reference"):
+            with pytest.raises(_Reached) as reached:
+                call()
+            assert str(reached.value) == outcome
+        else:
+            with pytest.raises(TypeError, match=outcome.replace("^u:", "^hidden_states:") if entry == "step"
+                               else outcome):
+                call()
+
+
 def test_decoding_rejects_bad_input_before_computing():
     layer = make_layer(seed=0, dtype=torch.float32, layer_idx=3, **BASE)
     conv_state, ssm_state = layer.allocate_inference_cache(2, 8)

@@ -128,6 +128,11 @@ def test_a_short_corpus_names_the_flag_that_made_it_short(tmp_path):
     (folder / "b.txt").write_bytes(b"b" * 30)
     assert load_corpus(str(folder), 30)[1:] == (f"directory {folder} (2 files, sorted by path)", True)  # b unread
     assert load_corpus(str(folder), 60)[2] is False and load_corpus(str(folder), 59)[2] is True
+    (folder / "b.txt").write_bytes(b"")  # files left unread that would give no bytes did not cut it
+    (folder / "c.bin").write_bytes(b"c\0" * 15)
+    assert load_corpus(str(folder), 30)[::2] == (b"a" * 30, False)
+    (folder / "d.txt").write_bytes(b"d")
+    assert load_corpus(str(folder), 30)[::2] == (b"a" * 30, True)
     res = run_cli("check", *TINY, "--data", str(short), "--data-bytes", "40", "--out", str(tmp_path / "out"))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         f"--data: too little data for --seq-len {seq}: expected at least {need} bytes, got 40"), res.stderr
