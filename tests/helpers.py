@@ -58,3 +58,15 @@ def grads_of(layer) -> dict:
 
 def params_tuple(layer) -> Mamba2Params:
     return layer.layer_params()
+
+
+def to_fake_cuda(layer, dtype=None):
+    """Replace every parameter of ``layer`` by an empty CUDA tensor of its shape (of ``dtype``, or its own), without
+    gradient. Call inside a ``FakeTensorMode``: the tensors are fake, so no GPU is needed (the checks of a forward
+    and the tracing of the CUDA path run; nothing can be computed)."""
+    for mod in layer.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=dtype or p.dtype, device="cuda"), requires_grad=False)
+    return layer

@@ -36,7 +36,7 @@ from ordered_ssd.apps.cli import build_parser, main
 from ordered_ssd.ops import (ordered_causal_conv1d, ordered_gated_rmsnorm, ordered_mamba_chunk_scan_combined,
                              ordered_mamba_split_conv1d_scan_combined)
 from tests.apps.helpers import TINY_CHECK
-from tests.helpers import make_layer
+from tests.helpers import make_layer, to_fake_cuda
 
 BASE = dict(d_model=16, d_state=8, headdim=8, chunk_size=8)
 TINY = TINY_CHECK + ["--batch", "2"]
@@ -165,11 +165,7 @@ def _fake_cuda_forward(u_dtype, *, dtype=torch.bfloat16, backend="reference"):
         layer = OrderedMamba2(**BASE, device="meta", dtype=dtype)
         layer.backend = backend
         with FakeTensorMode(allow_non_fake_inputs=True):
-            for mod in layer.modules():
-                for name, p in list(mod._parameters.items()):
-                    if p is not None:
-                        mod._parameters[name] = torch.nn.Parameter(
-                            torch.empty(p.shape, dtype=p.dtype, device="cuda"), requires_grad=False)
+            to_fake_cuda(layer)
             layer(torch.empty(2, 5, 16, dtype=u_dtype, device="cuda"))
     return call
 

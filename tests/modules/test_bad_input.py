@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import make_layer
+from tests.helpers import make_layer, to_fake_cuda
 from ordered_ssd import OrderedMamba2, validate_seq_idx
 
 BASE = dict(d_model=16, d_state=8, headdim=8, chunk_size=8)
@@ -204,11 +204,7 @@ def _fake_cuda_layer(dtype, backend):
     ``layer.backend`` set and both compute paths replaced by stand-ins that raise :class:`_Reached`."""
     layer = OrderedMamba2(**BASE, device="meta", dtype=dtype)
     layer.backend = backend
-    for mod in layer.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                mod._parameters[name] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cuda"),
-                                                           requires_grad=False)
+    to_fake_cuda(layer)
 
     def reached(path):
         def stand_in(*args, **kwargs):

@@ -4,7 +4,7 @@ the CUDA path traces without a graph break too (dynamo with fake CUDA tensors: n
 import pytest
 import torch
 
-from tests.helpers import bits_equal, make_layer
+from tests.helpers import bits_equal, make_layer, to_fake_cuda
 from ordered_ssd import OrderedMamba2
 
 CFG = dict(d_model=16, d_state=8, headdim=8, chunk_size=8)
@@ -102,11 +102,7 @@ def _trace_cuda_path(**kw):
         return gm.forward
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        for mod in layer.modules():
-            for name, p in list(mod._parameters.items()):
-                if p is not None:
-                    mod._parameters[name] = torch.nn.Parameter(
-                        torch.empty(p.shape, dtype=torch.bfloat16, device="cuda"), requires_grad=False)
+        to_fake_cuda(layer, torch.bfloat16)
         u = torch.empty(2, 48, 64, dtype=torch.bfloat16, device="cuda")
         seq_idx = torch.zeros(2, 48, dtype=torch.int32, device="cuda")
         assert layer.backend_for(u) == "cuda"
