@@ -90,6 +90,11 @@ def check_tensor(name: str, value) -> torch.Tensor:
     return value
 
 
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    """``"torch.float32, torch.float64"``: the dtypes of an error message."""
+    return ", ".join(str(t) for t in dtypes)
+
+
 def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: torch.device,
                       allowed_dtypes: Sequence[torch.dtype], name: str = "u", backend: Optional[str] = None) -> None:
     """``u`` must be a [B, L, d_model] floating tensor with B, L >= 1 on the layer's device and of the layer's
@@ -106,18 +111,19 @@ def check_layer_input(u, *, d_model: int, dtype: Optional[torch.dtype], device: 
         raise ValueError(f"{name}: expected B >= 1 and L >= 1, got shape {tuple(u.shape)}")
     if u.device != device:  # first: the dtypes allowed depend on the device
         raise ValueError(f"{name}: expected device {device} (the device of the layer's parameters), got {u.device}")
-    names = ", ".join(str(t) for t in allowed_dtypes)
     if dtype is not None and dtype not in allowed_dtypes:  # the layer's dtype has no path here
         if device.type != "cuda":  # no input dtype would do
-            raise TypeError(f"the layer's parameters: expected dtype in ({names}) on {device.type}, got {dtype} "
-                            f"(bf16/fp16 layers run on CUDA only: move the layer to a CUDA device, or call .float())")
+            raise TypeError(f"the layer's parameters: expected dtype in ({_dtype_names(allowed_dtypes)}) on "
+                            f"{device.type}, got {dtype} (bf16/fp16 layers run on CUDA only: move the layer to a "
+                            f"CUDA device, or call .float())")
         if backend is not None:  # on CUDA, the path asked for: no input dtype would do either
             other = "the CUDA path" if backend == "reference" else "the reference backend"
-            raise TypeError(f"the layer's parameters: expected dtype in ({names}) with layer.backend = {backend!r}, "
-                            f"got {dtype} ({dtype} layers run on {other} here: set layer.backend = None, or call "
-                            f".float())")
+            raise TypeError(f"the layer's parameters: expected dtype in ({_dtype_names(allowed_dtypes)}) with "
+                            f"layer.backend = {backend!r}, got {dtype} ({dtype} layers run on {other} here: set "
+                            f"layer.backend = None, or call .float())")
     if u.dtype not in allowed_dtypes:
-        raise TypeError(f"{name}: expected dtype in ({names}) on {u.device.type}, got {u.dtype}")
+        raise TypeError(f"{name}: expected dtype in ({_dtype_names(allowed_dtypes)}) on {u.device.type}, "
+                        f"got {u.dtype}")
     if dtype is not None and u.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype} (the dtype of the layer's parameters), got {u.dtype}")
 
@@ -178,8 +184,7 @@ def check_float(name: str, t, allowed: Sequence[torch.dtype]) -> torch.Tensor:
     """``t`` is a tensor whose dtype is one of ``allowed`` (TypeError otherwise)."""
     check_tensor(name, t)
     if t.dtype not in allowed:
-        names = ", ".join(str(d) for d in allowed)
-        raise TypeError(f"{name}: expected dtype in ({names}), got {t.dtype}")
+        raise TypeError(f"{name}: expected dtype in ({_dtype_names(allowed)}), got {t.dtype}")
     return t
 
 

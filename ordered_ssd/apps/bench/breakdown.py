@@ -83,7 +83,7 @@ def profile_breakdown(shape: Shape, modes: Sequence[str], settings: dict, device
     """Per-kernel GPU time of ``steps`` steps of each mode (after ``settings["warmup"]`` untimed steps, at least
     one), with ``torch.profiler``. On the CPU: self CPU time per operator instead. Returns
     ``{"shape", "dims", "steps", "unit", "modes": {mode: {"kernels": [...], "total_ms_per_step", "error"}}}``."""
-    out = {"shape": shape.name, "dims": shape.dims(None if device.type == "cuda" else "fp32"), "steps": steps,
+    out = {"shape": shape.name, "dims": shape.dims(shape.run_dtype(device.type == "cuda")), "steps": steps,
            "unit": "GPU kernel time (CUDA activity)" if device.type == "cuda" else "self CPU time per operator",
            "modes": {}}
     runner = LayerRunner(shape, modes, device, settings["seed"])

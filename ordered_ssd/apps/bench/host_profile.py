@@ -213,7 +213,7 @@ def main(argv=None):
                      "profile mamba-ssm's deterministic mode as native in a process started with "
                      "MAMBA_DETERMINISTIC=1 CAUSAL_CONV1D_DETERMINISTIC=1")
     runner = LayerRunner(shape, modes, torch.device(args.device), args.seed)
-    res = {"shape": shape.name, "dims": shape.dims(None if runner.cuda else "fp32"), "steps": args.steps,
+    res = {"shape": shape.name, "dims": shape.dims(shape.run_dtype(runner.cuda)), "steps": args.steps,
            "modes": {}}
     for m in modes:
         r = profile_mode(runner, m, args.steps, args.top)

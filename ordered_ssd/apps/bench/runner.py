@@ -48,7 +48,7 @@ class LayerRunner:
             _share_parameters(native, self.ordered)
             self.layers["native"] = native
         self.params = list(self.ordered.named_parameters())
-        self.in_dtype = torch_dtype(shape.dtype) if self.cuda else torch.float32
+        self.in_dtype = torch_dtype(shape.run_dtype(self.cuda))
         generator = torch.Generator(device=device).manual_seed(seed + 1)
         shp = (shape.B, shape.L, shape.d_model)
         self.u = torch.randn(shp, generator=generator, device=device).to(self.in_dtype).requires_grad_(True)

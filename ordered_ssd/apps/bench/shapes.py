@@ -55,8 +55,13 @@ class Shape:
         the tensors' dtypes), hence what costs native a full autotuning and ordered-ssd a compile."""
         return (self.chunk, self.headdim, self.N, self.dtype)
 
+    def run_dtype(self, cuda: bool) -> str:
+        """The dtype a step of this shape runs in: the shape's own on CUDA, ``"fp32"`` on the CPU (the reference
+        path)."""
+        return self.dtype if cuda else "fp32"
+
     def dims(self, dtype: Optional[str] = None) -> str:
-        """``"B2 L2048 d1024 N128 G1 P64 cs256 bf16"``; ``dtype`` overrides the dtype shown (the CPU runs fp32)."""
+        """``"B2 L2048 d1024 N128 G1 P64 cs256 bf16"``; ``dtype`` overrides the dtype shown (:meth:`run_dtype`)."""
         return (f"B{self.B} L{self.L} d{self.d_model} N{self.N} G{self.G} P{self.headdim} cs{self.chunk} "
                 f"{dtype or self.dtype}")
 

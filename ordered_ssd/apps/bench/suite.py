@@ -224,7 +224,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
             if over_in_process():
                 by_name[s.name]["rows"].update({m: {"mode": m, "error": "skipped: time budget"} for m in in_modes})
                 continue
-            log(f"{s.name} ({s.dims(None if device.type == 'cuda' else 'fp32')}): {', '.join(in_modes)}")
+            log(f"{s.name} ({s.dims(s.run_dtype(device.type == 'cuda'))}): {', '.join(in_modes)}")
             measured = bench_shape(s, in_modes, shape_settings(s, settings), device, log=log)
             by_name[s.name]["rows"].update(measured["rows"])
             by_name[s.name]["settings"] = measured["settings"]
@@ -278,8 +278,8 @@ def _breakdown_phase(shape: Shape, modes, in_modes, settings: dict, device, args
         log("breakdown skipped: time budget")
         results["breakdown"] = {"error": "skipped: time budget"}
     elif breakdown_modes:
-        dims = shape.dims(None if device.type == "cuda" else "fp32")
-        log(f"breakdown: {shape.name} ({dims}), {', '.join(breakdown_modes)}")
+        log(f"breakdown: {shape.name} ({shape.dims(shape.run_dtype(device.type == 'cuda'))}), "
+            f"{', '.join(breakdown_modes)}")
         try:
             breakdown = profile_breakdown(shape, breakdown_modes, settings, device, args.breakdown_steps, log=log)
         except Exception as e:  # noqa: BLE001 - e.g. out of memory building the layer; the rest goes on

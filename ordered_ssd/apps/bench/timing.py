@@ -190,7 +190,7 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
 def shape_result(shape: Shape, device: torch.device) -> dict:
     """The empty result of one shape: ``{"name", "dims", "spec", "shape", "dtype", "rows": {}}``; ``dtype`` is
     what the steps run in (the shape's on CUDA, ``fp32`` on the CPU's reference path)."""
-    dtype = shape.dtype if device.type == "cuda" else "fp32"
+    dtype = shape.run_dtype(device.type == "cuda")
     return {"name": shape.name, "dims": shape.dims(dtype), "spec": shape.spec(), "shape": asdict(shape),
             "dtype": dtype, "rows": {}}
 
