@@ -13,8 +13,10 @@ Layout (each layer rests on the ones below it):
   depend on, digests of them, the rank-ordered data-parallel reduction;
 * :mod:`ordered_ssd.accumulate` -- :class:`TreeGradAccumulator`, the split-invariant gradient accumulation
   (the same bits for every split of a global batch over ranks and accumulation steps);
-* :mod:`ordered_ssd.convert` -- :func:`convert_to_ordered` / :func:`convert_to_mamba2`: swap a model's
-  mamba-ssm ``Mamba2`` layers for ``OrderedMamba2`` in place, and back;
+* :mod:`ordered_ssd.convert` -- :func:`convert_to_ordered` / :func:`convert_to_mamba2` / :func:`convert_to_hf`:
+  swap a model's mamba-ssm ``Mamba2`` layers and Hugging Face Mamba-2 mixers for ordered ones in place, and back;
+* :mod:`ordered_ssd.hf` -- :class:`~ordered_ssd.hf.OrderedHFMamba2Mixer`, the ordered mixer of ``transformers``
+  models (``Mamba2ForCausalLM``, Bamba, NemotronH, GraniteMoeHybrid, FalconH1, Zamba2);
 * :mod:`ordered_ssd.apps` -- the applications (``ordered-ssd check``, ``bench``, the CLI), resting on the above.
 
 Importing this package does not import mamba-ssm, causal-conv1d or triton, and changes no global
@@ -27,7 +29,7 @@ from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, li
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
 from ._checks import validate_seq_idx
-from .convert import convert_to_mamba2, convert_to_ordered
+from .convert import convert_to_hf, convert_to_mamba2, convert_to_ordered
 from ._version import __version__
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "validate_seq_idx",
     "convert_to_ordered",
     "convert_to_mamba2",
+    "convert_to_hf",
     "digest",
     "__version__",
 ]

@@ -1,4 +1,8 @@
-"""Swap every mamba-ssm ``Mamba2`` layer of a model for :class:`~ordered_ssd.OrderedMamba2` in place, and back.
+"""Swap the Mamba-2 layers of a model for ordered ones in place, and back.
+
+mamba-ssm's ``Mamba2`` becomes :class:`~ordered_ssd.OrderedMamba2`; the Mamba-2 mixers of Hugging Face
+``transformers`` models (``Mamba2ForCausalLM``, Bamba, NemotronH, GraniteMoeHybrid, FalconH1, Zamba2) become
+:class:`~ordered_ssd.hf.OrderedHFMamba2Mixer` (:mod:`ordered_ssd.hf`).
 
 The new layer takes over the old layer's parameter objects (the same ``nn.Parameter`` instances: their storage,
 dtype, device, ``requires_grad``, gradient and attributes such as ``_no_weight_decay``; an optimizer built on the
@@ -12,9 +16,10 @@ from typing import Callable
 
 import torch.nn as nn
 
+from .hf.mixer import OrderedHFMamba2Mixer, hf_from_ordered, hf_mixer_family, ordered_from_hf
 from .modules.mamba2 import OrderedMamba2
 
-__all__ = ["convert_to_ordered", "convert_to_mamba2"]
+__all__ = ["convert_to_ordered", "convert_to_mamba2", "convert_to_hf"]
 
 #: The constructor arguments both classes take and store under the same attribute name.
 _STORED_ARGS = ("d_model", "d_state", "d_conv", "conv_init", "expand", "headdim", "d_ssm", "ngroups", "D_has_hdim",
@@ -95,26 +100,55 @@ def _ordered_from(layer: nn.Module) -> OrderedMamba2:
     return new
 
 
-def convert_to_ordered(model: nn.Module) -> nn.Module:
-    """Replace every mamba-ssm ``Mamba2`` in ``model`` (not subclasses) with an :class:`OrderedMamba2`, in place.
+def _to_ordered(layer: nn.Module) -> nn.Module:
+    return _ordered_from(layer) if _is_mamba2(layer) else ordered_from_hf(layer)
 
-    Works without mamba-ssm's kernels (a model loaded on the CPU converts). After it, the model computes with
-    ordered gradients on CUDA (bitwise reproducible; ``docs/guarantees.md``) and on the pure-PyTorch reference
-    elsewhere; ``state_dict`` keys, shapes and values are unchanged.
+
+def convert_to_ordered(model: nn.Module) -> nn.Module:
+    """Replace every mamba-ssm ``Mamba2`` and every Hugging Face Mamba-2 mixer in ``model`` (the classes
+    themselves, not subclasses) with an ordered layer, in place.
+
+    mamba-ssm's ``Mamba2`` becomes an :class:`OrderedMamba2`; a ``transformers`` mixer (``Mamba2Mixer``,
+    ``BambaMixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``, ``FalconH1Mixer``,
+    ``Zamba2MambaMixer``, in the ``transformers`` versions of :data:`ordered_ssd.hf.SUPPORTED_TRANSFORMERS`) becomes
+    an :class:`~ordered_ssd.hf.OrderedHFMamba2Mixer` with the mixer's forward signature and semantics (padding
+    mask, packed sequences, the model's cache, ``docs/convert.md``). Either way the new layer holds the old one's
+    parameter objects (``state_dict`` keys, shapes, dtypes and values unchanged; an optimizer built before keeps
+    working). Works without mamba-ssm's kernels (a model on the CPU converts and runs the pure-PyTorch reference).
+    After it, the Mamba layers compute with ordered gradients on CUDA (bitwise reproducible;
+    ``docs/guarantees.md``); the rest of the model must be deterministic too (``docs/convert.md``).
 
     Args:
-        model: an ``nn.Module`` holding ``Mamba2`` layers (e.g. ``mamba_ssm.models.mixer_seq_simple.
-            MambaLMHeadModel`` with ``ssm_cfg={"layer": "Mamba2"}``), or a ``Mamba2`` itself.
+        model: an ``nn.Module`` holding such layers (e.g. ``MambaLMHeadModel`` with ``ssm_cfg={"layer":
+            "Mamba2"}``, ``Mamba2ForCausalLM``, ``BambaForCausalLM``, a PEFT-wrapped model), or one layer itself.
 
     Returns:
-        ``model`` (converted in place), or the new layer when ``model`` itself is a ``Mamba2``.
+        ``model`` (converted in place), or the new layer when ``model`` itself is such a layer.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``; a ``Mamba2`` lacks mamba-ssm 2.3.2.post1's attributes.
-        ValueError: no ``Mamba2`` in ``model``; a layer has a ``process_group`` (tensor parallelism). Every
-            layer is checked before any is replaced, so on an error the model is unchanged.
+        TypeError: ``model`` is not an ``nn.Module``; a layer lacks the attributes of the supported version.
+        ValueError: no such layer in ``model``; a ``Mamba2`` with a ``process_group`` (tensor parallelism); a
+            mixer whose norm or activation the ordered path does not implement (named in the message).
+        RuntimeError: a ``transformers`` version outside the supported range. Every layer is checked and built
+            before any is replaced, so on an error the model is unchanged (never a partial conversion).
     """
-    return _swap(model, _is_mamba2, _ordered_from, "mamba_ssm Mamba2")
+    return _swap(model, lambda m: _is_mamba2(m) or hf_mixer_family(m) is not None, _to_ordered,
+                 "mamba_ssm Mamba2 or transformers Mamba-2 mixer")
+
+
+def convert_to_hf(model: nn.Module) -> nn.Module:
+    """Put the original ``transformers`` mixers back in place of every :class:`~ordered_ssd.hf.OrderedHFMamba2Mixer`
+    in ``model`` (the reverse of :func:`convert_to_ordered` for Hugging Face models). Each original mixer gets the
+    ordered mixer's current parameters, buffers, submodules and train/eval mode (what was trained or loaded since
+    the conversion is kept).
+
+    Returns:
+        ``model``, or the original mixer when ``model`` itself is an ``OrderedHFMamba2Mixer``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``. ValueError: no ``OrderedHFMamba2Mixer`` in ``model``.
+    """
+    return _swap(model, lambda m: type(m) is OrderedHFMamba2Mixer, hf_from_ordered, "OrderedHFMamba2Mixer")
 
 
 def convert_to_mamba2(model: nn.Module) -> nn.Module:
