@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="SSD chunk length" + _per_device("chunk_size"))
     check.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate" + _per_device("lr"))
     check.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the batches (default: 0)")
+    check.add_argument("--hf-config", default=None, metavar="PATH",
+                       help="check a Hugging Face transformers causal LM instead of the byte-level LM: a config.json "
+                            "(built with random weights seeded by --seed) or a model folder (loaded from its weights "
+                            "if it has any); its Mamba-2 mixers are converted with convert_to_ordered; the vocabulary "
+                            "must hold the 256 bytes (needs ordered-ssd[hf]; see docs/check.md; default: off)")
     check.add_argument("--native", action="store_true",
                        help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control (default: off)")
     check.add_argument("--nproc", type=positive_int, default=None,
@@ -111,6 +116,9 @@ def _cmd_check(args) -> int:
         for flag, value in (("--splits", args.splits), ("--accumulate", args.accumulate)):
             if value is not None:
                 raise DataError(f"{flag}: only with --split-invariance")
+    elif args.hf_config is not None:
+        raise DataError("--split-invariance: not with --hf-config (the split-invariance check trains the byte-level "
+                        "LM)")
     elif args.nproc is not None or args.native:
         raise DataError(f"--split-invariance: not with {'--nproc' if args.nproc is not None else '--native'} (the "
                         f"splits choose the number of processes; the control is --accumulate sequential)")

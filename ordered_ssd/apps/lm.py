@@ -68,9 +68,10 @@ class ByteLM(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-byte cross-entropy in fp32 (log-softmax times a one-hot mask; no gather/scatter)."""
+    """Mean next-byte cross-entropy in fp32 (log-softmax times a one-hot mask; no gather/scatter). The logits'
+    last dimension is the vocabulary (256 for the byte LM; a Hugging Face model's may be larger)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp * F.one_hot(targets, VOCAB).to(logp.dtype)).sum(-1).mean()
+    return -(logp * F.one_hot(targets, logits.shape[-1]).to(logp.dtype)).sum(-1).mean()
 
 
 # ----------------------------------------------------------------------------------------------- data

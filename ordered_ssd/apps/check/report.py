@@ -54,6 +54,7 @@ def compare_runs(ref: dict, other: dict) -> dict:
             bad = sorted(n for n in r["params"] if r["params"][n] != o.get("params", {}).get(n))
             if bad:
                 out["first_param_diff"] = {"step": r["step"], "params": bad[:8], "count": len(bad)}
+    out["first_module_diff"] = first_module_diff(ref, other)
     if ref["final"] is not None and other["final"] is not None:
         out["final_equal"] = ref["final"] == other["final"]
     out["steps"] = [len(ref["steps"]), len(other["steps"])]
@@ -62,6 +63,34 @@ def compare_runs(ref: dict, other: dict) -> dict:
                         and out.get("first_param_diff") is None and out["final_equal"] is True
                         and out["val_loss_equal"])
     return out
+
+
+def first_module_diff(ref: dict, other: dict) -> Optional[dict]:
+    """The first step at which a module's gradient digest (:mod:`.modules`) differs between the two runs, and the
+    modules that differ there in model order: ``{"step", "module" (the first in model order), "last_module",
+    "modules" (at most 8), "count", "of" (modules in the model), "loss_equal" (the step's losses agree: the
+    forward agreed)}``; None where none differs or the records have no module digests (records of older
+    versions)."""
+    order = ref.get("module_names")
+    for r, o in zip(ref["steps"], other["steps"]):
+        if "modules" not in r or "modules" not in o:
+            return None
+        names = order or list(r["modules"])
+        bad = [m for m in names if r["modules"].get(m) != o["modules"].get(m)]
+        if bad:
+            return {"step": r["step"], "module": bad[0], "last_module": bad[-1], "modules": bad[:8],
+                    "count": len(bad), "of": len(names), "loss_equal": r["loss"] == o["loss"]}
+    return None
+
+
+def describe_module_diff(diff: dict) -> str:
+    """``"first module whose gradient differs: model.layers.1 (step 0; 1 of 5 modules differ: model.layers.1;
+    the losses of step 0 are equal)"``."""
+    more = ", ..." if diff["count"] > len(diff["modules"]) else ""
+    loss = "equal" if diff["loss_equal"] else "different"
+    return (f"first module whose gradient differs: {diff['module']} (step {diff['step']}; {diff['count']} of "
+            f"{diff['of']} modules differ: {', '.join(diff['modules'])}{more}; the losses of step {diff['step']} are "
+            f"{loss})")
 
 
 def first_nonfinite(runs: dict, labels) -> Optional[dict]:
@@ -137,6 +166,8 @@ def describe_comparison(comparison: dict) -> str:
         parts.append(f"the runs have {n_ref} and {n_other} steps (the first {comparison['steps_compared']} compared)")
     parts += ["losses equal" if loss is None else f"losses differ from step {loss}",
               _first_diff("gradients", comparison["first_grad_diff"])]
+    if comparison.get("first_module_diff") is not None:
+        parts.append(describe_module_diff(comparison["first_module_diff"]))
     if "first_param_diff" in comparison:
         parts.append(_first_diff("parameters", comparison["first_param_diff"]))
     final = {True: "yes", False: "no", None: "not recorded"}[comparison["final_equal"]]
@@ -210,24 +241,32 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
             "identical" if cmp_native["identical"] else
             f"diverged: first gradient difference at step "
             f"{cmp_native['first_grad_diff']['step'] if cmp_native['first_grad_diff'] else '-'}, first loss "
-            f"difference at step {cmp_native['first_loss_diff']}"))
+            f"difference at step {cmp_native['first_loss_diff']}"
+            + (f"; {describe_module_diff(cmp_native['first_module_diff'])}" if cmp_native.get("first_module_diff")
+               else "")))
     for lab, rec in runs.items():
         per_rank = ("" if "rank_s_per_step" not in rec else
                     " (per rank: " + ", ".join(f"{1000 * t:.1f}" for t in rec["rank_s_per_step"]) + ")")
         print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step{per_rank}, "
                  f"val loss {float.fromhex(rec['val_loss']):.4f}")
+    first_module = min(([dict(c["first_module_diff"], run=lab) for lab, c in (("b", cmp_b), ("c", cmp_c))
+                         if c.get("first_module_diff") is not None]), key=lambda d: d["step"], default=None)
+    if first_module is not None:
+        print_fn(f"where (run {first_module['run']} vs a): {describe_module_diff(first_module)}")
     verdict = "REPRODUCIBLE" if reproducible else "NOT REPRODUCIBLE"
     n_steps = len(runs["a"]["steps"])
+    hf = spec.get("hf")
+    model = "" if hf is None else f"{hf['model_type']} ({hf['architecture']}), "
     if diverged is not None:
         verdict = diverged_verdict(diverged)
         print_fn(f"verdict: {verdict}: {_describe_divergence(diverged, spec.get('lr'))}; the digests of a, b and c "
                  f"{'are identical' if reproducible else 'differ'}")
     elif ddp:
-        print_fn(f"verdict: {verdict}: {n_steps} steps, world size {nproc}, loss, per-parameter gradient and final "
+        print_fn(f"verdict: {verdict}: {model}{n_steps} steps, world size {nproc}, loss, per-parameter gradient and final "
                  f"parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
                  f"(fresh processes; restart at step {stop_at})")
     else:
-        print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and final parameter digests "
+        print_fn(f"verdict: {verdict}: {model}{n_steps} steps, loss, per-parameter gradient and final parameter digests "
                  f"{'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step {stop_at})")
     if diverged is not None and not reproducible:
         print_fn("(the runs also differ: see the comparisons above)")
@@ -235,11 +274,14 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     summary = {"verdict": verdict, "ok": ok, "reproducible": reproducible, "diverged": diverged, "spec": spec, "data_source": source, "n_params": n_params,
                "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
                "fingerprint_info": runs["a"]["fingerprint_info"],
+               "model": _model_summary(spec), "first_module_diff": first_module,
                "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},
                "runs": {lab: {"mixer": rec["mixer"], "s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"],
                               "losses": [s["loss"] for s in rec["steps"]], "final": rec["final"]}
                         for lab, rec in runs.items()},
-               "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"]} for s in runs["a"]["steps"]]}
+               "module_names": runs["a"].get("module_names"),
+               "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"], "modules": s.get("modules")}
+                            for s in runs["a"]["steps"]]}
     if ddp:
         summary["world_size"] = nproc
         summary["backend"] = spec["ddp"]["backend"]
@@ -249,6 +291,16 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
                                                              "world_size")})
     write_report(out_dir, summary, runs, print_fn)
     return ok
+
+
+def _model_summary(spec: dict) -> dict:
+    """What was trained: the byte LM's shape, or the Hugging Face model (type, architecture, config SHA-256)."""
+    hf = spec.get("hf")
+    if hf is None:
+        return {"kind": "byte-lm", **(spec.get("model") or {})}
+    return {"kind": "hf", **{k: hf[k] for k in ("model_type", "architecture", "source", "config_file",
+                                                "config_sha256", "weights_sha256", "attn_implementation",
+                                                "embedding", "transformers")}}
 
 
 def write_report(out_dir: str, summary: dict, runs: dict, print_fn: Callable, **plot_kw) -> None:

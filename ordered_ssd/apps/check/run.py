@@ -93,13 +93,22 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     os.makedirs(runs_dir, exist_ok=True)
     spec_path = os.path.join(runs_dir, "spec.json")
     atomic_write_json(spec_path, spec)
-    n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
+    if spec.get("hf") is not None:  # counted on the meta device when the spec was made (no second model here)
+        n_params = spec["hf"]["n_params"]
+    else:
+        n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     where = (f"{spec['device']} x {nproc} processes ({spec['ddp']['backend']}, DistributedDataParallel, ordered "
              f"gradient hook)" if ddp else spec["device"])
     batch_desc = (f"global batch {spec['batch']} ({spec['batch'] // nproc} rows per rank)" if ddp
                   else f"batch {spec['batch']}")
-    print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
-             f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {where}, "
+    if spec.get("hf") is not None:
+        from .hf import describe
+
+        what = (f"Hugging Face model {describe(spec['hf'])}, its Mamba-2 mixers converted with convert_to_ordered, "
+                f"attention {spec['hf']['attn_implementation']}, embedding by one-hot matmul,")
+    else:
+        what = (f"byte-level Mamba-2 LM ({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']})")
+    print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter {what} on {where}, "
              f"{spec['steps']} steps of {batch_desc} x {spec['seq_len']} bytes")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
     launch = Launcher(runs_dir, progress, nproc)

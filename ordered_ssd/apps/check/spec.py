@@ -45,6 +45,9 @@ def spec_from_args(args) -> dict:
     device = resolve_device(args.device)
     defaults = DEFAULTS[device.type]
     pick = lambda value, key: defaults[key] if value is None else value  # noqa: E731
+    hf_config = getattr(args, "hf_config", None)
+    if hf_config is not None:
+        return _hf_spec_from_args(args, device, pick)
     model = dict(d_model=pick(args.d_model, "d_model"), n_layers=pick(args.n_layers, "n_layers"),
                  d_state=pick(args.d_state, "d_state"), headdim=pick(args.headdim, "headdim"),
                  ngroups=args.ngroups, chunk_size=pick(args.chunk_size, "chunk_size"), expand=2)
@@ -54,6 +57,37 @@ def spec_from_args(args) -> dict:
     if ((2 * model["d_model"]) // model["headdim"]) % model["ngroups"]:
         raise DataError(f"--ngroups: expected a divisor of the number of heads "
                         f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
+    _check_data_native_nproc(args, device, pick)
+    return {"device": str(device), "mixer": "ordered", "model": model, "seed": args.seed,
+            "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
+            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
+            "data": None if args.data is None else os.path.abspath(args.data),
+            "data_bytes": pick(args.data_bytes, "data_bytes")}
+
+
+#: the byte LM's shape options, which --hf-config replaces (the config gives the model)
+MODEL_FLAGS = (("--d-model", "d_model", None), ("--n-layers", "n_layers", None), ("--d-state", "d_state", None),
+               ("--headdim", "headdim", None), ("--ngroups", "ngroups", 1), ("--chunk-size", "chunk_size", None))
+
+
+def _hf_spec_from_args(args, device: torch.device, pick) -> dict:
+    """The spec of ``--hf-config``: the byte LM's ``model`` is None, ``hf`` describes the Hugging Face model
+    (:func:`.hf.hf_spec`: path, config SHA-256, model type, weights, transformers version)."""
+    given = [flag for flag, attr, default in MODEL_FLAGS if getattr(args, attr, default) != default]
+    if given:
+        raise DataError(f"{given[0]}: not with --hf-config (the config gives the model)")
+    _check_data_native_nproc(args, device, pick)
+    from .hf import hf_spec
+
+    return {"device": str(device), "mixer": "ordered", "model": None, "hf": hf_spec(args.hf_config),
+            "seed": args.seed, "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
+            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
+            "data": None if args.data is None else os.path.abspath(args.data),
+            "data_bytes": pick(args.data_bytes, "data_bytes")}
+
+
+def _check_data_native_nproc(args, device: torch.device, pick) -> None:
+    """The checks of ``--data``, ``--native`` and ``--nproc`` shared by the byte LM and ``--hf-config``."""
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
                         f"directory)")
@@ -71,8 +105,3 @@ def spec_from_args(args) -> dict:
         if device.type == "cuda" and nproc > torch.cuda.device_count():
             raise DataError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
                             f"{torch.cuda.device_count()} visible")
-    return {"device": str(device), "mixer": "ordered", "model": model, "seed": args.seed,
-            "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
-            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
-            "data": None if args.data is None else os.path.abspath(args.data),
-            "data_bytes": pick(args.data_bytes, "data_bytes")}

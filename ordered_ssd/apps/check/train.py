@@ -15,6 +15,7 @@ from ..files import atomic_torch_save, atomic_write_json
 from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
 from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
 from .errors import CheckError
+from .modules import add_test_grad_noise, module_digests, module_names
 from .world import world_of
 
 
@@ -64,10 +65,16 @@ def _mixer_class(kind: str):
 
 
 def build_model(spec: dict, device: torch.device):
-    """The byte-level LM of ``spec`` (seeded with ``spec["seed"]``) and its AdamW optimizer (weight decay off for
-    1-d and ``_no_weight_decay`` parameters)."""
-    torch.manual_seed(spec["seed"])
-    model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
+    """The model of ``spec`` (seeded with ``spec["seed"]``): the byte-level LM, or with ``spec["hf"]`` the Hugging
+    Face model (:func:`.hf.build_hf_model`); and its AdamW optimizer (weight decay off for 1-d and
+    ``_no_weight_decay`` parameters)."""
+    if spec.get("hf") is not None:
+        from .hf import build_hf_model
+
+        model = build_hf_model(spec, device)
+    else:
+        torch.manual_seed(spec["seed"])
+        model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
@@ -75,6 +82,40 @@ def build_model(spec: dict, device: torch.device):
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8, foreach=False)
     return model, optimizer
+
+
+def logits_fn(spec: dict):
+    """``(net, tokens) -> logits`` for the model of ``spec`` (``net`` may be its DDP wrapper)."""
+    if spec.get("hf") is not None:
+        from .hf import hf_logits
+
+        return hf_logits
+    return lambda net, tokens: net(tokens)
+
+
+def _grad_digest(p: torch.Tensor) -> str:
+    """The SHA-256 of ``p.grad``; ``"none"`` for a parameter without a gradient (unused in the step, frozen)."""
+    return "none" if p.grad is None else tensor_sha256(p.grad)
+
+
+def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
+    """Stop (CheckError) if the checkpoint was written for another model than ``spec``'s: another byte-LM shape,
+    or another Hugging Face config, model type, weights or transformers version."""
+    try:
+        saved = json.loads(ckpt["spec"])
+    except (TypeError, ValueError):
+        raise CheckError(f"checkpoint {resume}: expected the spec of its run as JSON, got {type(ckpt['spec']).__name__}")
+    for key in ("model", "hf"):
+        if isinstance(saved, dict) and saved.get(key) != spec.get(key):
+            def show(s):
+                if not isinstance(s, dict) or not isinstance(s.get(key), dict):
+                    return repr(None if not isinstance(s, dict) else s.get(key))
+                v = s[key]
+                if key == "hf":
+                    return f"{v.get('model_type')} config sha256 {str(v.get('config_sha256'))[:16]}"
+                return ", ".join(f"{k}={v[k]}" for k in sorted(v))
+            raise CheckError(f"checkpoint {resume} was written for another model ({show(saved)}), this run's model is "
+                             f"{show(spec)}; resume it with the spec it was written with")
 
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
@@ -95,12 +136,12 @@ def _check_resume_fingerprint(ckpt: dict, resume: str, fingerprint: str, fingerp
                          f"Pass --allow-fingerprint-mismatch to resume anyway.")
 
 
-def _val_loss(model, data: ByteData, batch: int, device: torch.device) -> str:
+def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=lambda net, x: net(x)) -> str:
     """Mean validation loss per byte over every validation window, in order, as ``float.hex``."""
     with torch.no_grad():
         total, count = 0.0, 0
         for x_val, y_val in data.val_batches(batch):
-            total += float(lm_loss(model(x_val.to(device)), y_val.to(device))) * x_val.numel()
+            total += float(lm_loss(logits(model, x_val.to(device)), y_val.to(device))) * x_val.numel()
             count += x_val.numel()
     return (total / max(count, 1)).hex()
 
@@ -142,6 +183,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if resume is not None:
         ckpt = read_checkpoint(resume)  # weights_only=True, on the CPU; one-line CheckError for a bad file
         world.check_checkpoint(ckpt, resume)
+        _check_same_model(ckpt, resume, spec)
         _check_resume_fingerprint(ckpt, resume, fingerprint, fingerprint_info, allow_fingerprint_mismatch, world.holder)
         check_model_state(resume, ckpt["model"], model)
         model.load_state_dict(ckpt["model"])
@@ -150,7 +192,10 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         start = int(ckpt["data_position"])
     net = world.wrap(model, spec)
     acc = world.accumulator(model)  # None: one block, the gradients backward leaves (the plain check)
+    add_test_grad_noise(model)  # testing only: nothing unless ORDERED_SSD_TEST_GRAD_NOISE names a module
     names = [name for name, _ in model.named_parameters()]
+    modules = module_names(names)
+    logits = logits_fn(spec)
     steps: List[dict] = []
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
     end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
@@ -161,18 +206,18 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         for offset, count in blocks:
             x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
             x, y = x.to(device), y.to(device)
-            loss = lm_loss(net(x), y)  # mean over the block's rows
+            loss = lm_loss(logits(net, x), y)  # mean over the block's rows
             loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
             losses.append(loss.detach())
             if acc is not None:
                 acc.add_block()
         if acc is not None:
             acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
-        grads = {name: tensor_sha256(p.grad) for name, p in model.named_parameters()}
+        grads = {name: _grad_digest(p) for name, p in model.named_parameters()}
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
         optimizer.step()
         value = world.global_loss(losses)
-        steps.append({"step": step, "loss": value.hex(), "grads": grads})
+        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names)})
         if acc is not None:
             steps[-1]["params"] = {name: tensor_sha256(p) for name, p in model.named_parameters()}
         bar.update(step, value)
@@ -193,11 +238,11 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if world.rank == 0:
         record = {"label": label, "spec": spec, "fingerprint": fingerprint, "fingerprint_info": fingerprint_info,
                   "start": start,
-                  "steps": steps, "train_s": train_s, "param_names": names, "final": final, "val_loss": None,
+                  "steps": steps, "train_s": train_s, "param_names": names, "module_names": modules, "final": final, "val_loss": None,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
                   **world.record_fields(every, len(steps))}
         if final is not None:
-            record["val_loss"] = _val_loss(model, data, spec["batch"], device)
+            record["val_loss"] = _val_loss(model, data, spec["batch"], device, logits)
         atomic_write_json(record_path, record)
     world.barrier()
     return record

@@ -1,0 +1,208 @@
+"""``ordered-ssd check --hf-config PATH``: a Hugging Face ``transformers`` causal LM as the checked model.
+
+``PATH`` is a ``config.json`` file (or a folder holding only a config): the model is built from it with random
+weights, ``torch`` seeded with ``--seed`` before construction; or a folder with weights (``*.safetensors``,
+``pytorch_model*.bin``): the model is loaded from it. Either way in fp32, with ``attn_implementation="eager"``,
+then :func:`ordered_ssd.convert_to_ordered` replaces its Mamba-2 mixers (the ``--native`` control trains the
+unconverted model). The byte corpus is the data, so the vocabulary must hold the 256 byte values.
+
+The input embedding is swapped for :class:`OneHotEmbedding`: the same ``weight`` parameter (same name, same object,
+tying kept), looked up as ``one_hot(ids) @ weight``. ``nn.Embedding``'s backward (``embedding_dense_backward``)
+adds rows with atomics on CUDA, so its gradient is not reproducible unless the process sets
+``torch.use_deterministic_algorithms``, a global flag this library never sets; a matmul's backward is
+deterministic for a fixed device and shape. The control (``--native``) keeps the model's own ``nn.Embedding``.
+
+``transformers`` is imported only here, only when ``--hf-config`` is given.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..lm import VOCAB, DataError
+from .errors import CheckError
+
+#: the files whose presence makes a folder a checkpoint to load (else it is a config to build from)
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+ATTN_IMPLEMENTATION = "eager"
+INSTALL_HINT = "pip install 'ordered-ssd[hf]'"
+
+
+def import_transformers():
+    """``transformers``; a :class:`DataError` (exit 2, one line) naming the extra to install if it is missing."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise DataError(f"--hf-config needs transformers ({e}); install it with: {INSTALL_HINT}") from None
+    return transformers
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _weight_files(folder: str) -> List[str]:
+    return sorted(f for f in os.listdir(folder)
+                  if f.endswith(WEIGHT_SUFFIXES) or f.endswith((".safetensors.index.json", ".bin.index.json")))
+
+
+def _config_file(path: str) -> str:
+    if os.path.isdir(path):
+        config = os.path.join(path, "config.json")
+        if not os.path.isfile(config):
+            raise DataError(f"--hf-config: expected a config.json file or a folder holding one, got the folder "
+                            f"{path} without config.json")
+        return config
+    if os.path.isfile(path):
+        return path
+    raise DataError(f"--hf-config: expected a config.json file or a model folder, got {path} (no such file or "
+                    f"directory)")
+
+
+def _load_config(transformers, config_file: str):
+    try:
+        with open(config_file) as fh:
+            raw = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"--hf-config: expected a JSON config file, got {config_file} that does not read as one: "
+                        f"{type(e).__name__}: {e}") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise DataError(f"--hf-config: expected a transformers config with a model_type, got {config_file} without "
+                        f"one")
+    try:
+        return transformers.AutoConfig.from_pretrained(config_file)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        raise DataError(f"--hf-config: {config_file}: transformers cannot build a config from it: "
+                        f"{type(e).__name__}: {first}") from None
+
+
+def hf_spec(path: str) -> dict:
+    """The spec's ``hf`` field for ``--hf-config path``, after checking that the model can be checked here: the
+    config reads, its vocabulary holds the 256 bytes, and the model (built on the meta device, no memory) is a
+    causal LM with at least one Mamba-2 mixer :func:`ordered_ssd.convert_to_ordered` converts.
+
+    Raises:
+        DataError: transformers missing; no such path; no config.json; an unreadable config; a vocabulary smaller
+            than 256; not a causal LM; no supported Mamba-2 mixer (one line each).
+    """
+    transformers = import_transformers()
+    path = os.path.abspath(path)
+    config_file = _config_file(path)
+    config = _load_config(transformers, config_file)
+    model_type = config.model_type
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < VOCAB:
+        raise DataError(f"--hf-config: the check trains on bytes, so the vocabulary must hold the {VOCAB} byte "
+                        f"values: expected vocab_size >= {VOCAB}, got {vocab!r} ({model_type}, {config_file})")
+    weights = _weight_files(path) if os.path.isdir(path) else []
+    meta = _build(transformers, config, None, torch.device("meta"))
+    from ...hf import hf_mixer_family
+
+    families = sorted({hf_mixer_family(m) for m in meta.modules()} - {None})
+    if not families:
+        raise DataError(f"--hf-config: expected a model with Mamba-2 mixers that convert_to_ordered converts "
+                        f"(Mamba2, Bamba, NemotronH, GraniteMoeHybrid, FalconH1, Zamba2), got {type(meta).__name__} "
+                        f"({model_type}) without one")
+    return {"path": path, "config_file": config_file, "config_sha256": _sha256_file(config_file),
+            "model_type": model_type, "architecture": type(meta).__name__, "vocab_size": vocab,
+            "mixer_families": families, "n_params": sum(p.numel() for p in meta.parameters()),
+            "source": "pretrained" if weights else "config",
+            "weights_sha256": (hashlib.sha256("".join(f"{f}:{_sha256_file(os.path.join(path, f))}\n"
+                                                       for f in weights).encode()).hexdigest() if weights else None),
+            "attn_implementation": ATTN_IMPLEMENTATION, "dtype": "float32",
+            "embedding": "one-hot matmul against the input embedding weight",
+            "transformers": transformers.__version__}
+
+
+def _build(transformers, config, folder: Optional[str], device: torch.device) -> nn.Module:
+    auto = transformers.AutoModelForCausalLM
+    try:
+        if folder is not None:
+            model = auto.from_pretrained(folder, config=config, attn_implementation=ATTN_IMPLEMENTATION,
+                                         dtype=torch.float32)
+            return model.to(device)
+        with device:
+            return auto.from_config(config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        raise DataError(f"--hf-config: transformers cannot build a causal LM of {type(config).__name__} "
+                        f"({config.model_type}): {type(e).__name__}: {first}") from None
+
+
+class OneHotEmbedding(nn.Module):
+    """The lookup of an ``nn.Embedding`` as ``one_hot(ids) @ weight``: the same ``weight`` parameter, a gradient
+    computed by a matmul (no atomics). Rows of ``padding_idx`` get no gradient, as in ``nn.Embedding``."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self.weight = embedding.weight
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if self.padding_idx is not None:
+            keep = torch.ones(self.num_embeddings, 1, dtype=torch.bool, device=w.device)
+            keep[self.padding_idx] = False
+            w = torch.where(keep, w, w.detach())
+        return F.one_hot(ids, self.num_embeddings).to(w.dtype) @ w
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, padding_idx={self.padding_idx}"
+
+
+def build_hf_model(spec: dict, device: torch.device) -> nn.Module:
+    """The model of ``spec["hf"]`` on ``device`` in training mode: built from the config (torch seeded with
+    ``spec["seed"]`` first) or loaded; converted (``spec["mixer"] == "ordered"``: ordered mixers and the one-hot
+    embedding) or left as it is (``"native"``, the control).
+
+    Raises:
+        CheckError: the config file changed since the check started, another transformers version than the
+            parent's, or the model does not convert.
+    """
+    hf = spec["hf"]
+    transformers = import_transformers()
+    if transformers.__version__ != hf["transformers"]:
+        raise CheckError(f"this process has transformers {transformers.__version__}, the check started with "
+                         f"{hf['transformers']}")
+    if _sha256_file(hf["config_file"]) != hf["config_sha256"]:
+        raise CheckError(f"--hf-config: {hf['config_file']} changed since the check started (SHA-256 differs)")
+    config = _load_config(transformers, hf["config_file"])
+    torch.manual_seed(spec["seed"])
+    model = _build(transformers, config, hf["path"] if hf["source"] == "pretrained" else None, device)
+    if spec["mixer"] == "ordered":
+        from ... import convert_to_ordered
+
+        try:
+            convert_to_ordered(model)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise CheckError(f"--hf-config: convert_to_ordered refused the model: {e}") from None
+        emb = model.get_input_embeddings()
+        if not isinstance(emb, nn.Embedding):
+            raise CheckError(f"--hf-config: expected an nn.Embedding as the input embedding, got "
+                             f"{type(emb).__name__}")
+        model.set_input_embeddings(OneHotEmbedding(emb))
+    return model.train()
+
+
+def hf_logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits of an HF causal LM (possibly wrapped in DDP) for ``tokens``: no cache, every position."""
+    return net(input_ids=tokens, use_cache=False).logits
+
+
+def describe(hf: dict) -> str:
+    """``bamba (BambaForCausalLM, built from config.json with seeded random weights)``."""
+    how = (f"loaded from {hf['path']}" if hf["source"] == "pretrained"
+           else f"built from {hf['config_file']} with seeded random weights")
+    return f"{hf['model_type']} ({hf['architecture']}, {how})"
