@@ -104,7 +104,8 @@ def test_convert_a_single_layer_returns_the_new_layer():
 def test_bad_inputs():
     with pytest.raises(TypeError, match=r"model: expected a torch.nn.Module, got int"):
         convert_to_ordered(3)
-    with pytest.raises(ValueError, match=r"model: expected at least one mamba_ssm Mamba2 module, found none"):
+    with pytest.raises(ValueError, match=r"model: expected at least one mamba_ssm Mamba2 or transformers Mamba-2 mixer "
+                                         r"module, found none"):
         convert_to_ordered(nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"model: expected at least one OrderedMamba2 module, found none"):
         convert_to_mamba2(nn.Sequential(nn.Linear(2, 2)))
