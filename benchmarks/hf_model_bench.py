@@ -615,6 +615,11 @@ def markdown(report) -> str:
                          f"{d['ms_per_step_median']:.2f} | {d['tokens_per_s']:,.0f} | "
                          f"{d['tokens_per_s'] / orig:.3f} | {vs_up} | {_mb(d.get('peak_bytes'))} | {_bits(d)} |")
     s = report["summary"]
+    lines += ["", "ms/step: median over interleaved rounds; × original: tokens/s over this process's original (for "
+              "rows of the upstream-det child, across processes); × upstream-det: ordered here over the child's "
+              "upstream-det, or (det child row) the same-process ratio; peak MiB: the mode's own parameters and "
+              "optimizer state plus the step's peak allocation; distinct grad digests: over the bit-check repeats "
+              "(whole model; mixers alone in brackets; with eager attention after ';')."]
     lines += ["", f"Targets (ordered ≥ {TARGET_VS_ORIGINAL} × original; ordered ≥ upstream-det, same process): "
               f"{'all met' if s['all_targets_met'] else 'NOT all met'}"
               + (f" — {'; '.join(s['not_met'])}" if s["not_met"] else "")]
