@@ -85,3 +85,29 @@ def test_generating_twice_gives_bitwise_equal_tokens_and_scores(family):
         assert bits_equal(sa, sb)
     # the scores are the logits of the tokens chosen
     assert torch.equal(torch.stack([s.argmax(-1) for s in a.scores], 1), a.sequences[:, PROMPT:])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_multi_token_forward_continuing_from_the_cache_gives_the_full_forwards_logits(family):
+    """Chunked prefill: the mixer starts its conv and scan from the cache's states (several tokens, not a decode
+    step). position_ids are passed: transformers 5.17's BambaModel counts them from 0 without a cache offset."""
+    from tests.helpers import rel_err
+
+    orig = build(family, "no_norm" if family == "falcon_h1" else "g2_bias")
+    conv = convert_to_ordered(clone(orig))
+    x = ids(2, 37)
+    cut = 20
+    results = []
+    for model in (orig, conv):
+        with torch.no_grad():
+            full = model(x).logits
+            first = model(x[:, :cut], use_cache=True)
+            if family == "mamba2":
+                kw = {"cache_params": first.cache_params}
+            else:
+                kw = {"past_key_values": first.past_key_values,
+                      "position_ids": torch.arange(cut, x.shape[1]).expand(2, -1)}
+            second = model(x[:, cut:], use_cache=True, **kw).logits
+        results.append(torch.cat([first.logits, second], 1))
+        assert rel_err(results[-1], full) < 1e-5
+    assert rel_err(results[1], results[0]) < 1e-5
