@@ -573,6 +573,11 @@ def finish_run(res, child):
             here = modes["ordered"]["bitwise"]["digests"]
             there = cres["modes"]["ordered"]["bitwise"]["digests"]
             res["ordered_same_bits_across_processes"] = set(here) == set(there) and len(set(here)) == 1
+            if "bitwise_eager_attn" in modes["ordered"] and "bitwise_eager_attn" in cres["modes"]["ordered"]:
+                here = modes["ordered"]["bitwise_eager_attn"]["digests"]
+                there = cres["modes"]["ordered"]["bitwise_eager_attn"]["digests"]
+                res["ordered_same_bits_across_processes_eager_attn"] = (set(here) == set(there)
+                                                                        and len(set(here)) == 1)
         else:
             met["vs_upstream_det"] = None
     res["ratios"] = ratios
