@@ -65,6 +65,18 @@ def test_train_mode_loss_and_gradients_match_the_original(family):
         assert rel_err(g[n], ref_g[n]) < 1e-4, n
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_fp64_model_runs_the_reference_in_fp64(family):
+    orig = build(family, dtype=torch.float64)
+    conv = convert_to_ordered(clone(orig))
+    x = ids()
+    outs, _ = _capture(ordered_mixers(conv))
+    with torch.no_grad():
+        ref, out = orig(x).logits, conv(x).logits
+    assert all(o.dtype == torch.float64 for v in outs.values() for o in v)
+    assert rel_err(out, ref) < TOL  # (the original's torch scan computes in fp32)
+
+
 # ------------------------------------------------------------------------------------------- padded batches
 PAD = 9  # left padding of the second row
 
@@ -156,6 +168,17 @@ def test_packed_sequences_in_hybrids(family):
         without = model(packed, position_ids=pos, attention_mask=block).logits
         assert rel_err(outs.pop(first_name)[0][:, LA:], first_alone[:, LA:]) > 100 * TOL
         assert rel_err(without[:, LA:], lb) > 100 * TOL
+
+
+def test_bad_packed_inputs_are_refused_by_name():
+    model = convert_to_ordered(build("mamba2"))
+    x = ids(2, 12)
+    with pytest.raises(ValueError, match=r"seq_idx: expected shape \(B, L\) = \(2, 12\), got \(2, 11\)"):
+        model.backbone(x, use_cache=False, seq_idx=torch.zeros(2, 11, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q: expected a padding-free batch \(B == 1"):
+        model.backbone(x, use_cache=False, cu_seq_lens_q=torch.tensor([0, 12], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q: expected a 1-d integer tensor"):
+        model.backbone(x[:1], use_cache=False, cu_seq_lens_q=torch.tensor([0.0, 12.0]))
 
 
 # ------------------------------------------------------------------------------------------- checkpointing
