@@ -244,8 +244,9 @@ class OrderedHFMamba2Mixer(nn.Module):
         seq_idx = self._packed_seq_idx(kwargs, Bsz, L, u.device)
         cache = cache_params
         use_prev = cache is not None and cache.has_previous_state(self.layer_idx)
-        if use_prev and L == 1 and not cache.layers[self.layer_idx].record_past:
-            return self._decode_step(u, cache, backend)
+        if use_prev and L == 1:  # the original's recurrent form (its conv through the cache while it records past)
+            return self._decode_step(u, mask, cache, backend,
+                                     conv_through_cache=cache.layers[self.layer_idx].record_past)
         return self._forward_seq(u, mask, seq_idx, cache, use_prev, backend)
 
     def _backend_for(self, u) -> str:
@@ -418,32 +419,42 @@ class OrderedHFMamba2Mixer(nn.Module):
                                       zxbcdt_width=self.in_proj.weight.shape[0])
 
     @torch.no_grad()
-    def _decode_step(self, u, cache, backend):
-        """One token from the cache's states (updated in place), as the original's recurrent form."""
+    def _decode_step(self, u, mask, cache, backend, conv_through_cache=False):
+        """One token from the cache's states (updated in place), as the original's recurrent form. With
+        ``conv_through_cache`` (the cache records past states, for assisted decoding) the conv input goes through
+        ``cache.update_conv_state`` and the conv runs over what it returns, as the original does then."""
         spec = self._ordered_spec
         H, P, G, N = spec.nheads, spec.headdim, spec.ngroups, spec.d_state
         Bsz = u.shape[0]
         dtype = u.dtype
         layer = cache.layers[self.layer_idx]
         conv_state, ssm_state = layer.conv_states[0], layer.recurrent_states[0]
-        zxbcdt = self._project_in(u, None, backend)[:, 0]
+        zxbcdt = self._project_in(u, mask, backend)[:, 0]
         z, xBC, dt = torch.split(zxbcdt, [spec.d_ssm, spec.d_ssm + 2 * G * N, H], dim=-1)
         conv_w = self.conv1d.weight.squeeze(1)
         z_gate = z.reshape(Bsz, H, P) if spec.norm == "none" else None
+        if conv_through_cache:
+            xBC = self._conv(xBC[:, None], conv_w, None, cache, backend)[:, 0]
         if backend == "cuda":
             from .. import ops
 
-            if conv_state.dtype != xBC.dtype:
-                raise TypeError(f"cache_params conv state: expected dtype {xBC.dtype} (causal-conv1d's update "
-                                f"kernel), got {conv_state.dtype}")
-            xBC = ops.ordered_causal_conv1d_update(xBC, conv_state, conv_w, self.conv1d.bias, "silu")
-            x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
+            if not conv_through_cache:
+                if conv_state.dtype != xBC.dtype:
+                    raise TypeError(f"cache_params conv state: expected dtype {xBC.dtype} (causal-conv1d's update "
+                                    f"kernel), got {conv_state.dtype}")
+                xBC = ops.ordered_causal_conv1d_update(xBC, conv_state, conv_w, self.conv1d.bias, "silu")
+        elif not conv_through_cache:
+            xBC = reference_causal_conv1d_update(xBC, conv_state, conv_w, self.conv1d.bias, "silu")
+        if mask is not None:  # the model passes no mask for one token; a caller's mask acts as in the original
+            xBC = (xBC * mask[:, -1:]).to(xBC.dtype)
+        x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
+        if backend == "cuda":
+            from .. import ops
+
             y = ops.ordered_selective_state_update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype),
                                                    B.reshape(Bsz, G, N), C.reshape(Bsz, G, N), D=self.D, z=z_gate,
                                                    dt_bias=self.dt_bias, dt_softplus=True)
         else:
-            xBC = reference_causal_conv1d_update(xBC, conv_state, conv_w, self.conv1d.bias, "silu")
-            x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
             y = reference_selective_state_update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype),
                                                  B.reshape(Bsz, G, N), C.reshape(Bsz, G, N), D=self.D, z=z_gate,
                                                  dt_bias=self.dt_bias, dt_softplus=True)
