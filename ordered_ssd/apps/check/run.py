@@ -105,7 +105,7 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         from .hf import describe
 
         what = (f"Hugging Face model {describe(spec['hf'])}, its Mamba-2 mixers converted with convert_to_ordered, "
-                f"attention {spec['hf']['attn_implementation']}, embedding by one-hot matmul,")
+                f"attention {spec['hf']['attn_implementation']},")
     else:
         what = (f"byte-level Mamba-2 LM ({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']})")
     print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter {what} on {where}, "

@@ -125,8 +125,8 @@ def test_a_nondeterministic_module_is_named(hf_files):
 
 @pytest.mark.parametrize("family", sorted(_configs()))
 def test_every_family_trains_the_same_bits_twice(family, hf_files, tmp_path):
-    """In this process: every family converts (mixers and one-hot embedding) and two runs give the same bits."""
-    from ordered_ssd.apps.check.hf import OneHotEmbedding, build_hf_model, hf_spec
+    """In this process: every family converts (its mixers) and two runs give the same bits."""
+    from ordered_ssd.apps.check.hf import build_hf_model, hf_spec
     from ordered_ssd.apps.check.train import train_run
     from ordered_ssd.apps.lm import ByteData, load_corpus
 
@@ -139,7 +139,7 @@ def test_every_family_trains_the_same_bits_twice(family, hf_files, tmp_path):
     spec["data_sha256"] = ByteData(load_corpus(corpus, 60000)[0], 24).sha256
     assert spec["hf"]["model_type"] == family
     model = build_hf_model(spec, torch.device("cpu"))
-    assert isinstance(model.get_input_embeddings(), OneHotEmbedding)
+    assert type(model.get_input_embeddings()) is torch.nn.Embedding  # the model's own, trained as built
     assert any(type(m).__name__ == "OrderedHFMamba2Mixer" for m in model.modules())
     one = train_run(spec, str(tmp_path / "1.json"), label="1", progress=False)
     two = train_run(spec, str(tmp_path / "2.json"), label="2", progress=False)
@@ -147,23 +147,6 @@ def test_every_family_trains_the_same_bits_twice(family, hf_files, tmp_path):
     assert list(one["steps"][0]["modules"]) == one["module_names"]  # model order
 
 
-def test_the_one_hot_embedding_matches_nn_embedding():
-    from ordered_ssd.apps.check.hf import OneHotEmbedding
-
-    emb = torch.nn.Embedding(300, 8, padding_idx=0)
-    with torch.no_grad():
-        emb.weight[0] = 1.0  # nn.Embedding returns the padding row as it is; it only gets no gradient
-    ids = torch.tensor([[0, 5, 299, 5]])
-    one = OneHotEmbedding(emb)
-    assert one.weight is emb.weight and torch.equal(one(ids), emb(ids))
-    one(ids).sum().backward()
-    grad = emb.weight.grad.clone()
-    emb.weight.grad = None
-    emb(ids).sum().backward()
-    assert torch.equal(grad, emb.weight.grad) and not grad[0].any()
-
-
-# ----------------------------------------------------------------------------------------------- usage errors
 def _usage_error(capsys, *argv) -> str:
     code = main(["check", *argv])
     err = capsys.readouterr().err
