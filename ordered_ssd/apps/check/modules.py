@@ -1,4 +1,10 @@
-"""Per-module gradient digests of ``ordered-ssd check``: where runs disagree, which module's gradient differs first.
+"""Per-module digests of ``ordered-ssd check``: where runs disagree, which module differs first.
+
+Two kinds per step: the gradient digests of each module's parameters (:func:`module_digests`), and the digests of
+each module's forward outputs (:class:`OutputDigests`). A module whose forward is not deterministic makes its own
+output differ first, in execution order, and then every gradient; a module whose backward is not deterministic
+leaves every output equal and makes the gradients of itself and of the modules before it differ, so it is the last
+differing module in model order.
 
 A parameter belongs to the module named by its name up to the first numeric component (``model.layers.3`` for
 ``model.layers.3.mamba.in_proj.weight``, ``mixers.0`` for ``mixers.0.in_proj.weight``), else the name without
@@ -65,3 +71,50 @@ def add_test_grad_noise(model: torch.nn.Module) -> None:
 
     for p in params:
         p.register_hook(noisy)
+
+
+class OutputDigests:
+    """Forward hooks on the modules named ``names`` (those that are submodules of ``model``) that hash every
+    tensor they output (the first tensor of a tuple or a model output) during a step; :meth:`take` returns
+    ``{module: SHA-256}`` in the order the modules first ran and starts the next step. A module that runs several
+    times in a step (accumulation blocks, recomputation) hashes all its outputs in order."""
+
+    def __init__(self, model: torch.nn.Module, names: List[str]):
+        self._hashers: Dict[str, "hashlib._Hash"] = {}
+        self._handles = []
+        for name in names:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                continue  # a parameter of the model itself (no submodule of its own)
+            self._handles.append(module.register_forward_hook(self._hook(name)))
+
+    def _hook(self, name: str):
+        def record(module, args, output):
+            t = _first_tensor(output)
+            if t is None:
+                return
+            h = self._hashers.setdefault(name, hashlib.sha256())
+            h.update(str((tuple(t.shape), t.dtype)).encode())
+            h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return record
+
+    def take(self) -> Dict[str, str]:
+        out = {name: h.hexdigest() for name, h in self._hashers.items()}
+        self._hashers = {}
+        return out
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((o for o in output if isinstance(o, torch.Tensor)), None)
+    if isinstance(output, dict) or hasattr(output, "values"):  # transformers' ModelOutput
+        return next((o for o in output.values() if isinstance(o, torch.Tensor)), None)
+    return None

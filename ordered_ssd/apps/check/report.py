@@ -78,8 +78,23 @@ def first_module_diff(ref: dict, other: dict) -> Optional[dict]:
         names = order or list(r["modules"])
         bad = [m for m in names if r["modules"].get(m) != o["modules"].get(m)]
         if bad:
-            return {"step": r["step"], "module": bad[0], "last_module": bad[-1], "modules": bad[:8],
+            diff = {"step": r["step"], "module": bad[0], "last_module": bad[-1], "modules": bad[:8],
                     "count": len(bad), "of": len(names), "loss_equal": r["loss"] == o["loss"]}
+            if "outputs" in r and "outputs" in o:
+                diff["output_module"] = _first_output_diff(ref, other, r["step"])
+            return diff
+    return None
+
+
+def _first_output_diff(ref: dict, other: dict, until: int) -> Optional[dict]:
+    """The first module, in the order the modules ran, whose forward output differs, at the first step up to
+    ``until`` where one does (``{"step", "module"}``), or None where every output agreed up to then."""
+    for r, o in zip(ref["steps"], other["steps"]):
+        if r["step"] > until:
+            break
+        for name, digest in r.get("outputs", {}).items():
+            if o.get("outputs", {}).get(name) != digest:
+                return {"step": r["step"], "module": name}
     return None
 
 
@@ -88,9 +103,18 @@ def describe_module_diff(diff: dict) -> str:
     the losses of step 0 are equal)"``."""
     more = ", ..." if diff["count"] > len(diff["modules"]) else ""
     loss = "equal" if diff["loss_equal"] else "different"
-    return (f"first module whose gradient differs: {diff['module']} (step {diff['step']}; {diff['count']} of "
+    text = (f"first module whose gradient differs: {diff['module']} (step {diff['step']}; {diff['count']} of "
             f"{diff['of']} modules differ: {', '.join(diff['modules'])}{more}; the losses of step {diff['step']} are "
             f"{loss})")
+    if "output_module" not in diff:
+        return text
+    out = diff["output_module"]
+    if out is not None:
+        return text + (f"; the forward differs first: the output of {out['module']} at step {out['step']} (a "
+                       f"forward that is not deterministic there, or in what it calls)")
+    return text + (f"; every forward output agreed up to step {diff['step']}: the backward differs, first at "
+                   f"{diff['last_module']} (the last differing module in model order; the gradients of the modules "
+                   f"before it differ through it)")
 
 
 def first_nonfinite(runs: dict, labels) -> Optional[dict]:

@@ -15,7 +15,7 @@ from ..files import atomic_torch_save, atomic_write_json
 from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
 from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
 from .errors import CheckError
-from .modules import add_test_grad_noise, module_digests, module_names
+from .modules import OutputDigests, add_test_grad_noise, module_digests, module_names
 from .world import world_of
 
 
@@ -195,6 +195,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     add_test_grad_noise(model)  # testing only: nothing unless ORDERED_SSD_TEST_GRAD_NOISE names a module
     names = [name for name, _ in model.named_parameters()]
     modules = module_names(names)
+    outputs = OutputDigests(model, modules)
     logits = logits_fn(spec)
     steps: List[dict] = []
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
@@ -217,10 +218,12 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
         optimizer.step()
         value = world.global_loss(losses)
-        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names)})
+        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names),
+                      "outputs": outputs.take()})
         if acc is not None:
             steps[-1]["params"] = {name: tensor_sha256(p) for name, p in model.named_parameters()}
         bar.update(step, value)
+    outputs.remove()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0

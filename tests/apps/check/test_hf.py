@@ -120,6 +120,9 @@ def test_a_nondeterministic_module_is_named(hf_files):
     first = report["first_module_diff"]
     assert first["step"] == 0 and first["module"] == "model.layers.1" and first["loss_equal"] is True
     assert first["run"] in ("b", "c") and first["count"] == 1
+    # the noise is added in the backward: every forward output agreed, and the last differing module is named
+    assert first["output_module"] is None and first["last_module"] == "model.layers.1"
+    assert "the backward differs, first at model.layers.1" in res.stdout
     assert report["comparisons"]["b_vs_a"]["first_module_diff"]["module"] == "model.layers.1"
 
 

@@ -43,3 +43,29 @@ def test_describe_comparison_names_a_length_or_validation_loss_difference():
         "parameters equal: yes)")
     assert describe_comparison(compare_runs(rec(2), rec(2, val="0x1p+1"))) == (
         "DIFFERENT (losses equal; gradients equal; final parameters equal: yes; validation losses differ)")
+
+
+def test_the_module_diff_tells_a_forward_difference_from_a_backward_one():
+    from ordered_ssd.apps.check.report import describe_module_diff, first_module_diff
+
+    order = ["emb", "layers.0", "layers.1", "head"]
+
+    def rec(grad_bad, out_bad):
+        steps = []
+        for step in range(2):
+            modules = {m: "g" + ("!" if step == 1 and m in grad_bad else "") for m in order}
+            outputs = {m: "o" + ("!" if step == 1 and m in out_bad else "") for m in order}
+            steps.append({"step": step, "loss": "0x1p+0", "grads": {}, "modules": modules, "outputs": outputs})
+        return {"module_names": order, "steps": steps}
+
+    ref = rec((), ())
+    # a forward that is not deterministic in layers.1: its output and everything after it, then every gradient
+    fwd = first_module_diff(ref, rec(order, ("layers.1", "head")))
+    assert fwd["step"] == 1 and fwd["module"] == "emb" and fwd["output_module"] == {"step": 1, "module": "layers.1"}
+    assert "the forward differs first: the output of layers.1 at step 1" in describe_module_diff(fwd)
+    # a backward that is not deterministic in layers.0: its gradient and those before it; every output equal
+    bwd = first_module_diff(ref, rec(("emb", "layers.0"), ()))
+    assert bwd["output_module"] is None and bwd["last_module"] == "layers.0"
+    assert "the backward differs, first at layers.0" in describe_module_diff(bwd)
+    assert first_module_diff(ref, ref) is None
+
