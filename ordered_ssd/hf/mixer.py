@@ -70,8 +70,20 @@ _REQUIRED = ("num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel
              "chunk_size", "time_step_limit", "activation", "layer_idx", "in_proj", "conv1d", "dt_bias", "A_log",
              "D", "norm", "out_proj")
 
-#: What nn.Module keeps in ``__dict__`` for itself; every other entry is a mixer attribute and is carried over.
-_MODULE_STATE = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "training")
+#: What nn.Module keeps in ``__dict__`` for itself, and an instance-level ``forward`` (accelerate's hooks install
+#: one); every other public entry is a mixer attribute and is carried over.
+_MODULE_STATE = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "training", "forward")
+
+
+def _check_no_hooks(mixer: nn.Module, name: str) -> None:
+    """accelerate's dispatch (a ``device_map`` over several devices, or offloading) wraps modules' ``forward`` to
+    move weights in; the ordered path reads the weights itself, so such a model is refused, not half served."""
+    for sub_name, sub in mixer.named_modules():
+        if hasattr(sub, "_hf_hook") or "forward" in sub.__dict__:
+            where = f"{name}.{sub_name}" if sub_name else name
+            raise ValueError(f"{where}: expected a module without accelerate hooks (an instance-level forward), got "
+                             f"one: the model was dispatched over several devices or offloaded (device_map); load "
+                             f"it on one device (device_map=None, or a single device) before convert_to_ordered")
 
 
 def hf_mixer_family(module: nn.Module) -> Optional[str]:
@@ -149,6 +161,10 @@ def _spec_of(mixer: nn.Module, family: str) -> _Spec:
     if tuple(mixer.conv1d.weight.shape) != (conv_dim, 1, mixer.conv_kernel_size):
         raise ValueError(f"{name}.conv1d.weight: expected shape {(conv_dim, 1, mixer.conv_kernel_size)}, "
                          f"got {tuple(mixer.conv1d.weight.shape)}")
+    _check_no_hooks(mixer, name)
+    if mixer.time_step_limit is None or len(tuple(mixer.time_step_limit)) != 2:
+        raise ValueError(f"{name}: time_step_limit: expected a (min, max) pair (the clamp of dt), got "
+                         f"{mixer.time_step_limit!r}")
     norm = mixer.norm
     norm_cls = type(norm).__name__
     norm_before_gate = False
@@ -210,8 +226,12 @@ class OrderedHFMamba2Mixer(nn.Module):
 
     Raises (before any kernel): ``TypeError`` / ``ValueError`` naming the argument for a wrong rank, width,
     dtype or device of ``hidden_states``, a ``seq_idx`` / ``cu_seq_lens_q`` of the wrong shape, dtype or device,
-    ``attention_mask`` not [B, L]; ``ImportError`` / ``RuntimeError`` on CUDA without the native extras (never a
-    silent fallback; ``mixer.backend = "reference"`` asks for the reference explicitly).
+    ``attention_mask`` not [B, L], packed sequences continuing from ``cache_params``; ``NotImplementedError`` for a
+    one-token step from the cache in training mode with autograd on (the step runs without autograd, as
+    ``OrderedMamba2.step``: use ``model.eval()``); ``ImportError`` / ``RuntimeError`` on CUDA without the native
+    extras (never a silent fallback; ``mixer.backend = "reference"`` asks for the reference explicitly). At
+    conversion, a mixer dispatched by accelerate (hooks on it or its submodules) or without a ``(min, max)``
+    ``time_step_limit`` is refused.
 
     Determinism: on CUDA every gradient of a shared parameter (``in_proj``, ``conv1d``, ``dt_bias``, ``A_log``,
     ``D``, ``norm.weight``, ``out_proj``) is an fp32 fold of per-example partials in the documented order
@@ -244,7 +264,15 @@ class OrderedHFMamba2Mixer(nn.Module):
         seq_idx = self._packed_seq_idx(kwargs, Bsz, L, u.device)
         cache = cache_params
         use_prev = cache is not None and cache.has_previous_state(self.layer_idx)
-        if use_prev and L == 1:  # the original's recurrent form (its conv through the cache while it records past)
+        if use_prev and seq_idx is not None:
+            raise ValueError("seq_idx / cu_seq_lens_q: packed sequences continuing from cache_params are not "
+                             "supported (the cache holds one state per row, of the last sequence); prefill or train "
+                             "a packed batch from an empty cache, or with use_cache=False")
+        if use_prev and L == 1:
+            if self.training and torch.is_grad_enabled():
+                raise NotImplementedError(f"{type(self).__name__}: a one-token step from cache_params in training "
+                                          "mode (the step runs without autograd, as OrderedMamba2.step); call "
+                                          "model.eval(), or train on whole sequences")  # the original's recurrent form (its conv through the cache while it records past)
             return self._decode_step(u, mask, cache, backend,
                                      conv_through_cache=cache.layers[self.layer_idx].record_past)
         return self._forward_seq(u, mask, seq_idx, cache, use_prev, backend)
@@ -332,9 +360,11 @@ class OrderedHFMamba2Mixer(nn.Module):
             return ops.ordered_A_from_log(self.A_log)
         return -torch.exp(self.A_log.to(torch.float64 if dtype == torch.float64 else torch.float32))
 
-    def _fused_ok(self, mask, cache) -> bool:
+    def _fused_ok(self, mask, use_prev) -> bool:
+        """The fused op computes the layer from ``zxbcdt`` when no mask acts between the conv and the scan, the scan
+        starts from zeros, and the norm's groups are the scan's groups."""
         spec = self._ordered_spec
-        return (mask is None and cache is None and
+        return (mask is None and not use_prev and
                 (spec.norm == "none" or spec.norm_group_size == spec.d_ssm // spec.ngroups))
 
     def _forward_seq(self, u, mask, seq_idx, cache, use_prev, backend):
@@ -346,9 +376,12 @@ class OrderedHFMamba2Mixer(nn.Module):
         conv_w = self.conv1d.weight.squeeze(1)
         if backend == "cuda":
             self._check_cuda_path(Bsz, L)
-            if self._fused_ok(mask, cache):
+            if self._fused_ok(mask, use_prev):
                 from .. import ops
 
+                if cache is not None:  # a prefill: the cache keeps the last d_conv conv inputs, as the original's
+                    xBC = zxbcdt[..., spec.d_ssm:2 * spec.d_ssm + 2 * G * N]
+                    cache.update_conv_state(xBC.transpose(1, 2), self.layer_idx, conv_kernel_size=spec.d_conv)
                 plain_out = type(self.out_proj) is nn.Linear
                 y = ops.ordered_mamba_split_conv1d_scan_combined(
                     zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, self._A(backend, dtype), D=self.D,
@@ -356,10 +389,13 @@ class OrderedHFMamba2Mixer(nn.Module):
                     rmsnorm_weight=self.norm.weight if spec.norm == "gated" else None, rmsnorm_eps=spec.norm_eps,
                     outproj_weight=self.out_proj.weight if plain_out else None,
                     outproj_bias=self.out_proj.bias if plain_out else None, headdim=P, ngroups=G,
-                    norm_before_gate=spec.norm_before_gate)
+                    norm_before_gate=spec.norm_before_gate, return_final_states=cache is not None)
+                if cache is not None:
+                    y, final = y
+                    cache.update_recurrent_state(final, layer_idx=self.layer_idx)
                 return y if plain_out else self.out_proj(y.to(dtype))
         z, xBC, dt = torch.split(zxbcdt, [spec.d_ssm, spec.d_ssm + 2 * G * N, H], dim=-1)
-        xBC = self._conv(xBC, conv_w, seq_idx, cache, backend)
+        xBC = self._conv(xBC, conv_w, seq_idx, cache, use_prev, backend)
         if mask is not None:
             xBC = (xBC * mask[:, :, None]).to(xBC.dtype)
         x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
@@ -382,13 +418,16 @@ class OrderedHFMamba2Mixer(nn.Module):
         y = self._gate(y, z, backend)
         return self._project_out(y, dtype, backend)
 
-    def _conv(self, xBC, conv_w, seq_idx, cache, backend):
-        """Causal conv1d + SiLU of ``xBC`` [B, L, C]; with a cache, from its conv state (which is updated)."""
+    def _conv(self, xBC, conv_w, seq_idx, cache, use_prev, backend):
+        """Causal conv1d + SiLU of ``xBC`` [B, L, C]; with a cache, its conv state is updated, and the conv starts
+        from it when it holds earlier inputs (``use_prev``; at a prefill it returns ``xBC`` zero-padded on the left,
+        which the conv does by itself)."""
         L = xBC.shape[1]
         if cache is not None:  # the model's cache keeps the last d_conv inputs and returns them with the new ones
             full = cache.update_conv_state(xBC.transpose(1, 2), self.layer_idx,
                                            conv_kernel_size=self._ordered_spec.d_conv)
-            xBC = full.transpose(1, 2)
+            if use_prev:
+                xBC = full.transpose(1, 2)
         if backend == "cuda":
             from .. import ops
 
@@ -396,7 +435,7 @@ class OrderedHFMamba2Mixer(nn.Module):
                                             activation="silu").transpose(1, 2)
         else:
             out = reference_causal_conv1d(xBC, conv_w, self.conv1d.bias, seq_idx, activation="silu")
-        return out[:, -L:] if cache is not None else out
+        return out[:, -L:]
 
     def _gate(self, y, z, backend):
         spec = self._ordered_spec
@@ -434,7 +473,7 @@ class OrderedHFMamba2Mixer(nn.Module):
         conv_w = self.conv1d.weight.squeeze(1)
         z_gate = z.reshape(Bsz, H, P) if spec.norm == "none" else None
         if conv_through_cache:
-            xBC = self._conv(xBC[:, None], conv_w, None, cache, backend)[:, 0]
+            xBC = self._conv(xBC[:, None], conv_w, None, cache, True, backend)[:, 0]
         if backend == "cuda":
             from .. import ops
 
