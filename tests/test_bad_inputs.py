@@ -415,8 +415,9 @@ ROWS = [
         r"^ordered-ssd _train: error: checkpoint .*fields\.pt: expected the fields \[.*\], got \['step'\] \(missing "
         r"\['data_position', ", True),
     Row("ckpt/another model", lambda ctx: ctx.train(ctx.ckpt["other"]), CliFailed,
-        r"^ordered-ssd _train: error: checkpoint .*other\.pt: parameter embedding: expected \(256, 32\) torch\.float32 "
-        r"\(this run's model\), got \(256, 48\) torch\.float32 \(another model\?\)$", True),
+        r"^ordered-ssd _train: error: checkpoint .*other\.pt: expected one written for this run's model "
+        r"\(chunk_size=16, d_model=32, .*\), got one written for another model \(chunk_size=16, d_model=48, .*\); "
+        r"resume it with the spec it was written with$", True),
 ]
 
 

@@ -114,8 +114,8 @@ def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
                 if key == "hf":
                     return f"{v.get('model_type')} config sha256 {str(v.get('config_sha256'))[:16]}"
                 return ", ".join(f"{k}={v[k]}" for k in sorted(v))
-            raise CheckError(f"checkpoint {resume} was written for another model ({show(saved)}), this run's model is "
-                             f"{show(spec)}; resume it with the spec it was written with")
+            raise CheckError(f"checkpoint {resume}: expected one written for this run's model ({show(spec)}), got one "
+                             f"written for another model ({show(saved)}); resume it with the spec it was written with")
 
 
 def _set_rng_state(state: dict, device: torch.device) -> None:
@@ -195,7 +195,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     add_test_grad_noise(model)  # testing only: nothing unless ORDERED_SSD_TEST_GRAD_NOISE names a module
     names = [name for name, _ in model.named_parameters()]
     modules = module_names(names)
-    outputs = OutputDigests(model, modules)
+    # forward outputs depend on how a step's rows are split into blocks: recorded only without the accumulator
+    outputs = OutputDigests(model, modules) if acc is None else None
     logits = logits_fn(spec)
     steps: List[dict] = []
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
@@ -218,12 +219,14 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
         optimizer.step()
         value = world.global_loss(losses)
-        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names),
-                      "outputs": outputs.take()})
+        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names)})
+        if outputs is not None:
+            steps[-1]["outputs"] = outputs.take()
         if acc is not None:
             steps[-1]["params"] = {name: tensor_sha256(p) for name, p in model.named_parameters()}
         bar.update(step, value)
-    outputs.remove()
+    if outputs is not None:
+        outputs.remove()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0

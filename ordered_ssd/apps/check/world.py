@@ -239,7 +239,9 @@ class DataParallel:
         """Every rank's time, RNG state and digests of its steps, final and current parameters (index = rank)."""
         from ...digest import tensor_sha256
 
-        mine = {"train_s": train_s, "steps": _digest_of(steps), "final": _digest_of(final),
+        # a rank's forward outputs are of its own rows: every other step field must agree across ranks
+        shared = [{k: v for k, v in s.items() if k != "outputs"} for s in steps]
+        mine = {"train_s": train_s, "steps": _digest_of(shared), "final": _digest_of(final),
                 "state": _digest_of({name: tensor_sha256(p) for name, p in model.named_parameters()}),
                 "rng": rng_state(self.device)}
         every: List[Optional[dict]] = [None] * self.world_size

@@ -101,7 +101,7 @@ def test_resume_refuses_a_checkpoint_of_another_model(hf_check, tmp_path):
     from ordered_ssd.apps.check.train import _check_same_model
 
     ckpt = torch.load(out / "runs" / "checkpoint-step1.pt", weights_only=True)
-    with pytest.raises(CheckError, match=r"was written for another model \(bamba config sha256 "):
+    with pytest.raises(CheckError, match=r"got one written for another model \(bamba config sha256 "):
         _check_same_model(ckpt, "ck.pt", spec)
 
 
