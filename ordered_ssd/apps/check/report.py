@@ -112,9 +112,9 @@ def describe_module_diff(diff: dict) -> str:
     if out is not None:
         return text + (f"; the forward differs first: the output of {out['module']} at step {out['step']} (a "
                        f"forward that is not deterministic there, or in what it calls)")
-    return text + (f"; every forward output agreed up to step {diff['step']}: the backward differs, first at "
-                   f"{diff['last_module']} (the last differing module in model order; the gradients of the modules "
-                   f"before it differ through it)")
+    return text + (f"; every forward output agreed up to step {diff['step']}: the backward differs, in the modules "
+                   f"listed (each in its own weight-gradient sums, or the last, {diff['last_module']}, in the input "
+                   f"gradient it hands to the modules before it)")
 
 
 def first_nonfinite(runs: dict, labels) -> Optional[dict]:
