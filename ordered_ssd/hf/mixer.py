@@ -7,8 +7,8 @@ the gated norm's group size, epsilon and gate order, or no norm (FalconH1's ``ma
 FalconH1's input multiplier and ``mup_vector``. A mixer whose norm, activation or attributes are not one of
 these is refused, naming what is not supported.
 
-The forward computes what the original mixer's forward computes (``transformers`` 5.17's
-``modeling_<family>.py``), step by step:
+The forward computes what the original mixer's forward computes (``transformers`` 5.17 to 5.20's
+``modeling_<family>.py``, the same mixer code in those versions), step by step:
 
 1. ``hidden_states * attention_mask[..., None]`` (padding zeroed), times FalconH1's ``ssm_in_multiplier``;
 2. ``zxbcdt = in_proj(.)``, times FalconH1's ``mup_vector``; split ``[z, xBC, dt]``;
@@ -45,8 +45,9 @@ from ..reference.decode import reference_causal_conv1d_update, reference_selecti
 __all__ = ["OrderedHFMamba2Mixer", "HF_MIXERS", "SUPPORTED_TRANSFORMERS", "hf_mixer_family", "ordered_from_hf",
            "hf_from_ordered"]
 
-#: The ``transformers`` versions whose mixers this module mirrors: ``>=`` the first, ``<`` the second.
-SUPPORTED_TRANSFORMERS = ("5.17", "5.18")
+#: The ``transformers`` versions whose mixers this module mirrors: ``>=`` the first, ``<`` the second (5.21 reads
+#: the cache through ``get_conv_state`` / ``get_recurrent_state`` instead).
+SUPPORTED_TRANSFORMERS = ("5.17", "5.21")
 
 #: (module, class name) of each supported mixer class -> its family.
 HF_MIXERS = {
