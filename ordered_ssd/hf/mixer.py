@@ -269,11 +269,11 @@ class OrderedHFMamba2Mixer(nn.Module):
             raise ValueError("seq_idx / cu_seq_lens_q: packed sequences continuing from cache_params are not "
                              "supported (the cache holds one state per row, of the last sequence); prefill or train "
                              "a packed batch from an empty cache, or with use_cache=False")
-        if use_prev and L == 1:
+        if use_prev and L == 1:  # the original's recurrent form (its conv through the cache while it records past)
             if self.training and torch.is_grad_enabled():
                 raise NotImplementedError(f"{type(self).__name__}: a one-token step from cache_params in training "
                                           "mode (the step runs without autograd, as OrderedMamba2.step); call "
-                                          "model.eval(), or train on whole sequences")  # the original's recurrent form (its conv through the cache while it records past)
+                                          "model.eval(), or train on whole sequences")
             return self._decode_step(u, mask, cache, backend,
                                      conv_through_cache=cache.layers[self.layer_idx].record_past)
         return self._forward_seq(u, mask, seq_idx, cache, use_prev, backend)
