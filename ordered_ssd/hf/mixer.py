@@ -7,8 +7,8 @@ the gated norm's group size, epsilon and gate order, or no norm (FalconH1's ``ma
 FalconH1's input multiplier and ``mup_vector``. A mixer whose norm, activation or attributes are not one of
 these is refused, naming what is not supported.
 
-The forward computes what the original mixer's forward computes (``transformers`` 5.17 to 5.20's
-``modeling_<family>.py``, the same mixer code in those versions), step by step:
+The forward computes what the original mixer's forward computes (``transformers`` 5.17 to 5.22's
+``modeling_<family>.py``, the same mixer code in those versions but for how it reads the cache), step by step:
 
 1. ``hidden_states * attention_mask[..., None]`` (padding zeroed), times FalconH1's ``ssm_in_multiplier``;
 2. ``zxbcdt = in_proj(.)``, times FalconH1's ``mup_vector``; split ``[z, xBC, dt]``;
@@ -18,7 +18,7 @@ The forward computes what the original mixer's forward computes (``transformers`
 5. the gated RMSNorm ``norm(y * silu(z))`` over groups of the norm's group size (or ``y * silu(z)`` without a
    norm), then ``out_proj``.
 
-One decoding token (``cache_params.has_previous_state(layer_idx)`` and one position) runs causal-conv1d's
+One decoding token (a cache holding the layer's states, and one position) runs causal-conv1d's
 ``causal_conv1d_update`` and mamba-ssm's ``selective_state_update`` on the cache's tensors in place, as the
 original does (without ``time_step_limit``, as the original's step).
 
@@ -45,9 +45,22 @@ from ..reference.decode import reference_causal_conv1d_update, reference_selecti
 __all__ = ["OrderedHFMamba2Mixer", "HF_MIXERS", "SUPPORTED_TRANSFORMERS", "hf_mixer_family", "ordered_from_hf",
            "hf_from_ordered"]
 
-#: The ``transformers`` versions whose mixers this module mirrors: ``>=`` the first, ``<`` the second (5.21 reads
-#: the cache through ``get_conv_state`` / ``get_recurrent_state`` instead).
-SUPPORTED_TRANSFORMERS = ("5.17", "5.21")
+#: The ``transformers`` versions whose mixers this module mirrors: ``>=`` the first, ``<`` the second. Their mixer
+#: forward is one code, but for how it reads the cache (:func:`_cache_states`); 5.23 changed the mixers again.
+SUPPORTED_TRANSFORMERS = ("5.17", "5.23")
+
+
+def _cache_states(cache, layer_idx):
+    """``(conv_state, recurrent_state, recording_past)`` of layer ``layer_idx`` as the installed version's mixer reads
+    them: 5.21 and later through ``cache.get_conv_state`` / ``get_recurrent_state`` / ``is_recording_past`` (None
+    where the layer holds no state yet), 5.17 to 5.20 through ``cache.has_previous_state`` and ``cache.layers``."""
+    if hasattr(cache, "get_conv_state"):
+        return (cache.get_conv_state(layer_idx, state_idx=0), cache.get_recurrent_state(layer_idx, state_idx=0),
+                cache.is_recording_past(layer_idx))
+    if cache.has_previous_state(layer_idx):
+        layer = cache.layers[layer_idx]
+        return layer.conv_states[0], layer.recurrent_states[0], layer.record_past
+    return None, None, False
 
 #: (module, class name) of each supported mixer class -> its family.
 HF_MIXERS = {
@@ -264,7 +277,8 @@ class OrderedHFMamba2Mixer(nn.Module):
         mask = self._check_mask(attention_mask, Bsz, L, u.device)
         seq_idx = self._packed_seq_idx(kwargs, Bsz, L, u.device)
         cache = cache_params
-        use_prev = cache is not None and cache.has_previous_state(self.layer_idx)
+        conv_state, ssm_state, recording = _cache_states(cache, self.layer_idx) if cache is not None else (None,) * 3
+        use_prev = ssm_state is not None
         if use_prev and seq_idx is not None:
             raise ValueError("seq_idx / cu_seq_lens_q: packed sequences continuing from cache_params are not "
                              "supported (the cache holds one state per row, of the last sequence); prefill or train "
@@ -274,9 +288,8 @@ class OrderedHFMamba2Mixer(nn.Module):
                 raise NotImplementedError(f"{type(self).__name__}: a one-token step from cache_params in training "
                                           "mode (the step runs without autograd, as OrderedMamba2.step); call "
                                           "model.eval(), or train on whole sequences")
-            return self._decode_step(u, mask, cache, backend,
-                                     conv_through_cache=cache.layers[self.layer_idx].record_past)
-        return self._forward_seq(u, mask, seq_idx, cache, use_prev, backend)
+            return self._decode_step(u, mask, cache, conv_state, ssm_state, backend, conv_through_cache=recording)
+        return self._forward_seq(u, mask, seq_idx, cache, ssm_state, backend)
 
     def _backend_for(self, u) -> str:
         _checks.check_tensor("hidden_states", u)
@@ -368,7 +381,8 @@ class OrderedHFMamba2Mixer(nn.Module):
         return (mask is None and not use_prev and
                 (spec.norm == "none" or spec.norm_group_size == spec.d_ssm // spec.ngroups))
 
-    def _forward_seq(self, u, mask, seq_idx, cache, use_prev, backend):
+    def _forward_seq(self, u, mask, seq_idx, cache, initial, backend):
+        use_prev = initial is not None
         spec = self._ordered_spec
         H, P, G, N = spec.nheads, spec.headdim, spec.ngroups, spec.d_state
         Bsz, L, _ = u.shape
@@ -400,7 +414,6 @@ class OrderedHFMamba2Mixer(nn.Module):
         if mask is not None:
             xBC = (xBC * mask[:, :, None]).to(xBC.dtype)
         x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
-        initial = cache.layers[self.layer_idx].recurrent_states[0] if use_prev else None
         z_gate = z.reshape(Bsz, L, H, P) if spec.norm == "none" else None
         kw = dict(D=self.D, z=z_gate, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=spec.dt_limit, seq_idx=seq_idx,
                   initial_states=initial, return_final_states=cache is not None)
@@ -459,7 +472,7 @@ class OrderedHFMamba2Mixer(nn.Module):
                                       zxbcdt_width=self.in_proj.weight.shape[0])
 
     @torch.no_grad()
-    def _decode_step(self, u, mask, cache, backend, conv_through_cache=False):
+    def _decode_step(self, u, mask, cache, conv_state, ssm_state, backend, conv_through_cache=False):
         """One token from the cache's states (updated in place), as the original's recurrent form. With
         ``conv_through_cache`` (the cache records past states, for assisted decoding) the conv input goes through
         ``cache.update_conv_state`` and the conv runs over what it returns, as the original does then."""
@@ -467,8 +480,6 @@ class OrderedHFMamba2Mixer(nn.Module):
         H, P, G, N = spec.nheads, spec.headdim, spec.ngroups, spec.d_state
         Bsz = u.shape[0]
         dtype = u.dtype
-        layer = cache.layers[self.layer_idx]
-        conv_state, ssm_state = layer.conv_states[0], layer.recurrent_states[0]
         zxbcdt = self._project_in(u, mask, backend)[:, 0]
         z, xBC, dt = torch.split(zxbcdt, [spec.d_ssm, spec.d_ssm + 2 * G * N, H], dim=-1)
         conv_w = self.conv1d.weight.squeeze(1)

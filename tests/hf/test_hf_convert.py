@@ -120,19 +120,18 @@ def test_a_bf16_model_on_the_cpu_is_refused_at_forward():
         model(ids())
 
 
-@pytest.mark.parametrize("version", ["5.16.2", "5.21.0", "4.57.1", "6.0.0"])
+@pytest.mark.parametrize("version", ["5.16.2", "5.23.0", "4.57.1", "6.0.0"])
 def test_a_transformers_version_outside_the_range_is_refused(version, monkeypatch):
     model = build("zamba2")
     cls_name = FAMILIES["zamba2"][1]
     before = mixers(model, cls_name)
     # the module the library reads (transformers 5.17 swaps the sys.modules entry once a model class is touched)
     monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
-    with pytest.raises(RuntimeError, match=rf"transformers: expected a version >= 5\.17, < 5\.21.*got {version}"):
+    with pytest.raises(RuntimeError, match=rf"transformers: expected a version >= 5\.17, < 5\.23.*got {version}"):
         convert_to_ordered(model)
     assert mixers(model, cls_name) == before
     monkeypatch.undo()
-    assert sys.modules["transformers"].__version__.split(".")[:2] in (["5", "17"], ["5", "18"], ["5", "19"],
-                                                                      ["5", "20"])
+    assert (5, 17) <= tuple(int(v) for v in sys.modules["transformers"].__version__.split(".")[:2]) < (5, 23)
     convert_to_ordered(model)  # the same model converts with the real version
     assert len(ordered_mixers(model)) == len(before)
 
