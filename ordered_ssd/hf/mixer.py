@@ -23,9 +23,9 @@ One decoding token (a cache holding the layer's states, and one position) runs c
 original does (without ``time_step_limit``, as the original's step).
 
 Paths (as :class:`~ordered_ssd.OrderedMamba2`): on CUDA the ordered operations of :mod:`ordered_ssd.ops` on the
-native kernels (the fused :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` where there is no mask,
-no cache and the norm's groups are the scan's groups; else the conv, the scan, the norm and the projections one by
-one); elsewhere the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64) with autograd.
+native kernels (the fused :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` where no mask acts, the
+scan starts from zeros (no cache, or a prefill into it) and the norm's groups are the scan's groups; else the conv,
+the scan, the norm and the projections one by one); elsewhere the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64) with autograd.
 """
 from __future__ import annotations
 
@@ -95,9 +95,10 @@ def _check_no_hooks(mixer: nn.Module, name: str) -> None:
     for sub_name, sub in mixer.named_modules():
         if hasattr(sub, "_hf_hook") or "forward" in sub.__dict__:
             where = f"{name}.{sub_name}" if sub_name else name
-            raise ValueError(f"{where}: expected a module without accelerate hooks (an instance-level forward), got "
-                             f"one: the model was dispatched over several devices or offloaded (device_map); load "
-                             f"it on one device (device_map=None, or a single device) before convert_to_ordered")
+            raise ValueError(f"{where}: expected a module without accelerate hooks or a forward set on the instance, "
+                             f"got one (accelerate adds them for a device_map over several devices, for offloading "
+                             f"and for some quantizers); the ordered mixer reads its weights itself: load the model "
+                             f"on one device (device_map=None, or a single device) before convert_to_ordered")
 
 
 def hf_mixer_family(module: nn.Module) -> Optional[str]:
@@ -176,9 +177,14 @@ def _spec_of(mixer: nn.Module, family: str) -> _Spec:
         raise ValueError(f"{name}.conv1d.weight: expected shape {(conv_dim, 1, mixer.conv_kernel_size)}, "
                          f"got {tuple(mixer.conv1d.weight.shape)}")
     _check_no_hooks(mixer, name)
-    if mixer.time_step_limit is None or len(tuple(mixer.time_step_limit)) != 2:
-        raise ValueError(f"{name}: time_step_limit: expected a (min, max) pair (the clamp of dt), got "
-                         f"{mixer.time_step_limit!r}")
+    limit = mixer.time_step_limit
+    try:
+        lo, hi = (float(v) for v in limit)
+    except (TypeError, ValueError):
+        lo = hi = float("nan")
+    if not lo <= hi:
+        raise ValueError(f"{name}: time_step_limit: expected a (min, max) pair with min <= max (the clamp of dt), "
+                         f"got {limit!r}")
     norm = mixer.norm
     norm_cls = type(norm).__name__
     norm_before_gate = False
@@ -208,7 +214,6 @@ def _spec_of(mixer: nn.Module, family: str) -> _Spec:
             if tuple(mup.shape) != (1, 1, width):
                 raise ValueError(f"{name}.mup_vector: expected shape (1, 1, {width}), got {tuple(mup.shape)}")
             has_mup = True
-    lo, hi = (float(v) for v in mixer.time_step_limit)
     return _Spec(family=family, d_model=mixer.in_proj.weight.shape[1], nheads=H, headdim=P, ngroups=G, d_state=N,
                  d_conv=mixer.conv_kernel_size, d_ssm=d_ssm, chunk_size=int(mixer.chunk_size), dt_limit=(lo, hi),
                  norm=kind, norm_group_size=group, norm_eps=eps, norm_before_gate=norm_before_gate,

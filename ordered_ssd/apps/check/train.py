@@ -195,8 +195,9 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     add_test_grad_noise(model)  # testing only: nothing unless ORDERED_SSD_TEST_GRAD_NOISE names a module
     names = [name for name, _ in model.named_parameters()]
     modules = module_names(names)
-    # forward outputs depend on how a step's rows are split into blocks: recorded only without the accumulator
-    outputs = OutputDigests(model, modules) if acc is None else None
+    # forward outputs depend on how a step's rows are split into blocks and ranks: recorded in one process without
+    # the accumulator only (in a data-parallel run rank 0's outputs alone could not tell where a difference arose)
+    outputs = OutputDigests(model, modules) if acc is None and world.world_size == 1 else None
     logits = logits_fn(spec)
     steps: List[dict] = []
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)

@@ -69,3 +69,28 @@ def test_the_module_diff_tells_a_forward_difference_from_a_backward_one():
     assert "the backward differs, in the modules listed" in describe_module_diff(bwd) and "the last, layers.0," in describe_module_diff(bwd)
     assert first_module_diff(ref, ref) is None
 
+
+
+def test_output_digests_fold_every_output_on_its_device_and_name_none_for_other_outputs():
+    import torch
+
+    from ordered_ssd.apps.check.modules import OutputDigests, _fingerprint
+
+    a = torch.randn(300, 7)
+    b = a.clone()
+    b[5, 3] = torch.nextafter(b[5, 3], torch.tensor(10.0))  # one ulp
+    assert _fingerprint(a, 1 << 24).item() == _fingerprint(a.clone(), 64).item()  # any chunking, the same
+    assert _fingerprint(a, 1 << 24).item() != _fingerprint(b, 1 << 24).item()
+    model = torch.nn.ModuleDict({"scalar": torch.nn.Identity(), "pair": torch.nn.Identity()})
+    outs = OutputDigests(model, ["scalar", "pair", "missing"])
+    model["scalar"](torch.tensor(3.0))  # a 0-d output
+    model["pair"]((None, a))  # the first tensor of a tuple
+    first = outs.take()
+    model["scalar"](torch.tensor(3.0))
+    model["pair"]((None, b))
+    second = outs.take()
+    assert list(first) == ["scalar", "pair"] and first["scalar"] == second["scalar"]
+    assert first["pair"] != second["pair"]
+    outs.remove()
+    model["pair"]((None, a))
+    assert outs.take() == {}
