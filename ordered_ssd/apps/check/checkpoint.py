@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import CheckError
+from .errors import CheckError, first_line
 
 #: The fields every checkpoint has (a data-parallel one also ``world_size``), besides ``format``.
 CKPT_FIELDS = ("step", "data_position", "model", "optimizer", "fingerprint", "fingerprint_info", "spec", "rng")
@@ -25,7 +25,7 @@ def read_checkpoint(path: str) -> dict:
     except FileNotFoundError:
         raise CheckError(f"checkpoint {path}: expected a checkpoint file, got no such file") from None
     except Exception as e:  # noqa: BLE001 -- a bad file gives RuntimeError, UnpicklingError, EOFError, ...
-        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        first = first_line(e)
         raise CheckError(f"checkpoint {path}: expected a torch.save file that loads with weights_only=True, got one "
                          f"that does not (corrupt or truncated?): {type(e).__name__}: {first}") from None
     if not isinstance(ckpt, dict):
@@ -60,6 +60,6 @@ def load_optimizer_state(path: str, optimizer: torch.optim.Optimizer, state) -> 
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        first = first_line(e)
         raise CheckError(f"checkpoint {path}: expected the optimizer state of this run's model, got one that does "
                          f"not load: {type(e).__name__}: {first}") from None

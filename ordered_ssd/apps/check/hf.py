@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..lm import VOCAB, DataError
-from .errors import CheckError
+from .errors import CheckError, first_line
 
 #: the files whose presence makes a folder a checkpoint to load (else it is a config to build from)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -80,7 +80,7 @@ def _load_config(transformers, config_file: str):
     try:
         return transformers.AutoConfig.from_pretrained(config_file)
     except (ValueError, KeyError, TypeError, OSError) as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        first = first_line(e)
         raise DataError(f"--hf-config: {config_file}: transformers cannot build a config from it: "
                         f"{type(e).__name__}: {first}") from None
 
@@ -133,14 +133,15 @@ def _build(transformers, config, folder: Optional[str], device: torch.device) ->
         with device:
             return auto.from_config(config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
     except (ValueError, KeyError, TypeError, OSError) as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "").strip()
+        first = first_line(e)
         raise DataError(f"--hf-config: transformers cannot build a causal LM of {type(config).__name__} "
                         f"({config.model_type}): {type(e).__name__}: {first}") from None
 
 
 def build_hf_model(spec: dict, device: torch.device) -> nn.Module:
     """The model of ``spec["hf"]`` on ``device`` in training mode: built from the config (torch seeded with
-    ``spec["seed"]`` first) or loaded; converted (``spec["mixer"] == "ordered"``: its Mamba-2 mixers ordered) or left as it is (``"native"``, the control).
+    ``spec["seed"]`` first) or loaded; converted (``spec["mixer"] == "ordered"``: its Mamba-2 mixers ordered) or
+    left as it is (``"native"``, the control).
 
     Raises:
         CheckError: the config file changed since the check started, another transformers version than the
