@@ -58,11 +58,7 @@ def spec_from_args(args) -> dict:
         raise DataError(f"--ngroups: expected a divisor of the number of heads "
                         f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
     _check_data_native_nproc(args, device, pick)
-    return {"device": str(device), "mixer": "ordered", "model": model, "seed": args.seed,
-            "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
-            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
-            "data": None if args.data is None else os.path.abspath(args.data),
-            "data_bytes": pick(args.data_bytes, "data_bytes")}
+    return {**_run_fields(args, device, pick), "model": model}
 
 
 #: the byte LM's shape options, which --hf-config replaces (the config gives the model)
@@ -79,10 +75,14 @@ def _hf_spec_from_args(args, device: torch.device, pick) -> dict:
     _check_data_native_nproc(args, device, pick)
     from .hf import hf_spec
 
-    return {"device": str(device), "mixer": "ordered", "model": None, "hf": hf_spec(args.hf_config),
-            "seed": args.seed, "steps": pick(args.steps, "steps"), "batch": pick(args.batch, "batch"),
-            "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"), "weight_decay": 0.1, "clip": 1.0,
-            "data": None if args.data is None else os.path.abspath(args.data),
+    return {**_run_fields(args, device, pick), "model": None, "hf": hf_spec(args.hf_config)}
+
+
+def _run_fields(args, device: torch.device, pick) -> dict:
+    """The spec's fields that do not depend on the model: device, seed, schedule, data."""
+    return {"device": str(device), "mixer": "ordered", "seed": args.seed, "steps": pick(args.steps, "steps"),
+            "batch": pick(args.batch, "batch"), "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"),
+            "weight_decay": 0.1, "clip": 1.0, "data": None if args.data is None else os.path.abspath(args.data),
             "data_bytes": pick(args.data_bytes, "data_bytes")}
 
 
