@@ -104,7 +104,8 @@ def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
     try:
         saved = json.loads(ckpt["spec"])
     except (TypeError, ValueError):
-        raise CheckError(f"checkpoint {resume}: expected the spec of its run as JSON, got {type(ckpt['spec']).__name__}")
+        raise CheckError(f"checkpoint {resume}: expected the spec of its run as JSON, got "
+                         f"{type(ckpt['spec']).__name__}")
     for key in ("model", "hf"):
         if isinstance(saved, dict) and saved.get(key) != spec.get(key):
             def show(s):
@@ -245,7 +246,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if world.rank == 0:
         record = {"label": label, "spec": spec, "fingerprint": fingerprint, "fingerprint_info": fingerprint_info,
                   "start": start,
-                  "steps": steps, "train_s": train_s, "param_names": names, "module_names": modules, "final": final, "val_loss": None,
+                  "steps": steps, "train_s": train_s, "param_names": names, "module_names": modules, "final": final,
+                  "val_loss": None,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
                   **world.record_fields(every, len(steps))}
         if final is not None:
