@@ -13,5 +13,6 @@ from .audit import Finding, audit_model
 from .mixer import (HF_MIXERS, SUPPORTED_TRANSFORMERS, OrderedHFMamba2Mixer, hf_mixer_family, ordered_from_hf,
                     hf_from_ordered)
 
-__all__ = ["OrderedHFMamba2Mixer", "audit_model", "Finding", "HF_MIXERS", "SUPPORTED_TRANSFORMERS", "hf_mixer_family", "ordered_from_hf",
+__all__ = ["OrderedHFMamba2Mixer", "audit_model", "Finding", "HF_MIXERS", "SUPPORTED_TRANSFORMERS", "hf_mixer_family",
+           "ordered_from_hf",
            "hf_from_ordered"]

@@ -25,7 +25,8 @@ original does (without ``time_step_limit``, as the original's step).
 Paths (as :class:`~ordered_ssd.OrderedMamba2`): on CUDA the ordered operations of :mod:`ordered_ssd.ops` on the
 native kernels (the fused :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` where no mask acts, the
 scan starts from zeros (no cache, or a prefill into it) and the norm's groups are the scan's groups; else the conv,
-the scan, the norm and the projections one by one); elsewhere the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64) with autograd.
+the scan, the norm and the projections one by one); elsewhere the pure-PyTorch reference
+(:mod:`ordered_ssd.reference`, fp32/fp64) with autograd.
 """
 from __future__ import annotations
 
@@ -507,13 +508,11 @@ class OrderedHFMamba2Mixer(nn.Module):
         if backend == "cuda":
             from .. import ops
 
-            y = ops.ordered_selective_state_update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype),
-                                                   B.reshape(Bsz, G, N), C.reshape(Bsz, G, N), D=self.D, z=z_gate,
-                                                   dt_bias=self.dt_bias, dt_softplus=True)
+            update = ops.ordered_selective_state_update
         else:
-            y = reference_selective_state_update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype),
-                                                 B.reshape(Bsz, G, N), C.reshape(Bsz, G, N), D=self.D, z=z_gate,
-                                                 dt_bias=self.dt_bias, dt_softplus=True)
+            update = reference_selective_state_update
+        y = update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype), B.reshape(Bsz, G, N),
+                   C.reshape(Bsz, G, N), D=self.D, z=z_gate, dt_bias=self.dt_bias, dt_softplus=True)
         y = y.reshape(Bsz, 1, spec.d_ssm)
         y = self._gate(y, z[:, None], backend)
         return self._project_out(y, dtype, backend)
