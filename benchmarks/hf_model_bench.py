@@ -474,21 +474,15 @@ def child_argv(args, name, B, L, path):
     return argv
 
 
-def child_env() -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_CACHE_AUTOTUNING", None)  # no autotuning choice read from disk: the child times its own
-    env.update({k: "1" for k in DET_ENV})
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def run_upstream_det(args, name, B, L) -> dict:
+    from ordered_ssd.apps.bench.children import child_env  # the bench's: DET_ENV set, no autotune cache, our root
+
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "child.json")
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(child_argv(args, name, B, L, path), env=child_env(), capture_output=True, text=True,
-                                  timeout=args.child_timeout)
+            proc = subprocess.run(child_argv(args, name, B, L, path), env=child_env("upstream-det"),
+                                  capture_output=True, text=True, timeout=args.child_timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"the upstream-det child ran past --child-timeout {args.child_timeout:g} s"}
         wall = time.perf_counter() - t0
@@ -532,17 +526,12 @@ def environment(device) -> dict:
         except md.PackageNotFoundError:
             return None
 
-    def git(*cmd):
-        try:
-            return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
+    from ordered_ssd.apps.bench.suite import _commit, _tree  # as ordered-ssd bench records them
 
     env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "transformers": version("transformers"), "mamba_ssm": version("mamba-ssm"),
            "causal_conv1d": version("causal-conv1d"), "triton": version("triton"),
-           "ordered_ssd": version("ordered-ssd"), "git_commit": git("rev-parse", "HEAD"),
-           "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "device": device.type}
+           "ordered_ssd": version("ordered-ssd"), "git_commit": _commit(), "git_tree": _tree(), "device": device.type}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["gpu_capability"] = list(torch.cuda.get_device_capability(device))
