@@ -98,11 +98,35 @@ class TreeGradAccumulator:
                              f"accumulate them with two TreeGradAccumulators")
         #: accumulation dtype: fp32, or fp64 for an all-fp64 model
         self.dtype = torch.float64 if n64 else torch.float32
-        self.numel = sum(p.numel() for p in self.params)
+        self.numel = sum(self._numel_of(p) for p in self.params)
         self._stack: List[tuple] = []  # (level, flat buffer): node of 2**level consecutive blocks
         self._had_grad = [False] * len(self.params)  # a .grad in some block of this rank
         self.blocks = 0
         self.max_buffers_held = 0
+
+    # ------------------------------------------------------------------------------------------- local view
+    # What a subclass over sharded parameters (:class:`ordered_ssd.fsdp.FSDPTreeAccumulator`) changes: the local
+    # tensor of a parameter or gradient, the fields the ranks must agree on, the reduction over ranks, the group
+    # compared over, and how a written local gradient becomes the parameter's ``.grad``.
+    @staticmethod
+    def _local_of(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def _numel_of(self, p) -> int:
+        return p.numel()
+
+    def _meta_fields(self) -> dict:
+        return {"blocks": self.blocks, "gradient elements": self.numel,
+                "accumulation bits": 64 if self.dtype == torch.float64 else 32, "parameters": len(self.params)}
+
+    def _reduce_flat(self, flat: torch.Tensor, group) -> torch.Tensor:
+        return tree_all_reduce(flat, group)
+
+    def _agree_group(self, group):
+        return group
+
+    def _wrap_grad(self, p, local: torch.Tensor):
+        return local
 
     # ------------------------------------------------------------------------------------------- state
     @property
@@ -122,9 +146,9 @@ class TreeGradAccumulator:
         flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         off = 0
         for i, p in enumerate(self.params):
-            k = p.numel()
+            k = self._numel_of(p)
             seg = flat[off:off + k]
-            g = p.grad
+            g = None if p.grad is None else self._local_of(p.grad)
             self._had_grad[i] = self._had_grad[i] or g is not None
             if g is None:
                 seg.zero_()
@@ -160,16 +184,16 @@ class TreeGradAccumulator:
             return list(self._had_grad)
         import torch.distributed as dist
 
+        group = self._agree_group(group)
         device = self.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        dtype_code = 64 if self.dtype == torch.float64 else 32
-        meta = torch.tensor([self.blocks, self.numel, dtype_code, len(self.params)], dtype=torch.int64,
-                            device=device)
+        fields = self._meta_fields()
+        meta = torch.tensor(list(fields.values()), dtype=torch.int64, device=device)
         every = [torch.empty_like(meta) for _ in range(world)]
         dist.all_gather(every, meta, group=group)
         rows = [tuple(int(v) for v in t.tolist()) for t in every]
         if len(set(rows)) != 1:
-            raise ValueError("TreeGradAccumulator: the ranks differ in (blocks, gradient elements, accumulation "
-                             "bits, parameters): " + ", ".join(f"rank {r}: {row}" for r, row in enumerate(rows)) +
+            raise ValueError(f"{type(self).__name__}: the ranks differ in ({', '.join(fields)}): " +
+                             ", ".join(f"rank {r}: {row}" for r, row in enumerate(rows)) +
                              "; every rank must add the same number of blocks of the same parameters")
         seen = torch.tensor(self._had_grad, dtype=torch.int32, device=device)
         dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
@@ -203,7 +227,7 @@ class TreeGradAccumulator:
                 :attr:`blocks` or the world size is not a power of two.
         """
         self._agree(group)
-        return tree_all_reduce(self._local().clone(), group)
+        return self._reduce_flat(self._local().clone(), group)
 
     def world_size(self, group=None) -> int:
         """The number of ranks :meth:`reduce` combines (1 without an initialised process group)."""
@@ -226,15 +250,16 @@ class TreeGradAccumulator:
         local = self._local()
         if scale is None:
             scale = 1.0 / (self.blocks * self.world_size(group))
-        flat = tree_all_reduce(local, group)  # in place: the buffer is dropped by reset() below
+        flat = self._reduce_flat(local, group)  # in place: the buffer is dropped by reset() below
         flat.mul_(scale)
         off = 0
         for p, had_grad in zip(self.params, seen):
-            k = p.numel()
+            k = self._numel_of(p)
             if had_grad:
-                g = torch.empty_like(p, memory_format=torch.preserve_format)
-                g.copy_(flat[off:off + k].view(p.shape))
-                p.grad = g
+                local_p = self._local_of(p)
+                g = torch.empty_like(local_p, memory_format=torch.preserve_format)
+                g.copy_(flat[off:off + k].view(local_p.shape))
+                p.grad = self._wrap_grad(p, g)
             off += k
         self.reset()
 

@@ -357,14 +357,26 @@ def init_distributed(device_type: str, timeout_s: float = 600.0) -> DistContext:
     timeout = datetime.timedelta(seconds=timeout_s)
     if device_type == "cpu":
         device, backend = torch.device("cpu"), "gloo"
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, store=_attempt_store(rank, world, timeout), rank=rank,
+                                world_size=world)
     elif device_type == "cuda":
         if local >= torch.cuda.device_count():
             raise RuntimeError(f"local rank {local} needs cuda:{local} but only {torch.cuda.device_count()} "
                                f"GPU(s) are visible")
         device, backend = torch.device("cuda", local), "nccl"
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timeout, device_id=device)
+        dist.init_process_group(backend, timeout=timeout, device_id=device,
+                                store=_attempt_store(rank, world, timeout), rank=rank, world_size=world)
     else:
         raise RuntimeError(f"device type: expected 'cpu' or 'cuda', got {device_type!r}")
     return DistContext(rank, world, local, device, backend)
+
+
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store of ``MASTER_ADDR:MASTER_PORT`` under a prefix naming torchrun's restart attempt
+    (``TORCHELASTIC_RESTART_COUNT``): after a rank failed and torchrun restarted the group, the agent's store
+    still holds the dead attempt's addresses, which gloo would try to connect to."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
+                          is_master=(not agent and rank == 0), timeout=timeout, wait_for_workers=False)
+    return dist.PrefixStore(f"ordered-ssd/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)

@@ -49,3 +49,27 @@ class SequentialGradAccumulator:
                 ordered_all_reduce(s, average=True).wait()
             p.grad = s.to(p.dtype)
         self.sums, self.blocks = None, 0
+
+
+class FSDPDefaultAccumulation:
+    """The control of ``--fsdp --accumulate sequential``: FSDP2 as it is usually run. Its own reduce-scatter
+    (the backend's order; the mean over ranks) after every micro-batch, its own accumulation into the sharded
+    ``.grad`` (left to right over the micro-batches), then the division by ``m``. Interface of
+    :class:`ordered_ssd.fsdp.FSDPTreeAccumulator` (``add_block``, ``write_grads``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params: List[torch.nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        self.blocks = 0
+
+    def add_block(self) -> None:
+        """Nothing to take: FSDP added this micro-batch's reduced gradient into ``.grad``."""
+        self.blocks += 1
+
+    def write_grads(self) -> None:
+        """``.grad /= m`` (FSDP already divided by the number of ranks)."""
+        if self.blocks == 0:
+            raise RuntimeError("write_grads: no block was added")
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.div_(self.blocks)
+        self.blocks = 0
