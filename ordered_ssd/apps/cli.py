@@ -73,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--split-invariance's gradient accumulation: tree (default), the library's pairwise tree "
                             "over the blocks in global order; sequential, a control: left to right per rank, then "
                             "the rank-ordered mean (expected NOT SPLIT-INVARIANT)")
+    check.add_argument("--fsdp", action="store_true",
+                       help="--split-invariance with FSDP2 (fully_shard, the library's ordered reduce-scatter and "
+                            "FSDPTreeAccumulator); adds a DDP run of the first split, which must give the same bits "
+                            "(see docs/distributed.md; default: DDP-free tree accumulation)")
+    check.add_argument("--restart-ranks", type=_rank_list, default=None, metavar="R1,R2,...",
+                       help="--split-invariance: also resume the replayed split's checkpoint on each of these numbers "
+                            "of ranks (powers of two dividing the number of blocks), which must continue with the "
+                            "uninterrupted bits (default: none)")
+    check.add_argument("--kill-rank", action="store_true",
+                       help="--split-invariance: also run the replayed split under torchrun with one restart, "
+                            "checkpointing every step, with its last rank killed (SIGKILL) in the middle of step "
+                            "--stop-at; the restarted job resumes from the last complete checkpoint and must end with "
+                            "the uninterrupted bits (default: off)")
     check.add_argument("--quiet", action="store_true", help="no progress bars (default: progress bars on stderr)")
 
     sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")
@@ -91,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ckpt", default=None)
     train.add_argument("--resume", default=None)
     train.add_argument("--allow-fingerprint-mismatch", action="store_true")
+    train.add_argument("--ckpt-every", type=int, default=None)
+    train.add_argument("--resume-if-any", action="store_true")
+    train.add_argument("--kill-at", type=int, default=None)
     train.add_argument("--quiet", action="store_true")
     return parser
 
@@ -100,6 +116,12 @@ def _per_device(key: str) -> str:
     from .check.spec import DEFAULTS
 
     return f" (default: {DEFAULTS['cpu'][key]} on the CPU, {DEFAULTS['cuda'][key]} on CUDA)"
+
+
+def _rank_list(text: str):
+    from .check.split import parse_rank_list
+
+    return parse_rank_list(text)
 
 
 def _splits(text: str):
@@ -113,7 +135,9 @@ def _cmd_check(args) -> int:
     from .check.spec import spec_from_args
 
     if not args.split_invariance:
-        for flag, value in (("--splits", args.splits), ("--accumulate", args.accumulate)):
+        for flag, value in (("--splits", args.splits), ("--accumulate", args.accumulate),
+                            ("--restart-ranks", args.restart_ranks), ("--fsdp", args.fsdp or None),
+                            ("--kill-rank", args.kill_rank or None)):
             if value is not None:
                 raise DataError(f"{flag}: only with --split-invariance")
     elif args.hf_config is not None:
@@ -128,7 +152,8 @@ def _cmd_check(args) -> int:
         from .check.split import run_split_check
 
         return run_split_check(spec, args.out, splits=args.splits, stop_at=stop_at,
-                               accumulate=args.accumulate or "tree", progress=not args.quiet)
+                               accumulate=args.accumulate or "tree", progress=not args.quiet, fsdp=args.fsdp,
+                               restart_ranks=args.restart_ranks, kill_rank=args.kill_rank)
     return run_check(spec, args.out, stop_at=stop_at, native=args.native, progress=not args.quiet,
                      nproc=args.nproc)
 
@@ -140,7 +165,8 @@ def _cmd_train(args) -> int:
     with open(args.spec) as fh:
         spec = json.load(fh)
     train_run(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt, resume=args.resume,
-              allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet)
+              allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet,
+              ckpt_every=args.ckpt_every, resume_if_any=args.resume_if_any, kill_at=args.kill_at)
     return EXIT_OK
 
 

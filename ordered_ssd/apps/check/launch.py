@@ -46,8 +46,9 @@ def _is_progress_line(line: str) -> bool:
 
 
 def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool, nproc: int,
-                 log_path: str, threads: Optional[int] = None) -> None:
-    """Run ``ordered-ssd _train`` under ``python -m torch.distributed.run`` with ``nproc`` processes.
+                 log_path: str, threads: Optional[int] = None, max_restarts: int = 0) -> None:
+    """Run ``ordered-ssd _train`` under ``python -m torch.distributed.run`` with ``nproc`` processes (and
+    ``max_restarts`` restarts of the whole group when a rank fails).
 
     If OMP_NUM_THREADS is unset, each rank gets ``threads`` intra-op threads (default :func:`child_threads`).
     torchrun's and the ranks' output goes to ``log_path``; rank 0's progress lines are forwarded to stderr.
@@ -57,7 +58,7 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
             log's path.
     """
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "--max-restarts", "0"] + _train_command(spec_path, record_path, label, extra, progress))
+            "--max-restarts", str(max_restarts)] + _train_command(spec_path, record_path, label, extra, progress))
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads if threads is not None else child_threads(nproc)))
     errors: List[str] = []
@@ -107,10 +108,11 @@ class Launcher:
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
 
-    def __call__(self, spec_path: str, name: str, label: str, extra: List[str], nproc: Optional[int] = None) -> None:
+    def __call__(self, spec_path: str, name: str, label: str, extra: List[str], nproc: Optional[int] = None,
+                 max_restarts: int = 0) -> None:
         nproc = self.nproc if nproc is None else nproc
         if nproc is not None:
             run_torchrun(spec_path, self.record(name), label, extra, self.progress, nproc,
-                         os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads)
+                         os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, self.progress)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,7 +23,7 @@ from ..lm import ByteData
 from .errors import CheckError
 from .launch import Launcher, child_threads
 from .report import (STALE, _print_table, compare_runs, describe_comparison, diverged_verdict, first_nonfinite,
-                     load_record, merge_restart, write_report)
+                     load_record, write_report)
 from .run import prepared_run
 from .train import build_model
 
@@ -38,7 +38,8 @@ def _power_of_two(n: int) -> bool:
 
 def parse_splits(text: str) -> List[Tuple[int, int]]:
     """argparse type of ``--splits``: ``R1xM1,R2xM2,...`` -> ``[(R1, M1), ...]``; R and M powers of two, the same
-    product ``R*M`` for every split, no split twice, at least two."""
+    product ``R*M`` for every split, no split twice (a single split is refused later unless ``--fsdp`` adds the
+    DDP run to compare with: :func:`run_split_check`)."""
     splits = []
     for part in text.split(","):
         r, sep, m = part.strip().lower().partition("x")
@@ -53,12 +54,29 @@ def parse_splits(text: str) -> List[Tuple[int, int]]:
             raise argparse.ArgumentTypeError(f"split {part.strip()}: the ranks R and the accumulation steps M must "
                                              f"be powers of two (1, 2, 4, ...)")
         splits.append(split)
-    if len(set(splits)) != len(splits) or len(splits) < 2:
-        raise argparse.ArgumentTypeError(f"expected at least two different splits, got {text!r}")
+    if len(set(splits)) != len(splits):
+        raise argparse.ArgumentTypeError(f"expected different splits, got {text!r}")
     if len({r * m for r, m in splits}) != 1:
         raise argparse.ArgumentTypeError(f"every split must have the same number of blocks R*M (the block size "
                                          f"is fixed), got {', '.join(label(s) for s in splits)}")
     return splits
+
+
+def parse_rank_list(text: str) -> List[int]:
+    """argparse type of ``--restart-ranks``: ``R1,R2,...`` -> ``[R1, R2, ...]``, powers of two, none twice."""
+    ranks = []
+    for part in text.split(","):
+        try:
+            r = int(part.strip())
+        except ValueError:
+            r = 0
+        if not _power_of_two(r):
+            raise argparse.ArgumentTypeError(f"expected numbers of ranks that are powers of two separated by commas "
+                                             f"(e.g. 2,8), got {part.strip()!r}")
+        ranks.append(r)
+    if len(set(ranks)) != len(ranks):
+        raise argparse.ArgumentTypeError(f"expected every number of ranks once, got {text!r}")
+    return ranks
 
 
 def label(split: Tuple[int, int]) -> str:
@@ -111,27 +129,56 @@ def _first_difference(comparisons: dict) -> Optional[dict]:
     return min(found, key=lambda f: f["step"]) if found else None
 
 
+def check_restart_ranks(spec: dict, splits: List[Tuple[int, int]], restart_ranks: Optional[List[int]]) -> List[int]:
+    """The numbers of ranks to resume the replayed split on; CheckError (one line) for one that does not divide
+    the number of blocks or exceeds the GPUs."""
+    ranks = list(restart_ranks or [])
+    blocks = splits[0][0] * splits[0][1]
+    for r in ranks:
+        if not _power_of_two(r) or blocks % r:
+            raise CheckError(f"--restart-ranks: expected numbers of ranks dividing the {blocks} blocks of the splits "
+                             f"{', '.join(label(s) for s in splits)}, got {r}")
+        if torch.device(spec["device"]).type == "cuda" and r > torch.cuda.device_count():
+            raise CheckError(f"--restart-ranks: {r} ranks need {r} GPUs (one per rank), "
+                             f"{torch.cuda.device_count()} visible")
+    return ranks
+
+
 def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int, int]]], stop_at: int,
-                    accumulate: str = "tree", progress: bool = True, print_fn: Callable = print) -> int:
+                    accumulate: str = "tree", progress: bool = True, print_fn: Callable = print, fsdp: bool = False,
+                    restart_ranks: Optional[List[int]] = None, kill_rank: bool = False) -> int:
     """Train ``spec`` with every split, and replay one split from a checkpoint; print the table and the verdict;
     write ``report.json`` and ``loss.png`` under ``out_dir``. Returns 0 (``SPLIT-INVARIANT``) or 1.
 
+    ``fsdp``: every split shards the model with FSDP2 (the library's ordered reduce-scatter and
+    :class:`~ordered_ssd.fsdp.FSDPTreeAccumulator`), and a DDP-free tree run of the first split is added
+    (``ddp-RxM``). ``restart_ranks``: the replayed split's checkpoint is also resumed on each of these numbers of
+    ranks (``restart-RxM``). ``kill_rank``: the replayed split is also run under torchrun with one restart and a
+    checkpoint after every step, its last rank killed with SIGKILL in the middle of step ``stop_at`` (``kill``).
+    Every run must equal the first split bit for bit.
+
     Raises:
-        CheckError: bad splits or ``stop_at``, a batch that does not split, too few GPUs, unwritable output, or a
-            failed run (one line; nothing written before the arguments are checked).
+        CheckError: bad splits, restart ranks or ``stop_at``, a batch that does not split, too few GPUs,
+            unwritable output, or a failed run (one line; nothing written before the arguments are checked).
     """
     device_type = torch.device(spec["device"]).type
     splits = list(splits or DEFAULT_SPLITS[device_type])
     if accumulate not in ACCUMULATE:
         raise CheckError(f"--accumulate: expected one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
+    if len(splits) < 2 and not fsdp:
+        raise CheckError(f"--splits: expected at least two different splits (one is enough with --fsdp, which adds "
+                         f"the DDP run of the same split), got {', '.join(label(s) for s in splits)}")
     block = check_splits(spec, splits)
+    ranks = check_restart_ranks(spec, splits, restart_ranks)
     with prepared_run(spec, out_dir, stop_at) as (out_dir, data, source):
         return _run_split_check(spec, out_dir, data, source, splits=splits, block=block, stop_at=stop_at,
-                                accumulate=accumulate, progress=progress, print_fn=print_fn)
+                                accumulate=accumulate, progress=progress, print_fn=print_fn, fsdp=fsdp,
+                                restart_ranks=ranks, kill_rank=kill_rank)
 
 
 def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, splits: List[Tuple[int, int]],
-                     block: int, stop_at: int, accumulate: str, progress: bool, print_fn: Callable) -> int:
+                     block: int, stop_at: int, accumulate: str, progress: bool, print_fn: Callable,
+                     fsdp: bool = False, restart_ranks: Sequence[int] = (), kill_rank: bool = False) -> int:
     """:func:`run_split_check` in its locked output directory, on the data already read."""
     spec = dict(spec, data_sha256=data.sha256)
     remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
@@ -143,51 +190,98 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
              f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {spec['device']}, "
              f"{spec['steps']} steps of global batch {spec['batch']} x {spec['seq_len']} bytes in blocks of {block}; "
              f"splits (ranks x accumulation steps) {', '.join(label(s) for s in splits)}; {accumulate} "
-             f"accumulation; {threads} thread(s) per rank")
+             f"accumulation{'; FSDP2 (fully_shard)' if fsdp else ''}; {threads} thread(s) per rank")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
     launch = Launcher(runs_dir, progress, None, threads=threads)
     replay = replay_split(splits)
-    ckpt = os.path.join(runs_dir, f"checkpoint-{label(replay)}-step{stop_at}.pt")
+    ckpt = os.path.join(runs_dir, f"checkpoints-{label(replay)}")
+    parallel = "fsdp" if fsdp else "ddp"
+
+    def split_spec(name: str, split: Tuple[int, int], how: str) -> str:
+        path = os.path.join(runs_dir, f"spec-{name}.json")
+        atomic_write_json(path, dict(spec, nproc=split[0], split={
+            "ranks": split[0], "accum": split[1], "block": block, "accumulate": accumulate, "parallel": how}))
+        return path
 
     t0 = time.perf_counter()
     runs, spec_paths = {}, {}
     for split in splits:
         name = label(split)
-        spec_paths[name] = os.path.join(runs_dir, f"spec-{name}.json")
-        atomic_write_json(spec_paths[name], dict(spec, nproc=split[0], split={
-            "ranks": split[0], "accum": split[1], "block": block, "accumulate": accumulate}))
+        spec_paths[name] = split_spec(name, split, parallel)
         launch(spec_paths[name], name, name, [], nproc=split[0])
+        runs[name] = load_record(launch.record(name))
+    if fsdp:  # the same global batch without FSDP: the DDP-free tree accumulation must give the same bits
+        name = f"ddp-{label(splits[0])}"
+        launch(split_spec(name, splits[0], "ddp"), name, name, [], nproc=splits[0][0])
         runs[name] = load_record(launch.record(name))
     name = label(replay)
     launch(spec_paths[name], f"{name}-replay1", f"{name}:1", ["--stop-at", str(stop_at), "--ckpt", ckpt],
            nproc=replay[0])
     launch(spec_paths[name], f"{name}-replay2", f"{name}:2", ["--resume", ckpt], nproc=replay[0])
-    runs["replay"] = merge_restart(load_record(launch.record(f"{name}-replay1")),
-                                   load_record(launch.record(f"{name}-replay2")))
+    runs["replay"] = load_record(launch.record(f"{name}-replay2"))  # holds the steps before the restart too
     runs["replay"]["label"] = "replay"
+    blocks = replay[0] * replay[1]
+    for ranks in restart_ranks:
+        split = (ranks, blocks // ranks)
+        name = f"restart-{label(split)}"
+        launch(split_spec(name, split, parallel), name, name, ["--resume", ckpt], nproc=ranks)
+        runs[name] = load_record(launch.record(name))
+    if kill_rank:
+        kill_ckpt = os.path.join(runs_dir, "checkpoints-kill")
+        launch(spec_paths[label(replay)], "kill", "kill",
+               ["--ckpt", kill_ckpt, "--ckpt-every", "1", "--resume", kill_ckpt, "--resume-if-any",
+                "--kill-at", str(stop_at)], nproc=replay[0], max_restarts=1)
+        runs["kill"] = load_record(launch.record("kill"))
     wall = time.perf_counter() - t0
     return 0 if split_report(runs, spec, out_dir, splits=splits, replay=replay, block=block, accumulate=accumulate,
                              threads=threads, source=source, n_params=n_params, stop_at=stop_at, wall=wall,
-                             print_fn=print_fn) else 1
+                             print_fn=print_fn, fsdp=fsdp, restart_ranks=list(restart_ranks),
+                             kill_rank=kill_rank) else 1
+
+
+def _describe_run(lab: str, replay: Tuple[int, int], stop_at: int, rec: dict) -> str:
+    resumed = ", ".join(str(s) for s in rec.get("restarts") or []) or "none"
+    if lab == "replay":
+        return f"replay (split {label(replay)} stopped at {stop_at}, resumed)"
+    if lab.startswith("restart-"):
+        r, m = lab[len("restart-"):].split("x")
+        return (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed on {r} rank(s) x {m} accumulation "
+                f"step(s))")
+    if lab == "kill":
+        return (f"kill (split {label(replay)}, last rank killed in step {stop_at}, torchrun restart resumed from "
+                f"step {resumed})")
+    if lab.startswith("ddp-"):
+        r, m = lab[len("ddp-"):].split("x")
+        return f"{lab} ({r} rank(s) x {m} accumulation step(s) without FSDP)"
+    r, m = lab.split("x")
+    return f"{lab} ({int(r)} rank(s) x {int(m)} accumulation step(s))"
 
 
 def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block: int, accumulate: str, threads: int,
-                 source: str, n_params: int, stop_at: int, wall: float, print_fn: Callable = print) -> bool:
+                 source: str, n_params: int, stop_at: int, wall: float, print_fn: Callable = print,
+                 fsdp: bool = False, restart_ranks: Sequence[int] = (), kill_rank: bool = False) -> bool:
     """Compare every run with the first split; print the table, the comparisons and the verdict; write
     ``loss.png`` and ``report.json``. Returns whether every run equals the reference bit for bit."""
     ref = label(splits[0])
     comparisons = {f"{lab}_vs_{ref}": compare_runs(runs[ref], rec) for lab, rec in runs.items() if lab != ref}
     ranks_agree = all(rec.get("ranks_agree", True) for rec in runs.values())
-    invariant = all(c["identical"] for c in comparisons.values()) and ranks_agree
+    # the resumed runs must really have resumed: the replay and restarts at stop_at, the killed run from the last
+    # complete checkpoint (a step <= stop_at)
+    resumed = {lab: rec.get("restarts") for lab, rec in runs.items()
+               if lab == "replay" or lab.startswith("restart-") or lab == "kill"}
+    not_resumed = sorted(lab for lab, r in resumed.items()
+                         if not r or (lab != "kill" and r != [stop_at]) or (lab == "kill" and r[0] > stop_at))
+    invariant = all(c["identical"] for c in comparisons.values()) and ranks_agree and not not_resumed
     diverged = first_nonfinite(runs, list(runs))
     ok = invariant and diverged is None
     first = _first_difference(comparisons)
     _print_table(runs, stop_at, print_fn)
     for key, cmp in comparisons.items():
         lab = key.split("_vs_")[0]
-        what = (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed)" if lab == "replay"
-                else f"{lab} ({int(lab.split('x')[0])} rank(s) x {int(lab.split('x')[1])} accumulation step(s))")
-        print_fn(f"{what} vs {ref}: {describe_comparison(cmp)}")
+        print_fn(f"{_describe_run(lab, replay, stop_at, runs[lab])} vs {ref}: {describe_comparison(cmp)}")
+    if not_resumed:
+        print_fn(f"resumed: NO: run(s) {', '.join(not_resumed)} did not resume from the expected checkpoint "
+                 f"(restarts: {', '.join(f'{lab} {resumed[lab]}' for lab in not_resumed)})")
     if not ranks_agree:
         print_fn("ranks agree: NO: " + ", ".join(f"run {lab} ranks {rec['ranks_disagreeing']}"
                                                   for lab, rec in runs.items() if not rec.get("ranks_agree", True)))
@@ -203,14 +297,20 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
                  f"training diverged (--lr {spec.get('lr')}); the runs are "
                  f"{'identical' if invariant else 'different'}")
     elif ok:
+        extra = "".join([f", DDP ({label(splits[0])})" if fsdp else "",
+                         f", the restarts on {', '.join(map(str, restart_ranks))} rank(s)" if restart_ranks else "",
+                         ", the killed-rank run" if kill_rank else ""])
         print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and parameter digests after "
-                 f"every step identical across the splits {', '.join(label(s) for s in splits)} and the replay of "
-                 f"{label(replay)} (restart at step {stop_at}), every rank agreeing")
+                 f"every step identical across the splits {', '.join(label(s) for s in splits)}"
+                 f"{' (FSDP2)' if fsdp else ''}{extra} and the replay of {label(replay)} (restart at step "
+                 f"{stop_at}), every rank agreeing")
     elif first is not None:
         shown = ", ".join(first["tensors"][:3]) + (", ..." if len(first["tensors"]) > 3 else "")
         more = f" ({shown})" if shown else ""
         print_fn(f"verdict: {verdict}: first difference at step {first['step']}: {first['what']}{more} of run "
                  f"{first['run'].split('_vs_')[0]} differs from {ref}")
+    elif not_resumed:
+        print_fn(f"verdict: {verdict}: run(s) {', '.join(not_resumed)} did not resume from the expected checkpoint")
     else:
         print_fn(f"verdict: {verdict}: the ranks of a run disagree")
     summary = {
@@ -218,12 +318,14 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         "n_params": n_params, "stop_at": stop_at, "wall_s": wall, "threads": threads, "block": block,
         "accumulate": accumulate, "splits": [{"label": label(s), "ranks": s[0], "accum": s[1]} for s in splits],
         "reference": ref, "replay": {"split": label(replay), "stop_at": stop_at}, "ranks_agree": ranks_agree,
+        "fsdp": fsdp, "restart_ranks": list(restart_ranks), "kill_rank": kill_rank, "resumed": resumed,
         "first_difference": first, "comparisons": comparisons,
         "fingerprints": {lab: rec["fingerprint"] for lab, rec in runs.items()},
         "fingerprint_info": runs[ref]["fingerprint_info"],
         "runs": {lab: {"s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"], "final": rec["final"],
                        "losses": [s["loss"] for s in rec["steps"]], "world_size": rec.get("world_size"),
                        "rank_s_per_step": rec.get("rank_s_per_step"), "ranks_agree": rec.get("ranks_agree"),
+                       "restarts": rec.get("restarts"),
                        "ranks_disagreeing": rec.get("ranks_disagreeing")} for lab, rec in runs.items()},
         "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}
     for rec in runs.values():

@@ -3,6 +3,8 @@ training loop that serves the 1-process run and every rank of a data-parallel ru
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from typing import List, Optional
@@ -75,13 +77,29 @@ def build_model(spec: dict, device: torch.device):
     else:
         torch.manual_seed(spec["seed"])
         model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    return model, optimizer
+    return model, make_optimizer(model, spec, no_decay_names(model))
+
+
+def no_decay_names(model: torch.nn.Module) -> set:
+    """The parameters AdamW does not decay: 1-d ones and those marked ``_no_weight_decay`` (read before FSDP2
+    replaces the parameters, which drops the mark)."""
+    return {name for name, p in model.named_parameters() if getattr(p, "_no_weight_decay", False) or p.dim() < 2}
+
+
+def make_optimizer(model: torch.nn.Module, spec: dict, no_decay: set) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s parameters (made after FSDP2 sharding, over the sharded ones), weight decay off for
+    the names in ``no_decay``; ``foreach=False`` (the per-tensor loop, the same arithmetic on every shard)."""
+    decay, skip = [], []
+    for name, p in model.named_parameters():
+        (skip if name in no_decay else decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": spec["weight_decay"]},
+                              {"params": skip, "weight_decay": 0.0}],
+                             lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded (FSDP2 DTensor) one: an all-gather, collective; a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def logits_fn(spec: dict):
@@ -95,7 +113,7 @@ def logits_fn(spec: dict):
 
 def _grad_digest(p: torch.Tensor) -> str:
     """The SHA-256 of ``p.grad``; ``"none"`` for a parameter without a gradient (unused in the step, frozen)."""
-    return "none" if p.grad is None else tensor_sha256(p.grad)
+    return "none" if p.grad is None else tensor_sha256(_full(p.grad))
 
 
 def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
@@ -150,7 +168,8 @@ def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=la
 # ----------------------------------------------------------------------------------------------- the loop
 def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
                ckpt_path: Optional[str] = None, resume: Optional[str] = None,
-               allow_fingerprint_mismatch: bool = False, progress: bool = True) -> Optional[dict]:
+               allow_fingerprint_mismatch: bool = False, progress: bool = True, ckpt_every: Optional[int] = None,
+               resume_if_any: bool = False, kill_at: Optional[int] = None) -> Optional[dict]:
     """Train according to ``spec`` in ``world`` (:mod:`ordered_ssd.apps.check.world`); write (atomically, rank 0
     only) and return the run record (None on the other ranks).
 
@@ -163,13 +182,23 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
     ``val_loss``, timings and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
     ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
-    bits). Stopping at ``stop_at`` writes one checkpoint (rank 0, atomically): model and optimizer (identical on
-    every rank), every rank's RNG state, data position, step and fingerprint.
+    bits).
+
+    Checkpoints. The plain check (1 process or DDP): stopping at ``stop_at`` writes one file (rank 0,
+    atomically): model and optimizer (identical on every rank), every rank's RNG state, data position, step and
+    fingerprint; ``resume`` is that file. A split-invariance run (``spec["split"]``, DDP or FSDP2) writes sharded
+    checkpoints with :func:`ordered_ssd.checkpoint.save_checkpoint` under the directory ``ckpt_path`` (at
+    ``stop_at``, and after every ``ckpt_every`` steps), holding the steps recorded so far; ``resume`` is such a
+    directory, resumed from its latest complete checkpoint on any number of ranks (``resume_if_any``: start from
+    step 0 when it holds none), and the record then holds the steps before the restart too (``restarts`` lists
+    the steps resumed from). ``kill_at`` (testing the crash restart): on the first attempt under torchrun, the
+    last rank kills itself with SIGKILL after the first block's backward of that step.
 
     Raises:
         CheckError: the ranks' fingerprints differ, uneven batch, the data differs from the parent run's, or the
-            checkpoint is unusable (missing, corrupt, truncated, not a checkpoint: :mod:`.checkpoint`) or does not
-            match (format, world size, fingerprint, the model's parameters).
+            checkpoint is unusable (missing, corrupt, truncated, not a checkpoint: :mod:`.checkpoint`,
+            :mod:`ordered_ssd.checkpoint`) or does not match (format, world size, fingerprint, the model's
+            parameters).
     """
     device = world.device
     fingerprint_info = world.fingerprint()
@@ -180,8 +209,16 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if data.sha256 != spec["data_sha256"]:
         raise CheckError(f"the data read by run {world.run_name(label)} differs from the data of the parent run")
     model, optimizer = build_model(spec, device)
-    start = 0
-    if resume is not None:
+    sharded_ckpt = spec.get("split") is not None  # split-invariance runs: ordered_ssd.checkpoint, any world size
+    if world.sharded:
+        no_decay = no_decay_names(model)
+        world.shard(model)
+        optimizer = make_optimizer(model, spec, no_decay)
+    start, steps, restarts = 0, [], []
+    if resume is not None and sharded_ckpt:
+        start, steps, restarts = _resume_sharded(resume, model, optimizer, fingerprint_info, device,
+                                                 allow_fingerprint_mismatch, resume_if_any)
+    elif resume is not None:
         ckpt = read_checkpoint(resume)  # weights_only=True, on the CPU; one-line CheckError for a bad file
         world.check_checkpoint(ckpt, resume)
         _check_same_model(ckpt, resume, spec)
@@ -200,9 +237,11 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     # the accumulator only (in a data-parallel run rank 0's outputs alone could not tell where a difference arose)
     outputs = OutputDigests(model, modules) if acc is None and world.world_size == 1 else None
     logits = logits_fn(spec)
-    steps: List[dict] = []
+    recorded_before = len(steps)
     bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
     end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
+    kill = kill_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and \
+        world.rank == world.world_size - 1
     t0 = time.perf_counter()
     for step in range(start, end):
         optimizer.zero_grad(set_to_none=True)
@@ -213,56 +252,100 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             loss = lm_loss(logits(net, x), y)  # mean over the block's rows
             loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
             losses.append(loss.detach())
+            if kill and step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)  # the crash test: this rank dies in the middle of the step
             if acc is not None:
                 acc.add_block()
         if acc is not None:
             acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
         grads = {name: _grad_digest(p) for name, p in model.named_parameters()}
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
+        world.clip(model, spec["clip"])
         optimizer.step()
         value = world.global_loss(losses)
         steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names)})
         if outputs is not None:
             steps[-1]["outputs"] = outputs.take()
         if acc is not None:
-            steps[-1]["params"] = {name: tensor_sha256(p) for name, p in model.named_parameters()}
+            steps[-1]["params"] = {name: tensor_sha256(_full(p)) for name, p in model.named_parameters()}
         bar.update(step, value)
+        done = step + 1
+        if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
+            _save_sharded(ckpt_path, done, model, optimizer, steps, fingerprint_info, device)
     if outputs is not None:
         outputs.remove()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0
-    final = {name: tensor_sha256(p) for name, p in model.named_parameters()} if end >= spec["steps"] else None
-    every = world.gather(model, steps, final, train_s)
+    final = ({name: tensor_sha256(_full(p)) for name, p in model.named_parameters()} if end >= spec["steps"]
+             else None)
+    every = world.gather(model, steps[recorded_before:], final, train_s)
     if end < spec["steps"]:
         if ckpt_path is None:
             raise ValueError("ckpt_path is required with stop_at")
-        if world.rank == 0:
+        if sharded_ckpt:
+            _save_sharded(ckpt_path, end, model, optimizer, steps, fingerprint_info, device)
+        elif world.rank == 0:
             atomic_torch_save(ckpt_path, {
                 "step": end, "data_position": end, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "fingerprint": fingerprint, "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
                 "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
+    # validation: on rank 0, and with FSDP2 on every rank (its forward all-gathers the parameters: a collective)
+    val_loss = (_val_loss(model, data, spec["batch"], device, logits)
+                if final is not None and (world.rank == 0 or world.sharded) else None)
     record = None
     if world.rank == 0:
         record = {"label": label, "spec": spec, "fingerprint": fingerprint, "fingerprint_info": fingerprint_info,
-                  "start": start,
+                  "start": start, "restarts": restarts,
                   "steps": steps, "train_s": train_s, "param_names": names, "module_names": modules, "final": final,
-                  "val_loss": None,
+                  "val_loss": val_loss,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
-                  **world.record_fields(every, len(steps))}
-        if final is not None:
-            record["val_loss"] = _val_loss(model, data, spec["batch"], device, logits)
+                  **world.record_fields(every, len(steps) - recorded_before)}
         atomic_write_json(record_path, record)
     world.barrier()
     return record
 
 
+def _save_sharded(root: str, step: int, model, optimizer, steps: List[dict], fingerprint_info: dict,
+                  device: torch.device) -> None:
+    """The split-invariance run's checkpoint after ``step`` steps (:func:`ordered_ssd.checkpoint.save_checkpoint`):
+    the data position and the records of the steps so far travel in its ``app_state``."""
+    from ...checkpoint import save_checkpoint
+
+    save_checkpoint(root, step, model, optimizer, app_state={"data_position": step, "steps": steps},
+                    fingerprint=fingerprint_info, device=device)
+
+
+def _resume_sharded(root: str, model, optimizer, fingerprint_info: dict, device: torch.device, allow: bool,
+                    if_any: bool):
+    """``(start step, steps recorded before it, [start])`` from the latest complete checkpoint under ``root``,
+    loaded into ``model`` and ``optimizer`` on this world size; ``(0, [], [])`` with ``if_any`` and none there.
+    CheckError (one line) for an unusable one."""
+    from ...checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+
+    path = latest_checkpoint(root)
+    if path is None:
+        if if_any:
+            return 0, [], []
+        raise CheckError(f"checkpoint {root}: expected a directory holding a complete checkpoint (step-*/"
+                         f"manifest.json), got none")
+    try:
+        manifest = load_checkpoint(path, model, optimizer, fingerprint=None if allow else fingerprint_info,
+                                   device=device)
+    except CheckpointError as e:
+        hint = ". Pass --allow-fingerprint-mismatch to resume anyway" if "fingerprint" in str(e) else ""
+        raise CheckError(f"{e}{hint}") from None
+    app = manifest["app_state"]
+    return int(app["data_position"]), list(app["steps"]), [int(app["data_position"])]
+
+
 def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
               ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
-              progress: bool = True) -> Optional[dict]:
+              progress: bool = True, ckpt_every: Optional[int] = None, resume_if_any: bool = False,
+              kill_at: Optional[int] = None) -> Optional[dict]:
     """One run of ``spec``: in this process, or (``spec["nproc"]`` set) as one rank of a data-parallel run
     launched by torchrun. See :func:`train_loop` for the record and the errors; a data-parallel rank outside
     torchrun, or with another world size than ``spec["nproc"]``, raises :class:`CheckError`."""
     with world_of(spec) as world:
         return train_loop(world, spec, record_path, label=label, stop_at=stop_at, ckpt_path=ckpt_path,
-                          resume=resume, allow_fingerprint_mismatch=allow_fingerprint_mismatch, progress=progress)
+                          resume=resume, allow_fingerprint_mismatch=allow_fingerprint_mismatch, progress=progress,
+                          ckpt_every=ckpt_every, resume_if_any=resume_if_any, kill_at=kill_at)

@@ -38,24 +38,70 @@ def _digest_of(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def split_blocks(split: dict, rank: int) -> List[Tuple[int, int]]:
-    """``(offset, count)`` of the blocks of rank ``rank`` in a split-invariance run: blocks ``[r*m, (r+1)*m)`` of
-    ``b`` rows each of the global batch (``split`` has ``accum`` = m and ``block`` = b), in global order."""
-    m, b = int(split["accum"]), int(split["block"])
-    return [((rank * m + j) * b, b) for j in range(m)]
+def is_fsdp(split: Optional[dict]) -> bool:
+    """Whether a split-invariance run shards the model with FSDP2 (``split["parallel"] == "fsdp"``)."""
+    return split is not None and split.get("parallel", "ddp") == "fsdp"
+
+
+def split_block_ids(split: dict, rank: int, world_size: int) -> List[int]:
+    """The global blocks rank ``rank`` trains in a split-invariance run, in its order: ``[r*m, (r+1)*m)`` without
+    FSDP (:class:`~ordered_ssd.accumulate.TreeGradAccumulator`'s contiguous blocks), ``k*R + r`` for micro-batch
+    ``k`` with FSDP (:func:`ordered_ssd.fsdp.fsdp_blocks`). Both are the same tree over the global blocks."""
+    m = int(split["accum"])
+    if is_fsdp(split):
+        from ...fsdp import fsdp_blocks
+
+        return fsdp_blocks(rank, world_size, m)
+    return [rank * m + j for j in range(m)]
+
+
+def split_blocks(split: dict, rank: int, world_size: int = 1) -> List[Tuple[int, int]]:
+    """``(offset, count)`` of the blocks of rank ``rank`` in a split-invariance run (:func:`split_block_ids`,
+    ``b`` rows each of the global batch; ``split`` has ``accum`` = m and ``block`` = b)."""
+    b = int(split["block"])
+    return [(k * b, b) for k in split_block_ids(split, rank, world_size)]
 
 
 def split_accumulator(split: dict, model: torch.nn.Module):
     """The gradient accumulator of a split-invariance run: the library's pairwise tree
-    (:class:`ordered_ssd.accumulate.TreeGradAccumulator`), or the left-to-right control
-    (:class:`.sequential.SequentialGradAccumulator`, ``split["accumulate"] == "sequential"``)."""
-    if split.get("accumulate", "tree") == "sequential":
+    (:class:`ordered_ssd.accumulate.TreeGradAccumulator`; with FSDP :class:`ordered_ssd.fsdp.FSDPTreeAccumulator`),
+    or the control (``split["accumulate"] == "sequential"``): left to right
+    (:class:`.sequential.SequentialGradAccumulator`), with FSDP its default reduce-scatter and accumulation
+    (:class:`.sequential.FSDPDefaultAccumulation`)."""
+    sequential = split.get("accumulate", "tree") == "sequential"
+    if is_fsdp(split):
+        if sequential:
+            from .sequential import FSDPDefaultAccumulation
+
+            return FSDPDefaultAccumulation(model)
+        from ...fsdp import FSDPTreeAccumulator
+
+        return FSDPTreeAccumulator(model)
+    if sequential:
         from .sequential import SequentialGradAccumulator
 
         return SequentialGradAccumulator(model.parameters())
     from ...accumulate import TreeGradAccumulator
 
     return TreeGradAccumulator(model.parameters())
+
+
+def shard_model(model: torch.nn.Module, ordered: bool) -> None:
+    """FSDP2 as torchtitan applies it: ``fully_shard`` on every Mamba-2 block's mixer, then on the whole model
+    (the embedding, norms and the tied head); with ``ordered`` the library's reduce-scatter
+    (:func:`ordered_ssd.fsdp.set_ordered_reduce_scatter`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for mixer in getattr(model, "mixers", []):
+        fully_shard(mixer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if ordered:
+        from ...fsdp import set_ordered_reduce_scatter
+
+        set_ordered_reduce_scatter(model)
 
 
 class SingleProcess:
@@ -101,6 +147,15 @@ class SingleProcess:
 
     def rng_of(self, ckpt: dict) -> dict:
         return ckpt["rng"]
+
+    sharded = False  # the model is never sharded in one process
+
+    def clip(self, model: torch.nn.Module, max_norm: float) -> None:
+        """Gradient clipping: ``clip_grad_norm_(..., foreach=False)``."""
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+
+    def shard(self, model: torch.nn.Module) -> None:
+        return None
 
     def wrap(self, model: torch.nn.Module, spec: dict) -> torch.nn.Module:
         return model
@@ -187,7 +242,7 @@ class DataParallel:
     def blocks(self, batch: int) -> List[Tuple[int, Optional[int]]]:
         """This rank's rows of every step's batch as one block; in a split-invariance run its ``m`` blocks."""
         if self.split is not None:
-            return split_blocks(self.split, self.rank)
+            return split_blocks(self.split, self.rank, self.world_size)
         return [self.rows(batch)]
 
     def accumulator(self, model: torch.nn.Module):
@@ -210,8 +265,29 @@ class DataParallel:
     def rng_of(self, ckpt: dict) -> dict:
         return ckpt["rng"][self.rank]
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded with FSDP2 (a split-invariance run with ``--fsdp``)."""
+        return is_fsdp(self.split)
+
+    def clip(self, model: torch.nn.Module, max_norm: float) -> None:
+        """Gradient clipping: ``clip_grad_norm_(..., foreach=False)``; with FSDP2 and the ordered reduce-scatter the
+        library's :func:`ordered_ssd.fsdp.ordered_clip_grad_norm_` (the same bits as on the unsharded gradients;
+        ``clip_grad_norm_`` would add the ranks' partial norms with the backend's all-reduce)."""
+        if self.sharded and self.split.get("accumulate", "tree") == "tree":
+            from ...fsdp import ordered_clip_grad_norm_
+
+            ordered_clip_grad_norm_(model.parameters(), max_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=False)
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 runs: :func:`shard_model` (the optimizer must be made afterwards, over the sharded parameters)."""
+        if self.sharded:
+            shard_model(model, ordered=self.split.get("accumulate", "tree") == "tree")
+
     def wrap(self, model: torch.nn.Module, spec: dict) -> torch.nn.Module:
-        if self.split is not None:  # no DDP: the accumulator reduces across ranks after the rank's last block
+        if self.split is not None:  # no DDP: the accumulator (or FSDP's reduce-scatter) reduces across ranks
             return model
         from torch.nn.parallel import DistributedDataParallel
 
@@ -232,7 +308,9 @@ class DataParallel:
         mine = torch.stack([loss.detach().float() for loss in losses])
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine)
-        blocks = [block for rank in every for block in rank.unbind(0)]  # global block order
+        by_id = {k: loss for r, rank_losses in enumerate(every)
+                 for k, loss in zip(split_block_ids(self.split, r, self.world_size), rank_losses.unbind(0))}
+        blocks = [by_id[k] for k in sorted(by_id)]  # global block order
         return float((tree_sum(blocks) / len(blocks)).item())
 
     def gather(self, model: torch.nn.Module, steps: List[dict], final: Optional[dict], train_s: float) -> List[dict]:
@@ -242,7 +320,8 @@ class DataParallel:
         # a rank's forward outputs are of its own rows: every other step field must agree across ranks
         shared = [{k: v for k, v in s.items() if k != "outputs"} for s in steps]
         mine = {"train_s": train_s, "steps": _digest_of(shared), "final": _digest_of(final),
-                "state": _digest_of({name: tensor_sha256(p) for name, p in model.named_parameters()}),
+                "state": _digest_of({name: tensor_sha256(p.full_tensor() if hasattr(p, "full_tensor") else p)
+                                     for name, p in model.named_parameters()}),
                 "rng": rng_state(self.device)}
         every: List[Optional[dict]] = [None] * self.world_size
         dist.all_gather_object(every, mine)

@@ -50,9 +50,12 @@ def test_split_check_is_split_invariant_and_reports(split_check):
                                  for s in ref)
     for name in ("2x2", "4x1"):
         assert records[name]["steps"] == ref and records[name]["ranks_agree"] is True
-    assert records["2x2-replay1"]["steps"] + records["2x2-replay2"]["steps"] == ref
+    # the resumed run's record carries the steps before the restart (from the checkpoint) and its own after it
+    assert records["2x2-replay1"]["steps"] == ref[:3] and records["2x2-replay2"]["steps"] == ref
+    assert records["2x2-replay2"]["restarts"] == [3] and records["2x2-replay2"]["start"] == 3
     assert ref[0]["grads"] != ref[1]["grads"] and ref[0]["params"] != ref[1]["params"]
-    assert (out / "runs" / "checkpoint-2x2-step3.pt").exists()
+    ckpt = out / "runs" / "checkpoints-2x2"
+    assert sorted(os.listdir(ckpt)) == ["step-00000003"] and (ckpt / "step-00000003" / "manifest.json").exists()
     assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]
 
 
@@ -125,7 +128,8 @@ def test_left_to_right_accumulation_depends_on_the_split():
     (["--batch", "6"], "--batch: the global batch 6 does not split into R*M = 4 blocks of equal size"),
     (["--splits", "3x1,1x3"], "split 3x1: the ranks R and the accumulation steps M must be powers of two"),
     (["--splits", "1x4,2x1"], "every split must have the same number of blocks R*M"),
-    (["--splits", "2x2"], "expected at least two different splits"),
+    (["--splits", "2x2"], "--splits: expected at least two different splits (one is enough with --fsdp"),
+    (["--splits", "2x2,2x2"], "expected different splits"),
     (["--splits", "2by2,1x4"], "expected splits RxM separated by commas"),
     (["--nproc", "2"], "--split-invariance: not with --nproc"),
 ])
