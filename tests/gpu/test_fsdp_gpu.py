@@ -3,6 +3,7 @@
 and ``ordered-ssd check --split-invariance --fsdp`` with the killed-rank restart is SPLIT-INVARIANT. (Two and more
 GPUs: the two-GPU runs of ``docs/distributed.md``; the CPU tests cover 1 to 16 ranks with gloo.)"""
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -76,6 +77,8 @@ def _worker(out: str) -> None:
     fsdp += train(model, opt, acc, manifest["step"], STEPS, ordered_clip_grad_norm_)
     with open(os.path.join(out, "result.json"), "w") as fh:
         json.dump({"plain": plain, "fsdp": fsdp}, fh)
+    del model, opt, acc
+    gc.collect()  # FSDP modules (cycles through their hooks) hold the process group: free them before destroying it
     dist.destroy_process_group()
 
 
