@@ -32,7 +32,7 @@ size that is not a power of two.
 """
 from __future__ import annotations
 
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -306,6 +306,57 @@ class FSDPTreeAccumulator(TreeGradAccumulator):
 
 
 # ----------------------------------------------------------------------------------------------- clipping
+def _dim0_sharded(t) -> bool:
+    """A DTensor sharded on dim 0 over a 1-D mesh (FSDP2's layout), whose rows follow ``torch.chunk``."""
+    from torch.distributed.tensor import Shard
+
+    return (_is_dtensor(t) and t.device_mesh.ndim == 1 and len(t.placements) == 1
+            and isinstance(t.placements[0], Shard) and t.placements[0].dim == 0 and t.dim() > 0)
+
+
+def _full_tensors(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The whole tensor of each (DTensor or plain) tensor, bytes only: the dim-0-sharded DTensors of one mesh,
+    device and dtype are all-gathered in **one** collective (each rank's shards zero-padded to ``ceil(rows / R)``
+    rows, concatenated; every tensor then reassembled from the ranks' row blocks, as ``full_tensor()`` does),
+    other DTensors by ``full_tensor()``, plain tensors as they are. Collective when any tensor is a DTensor."""
+    out: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    batches: dict = {}
+    for i, t in enumerate(tensors):
+        if _dim0_sharded(t):
+            batches.setdefault((t.device_mesh, t.to_local().device, t.dtype), []).append(i)
+        elif _is_dtensor(t):
+            out[i] = t.full_tensor()
+        else:
+            out[i] = t
+    for (mesh, device, dtype), idx in batches.items():
+        group, world = mesh.get_group(), mesh.size()
+        pieces, layout = [], []
+        for i in idx:
+            t = tensors[i]
+            rows, rest = t.shape[0], tuple(t.shape[1:])
+            chunk = -(-rows // world)
+            width = chunk * (t.numel() // rows if rows else 0)
+            local = t.to_local().reshape(-1)
+            padded = torch.zeros(width, dtype=dtype, device=device)
+            padded[:local.numel()] = local
+            pieces.append(padded)
+            layout.append((i, rows, rest, chunk, width))
+        send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype, device=device)
+        recv = torch.empty(world * send.numel(), dtype=dtype, device=device)
+        fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        fn(recv, send, group=group)
+        recv = recv.view(world, -1)
+        offset = 0
+        for i, rows, rest, chunk, width in layout:
+            blocks = []
+            for r in range(world):
+                n = max(0, min(chunk, rows - r * chunk))
+                blocks.append(recv[r, offset:offset + width].view(chunk, *rest)[:n])
+            out[i] = torch.cat(blocks).view(rows, *rest)
+            offset += width
+    return out  # type: ignore[return-value]
+
+
 def ordered_clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
                             error_if_nonfinite: bool = False) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, foreach=False)`` with the bits of the
@@ -313,13 +364,14 @@ def ordered_clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
     every rank).
 
     ``clip_grad_norm_`` on DTensor gradients adds the ranks' partial norms with the backend's all-reduce, so the
-    norm, the clip coefficient and every clipped gradient change with the world size. Here each DTensor gradient
-    is all-gathered (bytes; one parameter at a time, so the extra memory is the largest parameter's gradient and
-    the traffic O(gradient size) per rank), the norms are computed exactly as ``clip_grad_norm_`` computes them on
-    full tensors (``torch.linalg.vector_norm`` per gradient, grouped by device and dtype in first-seen order,
-    then of the stacked norms), and each rank scales its local shard by the same coefficient. Plain-tensor
-    gradients are used as they are: the result equals ``clip_grad_norm_(..., foreach=False)`` of the unsharded
-    model bit for bit (tested). Collective when any gradient is a DTensor.
+    norm, the clip coefficient and every clipped gradient change with the world size. Here the DTensor gradients
+    are all-gathered (bytes: one collective for all of FSDP2's dim-0 shards of one mesh, device and dtype, so the
+    extra memory is about two unsharded copies of the gradients, transiently, and the traffic O(gradient size) per
+    rank), the norms are computed exactly as ``clip_grad_norm_`` computes them on full tensors
+    (``torch.linalg.vector_norm`` per gradient, grouped by device and dtype in first-seen order, then of the
+    stacked norms), and each rank scales its local shard by the same coefficient. Plain-tensor gradients are used
+    as they are: the result equals ``clip_grad_norm_(..., foreach=False)`` of the unsharded model bit for bit
+    (tested on 1, 2 and 4 ranks). Collective when any gradient is a DTensor.
 
     Raises:
         RuntimeError: ``error_if_nonfinite`` and the norm is not finite (as ``clip_grad_norm_``).
@@ -330,12 +382,10 @@ def ordered_clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
     groups: dict = {}
     for p in params:
         groups.setdefault((p.grad.device, p.grad.dtype), []).append(p)
-    norms = []
-    for ps in groups.values():
-        for p in ps:
-            g = p.grad.full_tensor() if _is_dtensor(p.grad) else p.grad
-            norms.append(torch.linalg.vector_norm(g, norm_type))
-            del g
+    ordered = [p for ps in groups.values() for p in ps]
+    fulls = _full_tensors([p.grad for p in ordered])
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in fulls]
+    del fulls
     if not norms:
         return torch.tensor(0.0)
     first = norms[0].device

@@ -135,6 +135,20 @@ def _worker_train(out: str) -> None:
                                                                       for n in full)
     result["clipped"] = bool(float(ref_norm) > CLIP)
     opt.zero_grad()
+    # the one-collective gather of the clip: the bytes of full_tensor(), uneven and empty shards included
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ordered_ssd.fsdp import _full_tensors
+
+    g = torch.Generator().manual_seed(1)
+    plain = [torch.randn(5, 3, generator=g), torch.randn(1, generator=g), torch.randn(7, 2, 2, generator=g),
+             torch.randn(3, generator=g, dtype=torch.float64)]
+    mesh = init_device_mesh("cpu", (world,))
+    sharded = [distribute_tensor(t, mesh, [Shard(0)]) for t in plain]
+    got = _full_tensors(sharded + plain[:1])
+    result["full_tensors_equal"] = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, plain + plain[:1]))
+    result["full_tensors_sharded"] = [list(t.to_local().shape) for t in sharded]
     # the control: FSDP's own reduce-scatter and accumulation
     model, opt, _ = _sharded(ordered=False)
     result["default"] = _train(model, opt, FSDPDefaultAccumulation(model), 0, STEPS, ordered=False)
@@ -249,6 +263,11 @@ def test_fsdp_gives_the_unsharded_tree_bits_on_every_world_size(trained):
         assert ranks[0]["calls"] == ([STEPS * m] * 3 if world > 1 else [0, 0, 0])
         assert ranks[0]["max_buffers_held"] <= m.bit_length()
         assert ranks[0]["clip_equal"] is True and ranks[0]["clipped"] is True
+        for r in ranks:
+            assert r["full_tensors_equal"] is True
+        if world == 4:  # 5 rows as 2, 2, 1, 0; 1 row as 1, 0, 0, 0
+            assert [r["full_tensors_sharded"][0][0] for r in ranks] == [2, 2, 1, 0]
+            assert [r["full_tensors_sharded"][1][0] for r in ranks] == [1, 0, 0, 0]
     assert ref[0]["grads"] != ref[1]["grads"] and ref[0]["params"] != ref[1]["params"]
 
 
