@@ -17,7 +17,8 @@ A step is ``--accum`` micro-batches of ``--batch / (R * accum)`` examples per ra
 The two are timed **interleaved** (``--rounds`` rounds of ``--iters`` steps each, default then ordered; the median
 step of each), after ``--warmup`` steps each. Peak memory per mode on CUDA (``max_memory_allocated`` over its
 timed steps); on the CPU the ordered path's extra buffers are reported from their sizes (the reduce-scatter's
-received copy and tree levels of the largest FSDP group, the accumulator's stack, the clip's gathered gradients). Then the checkpoint of the
+received copy and tree levels of the largest FSDP group, the accumulator's stack, the clip's gathered
+gradients). Then the checkpoint of the
 ordered model and its optimizer: :func:`ordered_ssd.checkpoint.save_checkpoint` and
 :func:`~ordered_ssd.checkpoint.load_checkpoint` (median of 3 each, into ``--ckpt-dir``, removed afterwards), and
 its size. Nothing is written unless ``--json PATH`` is given (rank 0 writes it).
