@@ -149,6 +149,9 @@ def _worker_train(out: str) -> None:
     got = _full_tensors(sharded + plain[:1])
     result["full_tensors_equal"] = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, plain + plain[:1]))
     result["full_tensors_sharded"] = [list(t.to_local().shape) for t in sharded]
+    # reshard_after_forward=False (the parameters stay unsharded between forward and backward): the same bits
+    model, opt, _ = _sharded(reshard_after_forward=False)
+    result["no_reshard"] = _train(model, opt, FSDPTreeAccumulator(model), 0, STEPS)
     # the control: FSDP's own reduce-scatter and accumulation
     model, opt, _ = _sharded(ordered=False)
     result["default"] = _train(model, opt, FSDPDefaultAccumulation(model), 0, STEPS, ordered=False)
@@ -258,6 +261,7 @@ def test_fsdp_gives_the_unsharded_tree_bits_on_every_world_size(trained):
         for r in ranks:  # every rank sees the same (full) gradients and parameters
             assert r["ordered"] == ranks[0]["ordered"]
         assert ranks[0]["ordered"] == ref, world
+        assert ranks[0]["no_reshard"] == ref, world
         # the ordered reduce-scatter ran once per module and micro-batch (FSDP skips it on one rank)
         m = N_BLOCKS // world
         assert ranks[0]["calls"] == ([STEPS * m] * 3 if world > 1 else [0, 0, 0])
