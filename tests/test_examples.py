@@ -1,0 +1,88 @@
+"""The scripts of ``examples/`` run, each in a fresh process on the CPU, and print what they claim.
+
+* ``train_lm.py --check``: two trainings in one process give the same bits, and a third in another process too;
+* ``generate.py``: the cached greedy generation gives the tokens of the full forward on the growing sequence;
+* ``tree_accumulator_ddp.py`` under torchrun with 1 and 2 processes (splits 1 x 4 and 2 x 2 of one global batch):
+  the same gradient and parameter digests (split invariance);
+* ``convert_hf.py --check`` (skipped without ``transformers``): a converted ``Mamba2ForCausalLM`` and a Bamba hybrid
+  train to the same bits twice.
+"""
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.apps.helpers import ROOT, cli_env
+
+EXAMPLES = os.path.join(ROOT, "examples")
+TESTED = {"train_lm.py", "generate.py", "tree_accumulator_ddp.py", "convert_hf.py"}
+HEX = r"[0-9a-f]{64}"
+
+
+def run(*args, torchrun_nproc=None) -> str:
+    """``python examples/ARGS`` (or under ``torch.distributed.run`` with ``torchrun_nproc`` processes) on the CPU
+    with one thread per process; asserts exit status 0 and returns stdout."""
+    launcher = [sys.executable]
+    if torchrun_nproc is not None:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun_nproc),
+                     "--max-restarts", "0"]
+    res = subprocess.run([*launcher, os.path.join(EXAMPLES, args[0]), *args[1:]], capture_output=True, text=True,
+                         env=cli_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return res.stdout
+
+
+def test_every_example_is_tested_and_documented():
+    found = {f for f in os.listdir(EXAMPLES) if f.endswith(".py")}
+    assert found == TESTED
+    for name in found:
+        text = open(os.path.join(EXAMPLES, name)).read()
+        assert text.startswith('"""') and f"examples/{name}" in text.split('"""')[1], name  # how to run it
+        assert max(map(len, text.splitlines())) <= 120, name
+
+
+def test_train_lm_repeats_bit_for_bit_in_and_across_processes():
+    first = run("train_lm.py", "--check")
+    steps = re.findall(r"^step (\d+): loss ([0-9.]+) grad sha256 ([0-9a-f]{16})$", first, re.M)
+    assert [int(s) for s, _, _ in steps] == [0, 1, 2, 3]
+    assert len({d for _, _, d in steps}) == 4  # a new gradient every step
+    assert float(steps[-1][1]) < float(steps[0][1])  # it trains
+    assert re.search(r"^same bits: True$", first, re.M)
+    second = run("train_lm.py")  # a fresh process: the same steps and final parameters
+    final = re.findall(rf"^final params sha256 ({HEX})$", first + second, re.M)
+    assert len(final) == 2 and final[0] == final[1]
+    assert re.findall(r"^step .*$", second, re.M) == re.findall(r"^step .*$", first, re.M)
+
+
+def test_generate_cached_equals_full_forward():
+    out = run("generate.py", "--tokens", "24")
+    assert re.search(r"^same tokens: True$", out, re.M)
+    rows = [[ast.literal_eval(side) for side in line.split(" -> ")] for line in out.splitlines() if " -> " in line]
+    assert [len(new) for _, new in rows] == [24, 24] and all(len(prompt) == len(rows[0][0]) > 8 for prompt, _ in rows)
+    assert len(set(rows[0][1] + rows[1][1])) >= 4  # not one repeated byte: the comparison has something to compare
+    diff = float(re.search(r"^max \|logits difference\|: (\S+)$", out, re.M).group(1))
+    assert 0 <= diff < 1e-4  # the step and the chunked scan round differently, but only just
+
+
+def test_tree_accumulator_ddp_same_bits_for_1x4_and_2x2():
+    outs = {n: run("tree_accumulator_ddp.py", torchrun_nproc=n) for n in (1, 2)}
+    for n, m in ((1, 4), (2, 2)):
+        assert re.search(rf"^split {n} x {m}: final params sha256 {HEX}$", outs[n], re.M), outs[n]
+    digests = {n: re.findall(rf"^(?:step \d+: grad|split \d+ x \d+: final params) sha256 ({HEX})$", out, re.M)
+               for n, out in outs.items()}
+    assert len(digests[1]) == 4 and len(set(digests[1])) == 4  # 3 steps' gradients, the final parameters
+    assert digests[1] == digests[2]
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_convert_hf_trains_to_the_same_bits_twice(arch):
+    pytest.importorskip("transformers")
+    out = run("convert_hf.py", "--arch", arch, "--check")
+    assert re.search(r"ForCausalLM: audit_model: nothing uncovered$", out, re.M)
+    steps = re.findall(r"^step (\d+): loss ([0-9.]+) grad sha256 ([0-9a-f]{16})$", out, re.M)
+    assert len(steps) == 3 and len({d for _, _, d in steps}) == 3
+    assert re.search(rf"^final params sha256 {HEX}$", out, re.M)
+    assert re.search(r"^same bits: True$", out, re.M)
