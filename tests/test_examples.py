@@ -4,6 +4,8 @@
 * ``generate.py``: the cached greedy generation gives the tokens of the full forward on the growing sequence;
 * ``tree_accumulator_ddp.py`` under torchrun with 1 and 2 processes (splits 1 x 4 and 2 x 2 of one global batch):
   the same gradient and parameter digests (split invariance);
+* ``fsdp_restart.py`` under torchrun: FSDP2 on 2 ranks, stopped at step 2 and resumed on 1 rank from its sharded
+  checkpoint, gives the uninterrupted run's digests, which are the DDP example's (the same tree);
 * ``convert_hf.py --check`` (skipped without ``transformers``): a converted ``Mamba2ForCausalLM`` and a Bamba hybrid
   train to the same bits twice.
 """
@@ -18,7 +20,7 @@ import pytest
 from tests.apps.helpers import ROOT, cli_env
 
 EXAMPLES = os.path.join(ROOT, "examples")
-TESTED = {"train_lm.py", "generate.py", "tree_accumulator_ddp.py", "convert_hf.py"}
+TESTED = {"train_lm.py", "generate.py", "tree_accumulator_ddp.py", "convert_hf.py", "fsdp_restart.py"}
 HEX = r"[0-9a-f]{64}"
 
 
@@ -86,3 +88,19 @@ def test_convert_hf_trains_to_the_same_bits_twice(arch):
     assert len(steps) == 3 and len({d for _, _, d in steps}) == 3
     assert re.search(rf"^final params sha256 {HEX}$", out, re.M)
     assert re.search(r"^same bits: True$", out, re.M)
+
+
+def test_fsdp_restart_on_another_world_size_continues_with_the_same_bits(tmp_path):
+    steps = lambda out: re.findall(rf"^step (\d+): grad sha256 ({HEX})$", out, re.M)  # noqa: E731
+    final = lambda out: re.findall(rf"final params sha256 ({HEX})$", out, re.M)  # noqa: E731
+    whole = run("fsdp_restart.py", torchrun_nproc=2)
+    ckpt = str(tmp_path / "ckpt")
+    stopped = run("fsdp_restart.py", "--ckpt", ckpt, "--stop-at", "2", torchrun_nproc=2)
+    resumed = run("fsdp_restart.py", "--ckpt", ckpt, torchrun_nproc=1)
+    assert [s for s, _ in steps(whole)] == ["0", "1", "2", "3"] and len({d for _, d in steps(whole)}) == 4
+    assert steps(stopped) == steps(whole)[:2] and steps(resumed) == steps(whole)[2:]
+    assert "1 rank(s), steps 2..3" in resumed and final(resumed) == final(whole)
+    assert final(stopped) != final(whole)
+    assert sorted(os.listdir(ckpt)) == ["step-00000002"]  # written atomically: no temporary directory left
+    ddp = run("tree_accumulator_ddp.py", torchrun_nproc=1)  # the same global batches, the same tree
+    assert steps(ddp) == steps(whole)[:3]
