@@ -382,9 +382,9 @@ class OrderedMamba2(nn.Module):
                 raise ValueError(f"u: expected a CUDA tensor (layer.backend is 'cuda'), got device {u.device}")
             if not _cuda_path_ok():  # a constant for torch.compile (see _mark_native_check_constant)
                 _, why, exc = _cuda_path_status()
-                raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why}. Install the native "
-                          "extras as the README's GPU section says, or set layer.backend = 'reference' to run the "
-                          "pure-PyTorch reference (fp32/fp64, slow) on this device.")
+                raise exc(f"OrderedMamba2: the ordered CUDA path cannot run here: {why.rstrip('.')}. Install the "
+                          "native extras as the README's GPU section says, or set layer.backend = 'reference' to "
+                          "run the pure-PyTorch reference (fp32/fp64, slow) on this device.")
         return backend
 
     def _check_cuda_path(self, batch: int, seqlen: int) -> None:
