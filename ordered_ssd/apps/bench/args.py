@@ -81,13 +81,15 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "it off (default: 8 on CUDA, 0 on the CPU)")
     parser.add_argument("--results-json", default=None, metavar="PATH",
                    help="also merge this run (or, with --merge, the combined one) into PATH (e.g. "
-                        "docs/results/bench_h200.json; newest run first, earlier runs kept; rewritten after every "
-                        "shape) (default: none)")
+                        "docs/results/bench_h200.json), which keeps the current row of every shape with its run's "
+                        "provenance: the shapes this run measured replace theirs, the others stay; rewritten after "
+                        "every shape (default: none)")
     parser.add_argument("--render", default=None, metavar="RESULTS_JSON",
-                   help="measure nothing: print a run of a --results-json file as the markdown section for "
-                        "docs/performance.md (default: measure)")
-    parser.add_argument("--render-run", type=nonnegative_int, default=0, metavar="I",
-                   help="with --render: which run, 0 the newest (default 0)")
+                   help="measure nothing: print the current table of a --results-json file (every shape's row, "
+                        "each run named with its shapes) as the markdown section for docs/performance.md "
+                        "(default: measure)")
+    parser.add_argument("--render-run", type=nonnegative_int, default=None, metavar="I",
+                   help="with --render: only the rows of run I, 0 the newest (default: every shape's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the layer (default 0)")
     parser.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
     parser.add_argument("--breakdown", action="store_true",

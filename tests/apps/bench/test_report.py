@@ -116,9 +116,10 @@ def test_merge(tmp_path, capsys):
                        "--results-json", str(results_json)]) == 0
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out),
                        "--results-json", str(results_json)]) == 0
-    runs = bench.load_runs(str(results_json))  # two merges, two runs (each its own run_id), newest first
-    assert [[s["name"] for s in r["shapes"]] for r in runs] == [["S1", "S2", "G1", "X1"], ["S1", "S2", "G1"]]
-    assert runs[0]["meta"]["run_id"] != runs[1]["meta"]["run_id"] and len(runs[0]["meta"]["merged_from"]) == 2
+    runs = bench.load_runs(str(results_json))  # the runs merged, each holding the rows it contributed last
+    assert [(r["meta"]["command"], [s["name"] for s in r["shapes"]]) for r in runs] == [
+        ("ordered-ssd bench --grid", ["S2"]), ("ordered-ssd bench --shapes S1,S2", ["S1", "G1"])]  # X1: no rows
+    assert runs[0]["shapes"][0]["dims"] == "replaced" and runs[0]["meta"]["run_id"] != runs[1]["meta"]["run_id"]
     (tmp_path / "bad.json").write_text("{}")
     assert bench.main(["--merge", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
 
@@ -155,49 +156,137 @@ def test_merge_of_a_merge_names_each_run_its_shapes_and_a_different_pinned_table
     assert "the merged runs differ" in section and "Pinned table fingerprint: `table=aaa`" not in section
 
 
-def test_results_file_merge_keeps_earlier_runs_newest_first_and_renders(tmp_path, capsys):
-    """--results-json: a run goes first, earlier runs stay in their order, writing the same run again replaces its
-    entry (the suite rewrites it after every shape), per-parameter digests are left out; --render prints a run
-    as the markdown section of docs/performance.md."""
+def _run(i, shapes=("S1", "S2", "G1")):
+    """A synthetic run ``run{i}`` (commit ``abc{i}``, date 2026-01-0{i+1}) measuring ``shapes``; the others of S1,
+    S2, G1 skipped by the time budget, as the suite writes them."""
+    r = _synthetic()
+    r["meta"].update(run_id=f"run{i}", commit=f"abc{i}", date=f"2026-01-0{i + 1} 00:00 UTC",
+                     pinned_configs="csrc_bindings/abi1 table=ff", command=f"ordered-ssd bench run{i}")
+    r["precompile"]["failed"] = 1
+    for sr in r["shapes"]:
+        if sr["name"] not in shapes:
+            sr["rows"] = {m: {"mode": m, "error": "skipped: time budget"} for m in sr["rows"]}
+    r["shapes"][0]["rows"]["ordered"]["digests"] = {"in_proj.weight": "00"}
+    r["shapes"][0]["rows"]["ordered"]["grads_sha256"] = "ab" * 32
+    return r
+
+
+def _names(runs):
+    return [(r["meta"]["run_id"], [s["name"] for s in r["shapes"]]) for r in runs]
+
+
+def test_results_file_keeps_the_current_row_of_each_shape_and_renders(tmp_path, capsys):
+    """--results-json: a run replaces the rows of the shapes it measured (skipped rows replace nothing) and goes
+    first; every other shape keeps its row and its run's provenance; a run left without shapes is dropped; writing
+    the same run again replaces its entry (the suite rewrites it after every shape); per-parameter digests are left
+    out; --render prints the current table (each run named with its shapes), --render-run I one run's rows."""
     path = str(tmp_path / "results" / "bench_h200.json")
-    runs = []
-    for i in range(3):
-        r = _synthetic()
-        r["meta"].update(run_id=f"run{i}", commit=f"abc{i}", date=f"2026-01-0{i + 1} 00:00 UTC",
-                         pinned_configs="csrc_bindings/abi1 table=ff")
-        r["shapes"][0]["rows"]["ordered"]["digests"] = {"in_proj.weight": "00"}
-        r["shapes"][0]["rows"]["ordered"]["grads_sha256"] = "ab" * 32
-        runs.append(r)
-    bench.merge_run(path, runs[0])
-    bench.merge_run(path, runs[1])
-    runs[1]["shapes"][0]["rows"]["native"]["ms"] = 9.0  # the same run, rewritten after another shape
-    bench.merge_run(path, runs[1])
-    written = bench.merge_run(path, runs[2])
+    run1 = _run(1, shapes=("S1",))
+    assert _names(bench.merge_run(path, _run(0))) == [("run0", ["S1", "S2", "G1"])]
+    assert _names(bench.merge_run(path, run1)) == [("run1", ["S1"]), ("run0", ["S2", "G1"])]
+    run1 = _run(1, shapes=("S1", "S2"))  # the same run, rewritten after another shape
+    run1["shapes"][1]["rows"]["native"]["ms"] = 9.0
+    assert _names(bench.merge_run(path, run1)) == [("run1", ["S1", "S2"]), ("run0", ["G1"])]
+    run2 = _run(2, shapes=("G1",))
+    written = bench.merge_run(path, run2)
+    assert _names(written) == [("run2", ["G1"]), ("run1", ["S1", "S2"])]  # run0 holds no row: gone
     data = json.loads(open(path).read())
-    assert data["format"] == "ordered-ssd bench results v1" and data["runs"] == written
-    assert [r["meta"]["run_id"] for r in data["runs"]] == ["run2", "run1", "run0"]
-    assert data["runs"][1]["shapes"][0]["rows"]["native"]["ms"] == 9.0
-    ordered = data["runs"][0]["shapes"][0]["rows"]["ordered"]
+    assert data["format"] == "ordered-ssd bench results v2" and data["runs"] == written
+    assert bench.load_runs(path) == written
+    meta = written[1]["meta"]
+    assert (meta["commit"], meta["date"], meta["pinned_configs"], meta["precompile_wall_s"],
+            meta["precompile_failed"]) == ("abc1", "2026-01-02 00:00 UTC", "csrc_bindings/abi1 table=ff", 61.25, 1)
+    assert written[1]["shapes"][1]["rows"]["native"]["ms"] == 9.0
+    ordered = written[1]["shapes"][0]["rows"]["ordered"]
     assert "digests" not in ordered and ordered["grads_sha256"] == "ab" * 32
-    assert "digests" in runs[2]["shapes"][0]["rows"]["ordered"]  # the caller's results are not changed
+    assert "digests" in run1["shapes"][0]["rows"]["ordered"]  # the caller's results are not changed
     md = bench.render(path)
     assert md.startswith("### NVIDIA H200, 2026-01-03 00:00 UTC (commit abc2)\n\nPinned table fingerprint: "
                          "`csrc_bindings/abi1 table=ff`.\n\nNVIDIA H200 (sm_90) · torch 2.11.0")
     assert "# ordered-ssd bench" not in md and "| S1 | B2 L2048 d1024 N128 G1 P64 cs256 bf16 | ordered |" in md
-    assert bench.render(path, 2).startswith("### NVIDIA H200, 2026-01-01 00:00 UTC (commit abc0)")
-    assert bench.main(["--render", path, "--render-run", "1"]) == 0
-    assert capsys.readouterr().out.startswith("### NVIDIA H200, 2026-01-02 00:00 UTC (commit abc1)")
-    assert bench.main(["--render", path, "--render-run", "3"]) == 2
+    assert "- S1, S2: `ordered-ssd bench run1` (abc1, 2026-01-02 00:00 UTC; precompile 61.25 s, 1 failed)" in md
+    assert "- G1: `ordered-ssd bench run2` (abc2, 2026-01-03 00:00 UTC;" in md
+    assert md.index("| S1 |") < md.index("| S2 |") < md.index("| G1 |") and "skipped" not in md
+    one = bench.render(path, 1)
+    assert one.startswith("### NVIDIA H200, 2026-01-02 00:00 UTC (commit abc1)") and "| G1 |" not in one
+    assert bench.main(["--render", path, "--render-run", "0"]) == 0
+    assert capsys.readouterr().out.startswith("### NVIDIA H200, 2026-01-03 00:00 UTC (commit abc2)")
+    assert bench.main(["--render", path]) == 0 and capsys.readouterr().out == md
+    assert bench.main(["--render", path, "--render-run", "2"]) == 2
     assert "--render-run: " in capsys.readouterr().err
-    (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
-    with pytest.raises(bench.BenchError, match="--results-json: .*other.json is not a bench results file"):
-        bench.merge_run(str(tmp_path / "other.json"), runs[0])
+    run1 = _run(1, shapes=("S2",))  # the same run merged again without S1 measured (e.g. a later --merge file
+    run1["meta"]["elapsed_s"] = 99.0  # skipped it): its S1 row stays, its provenance is the newer write's
+    assert _names(bench.merge_run(path, run1)) == [("run1", ["S1", "S2"]), ("run2", ["G1"])]
+    assert bench.load_runs(path)[0]["meta"]["elapsed_s"] == 99.0
     with pytest.raises(bench.BenchError, match="run_id"):
         bench.merge_run(path, {"meta": {}})
 
 
+def test_results_file_is_bounded(tmp_path):
+    """One row per shape whatever is merged: the same run merged twice, or new runs of the same shapes, leave the
+    file as large as one run (the history is in git, not in the file)."""
+    path = tmp_path / "bench_h200.json"
+    bench.merge_run(str(path), _run(0))
+    size = path.stat().st_size
+    before = path.read_bytes()
+    bench.merge_run(str(path), _run(0))
+    assert path.read_bytes() == before  # the same run twice: the same file
+    for i in range(1, 8):
+        runs = bench.merge_run(str(path), _run(i))
+        names = [s["name"] for r in runs for s in r["shapes"]]
+        assert sorted(names) == ["G1", "S1", "S2"] and len(runs) == 1
+        assert path.stat().st_size == size  # run ids and commits of the same length: not a byte more
+    # runs of some shapes: still one row per shape, and at most one run's provenance more per shape
+    meta = (len(json.dumps({"runs": [{"meta": runs[0]["meta"]}]}, indent=1, sort_keys=True))
+            - len(json.dumps({"runs": [{}]}, indent=1)))  # one run's provenance, as nested in the file
+    for i, shapes in enumerate((("S1",), ("S2",), ("G1",), ("S1", "G1")), 8):
+        runs = bench.merge_run(str(path), _run(i, shapes))
+        assert sorted(s["name"] for r in runs for s in r["shapes"]) == ["G1", "S1", "S2"]
+        assert len(runs) <= 3 and path.stat().st_size <= size + (len(runs) - 1) * (meta + 64)
+    assert _names(runs) == [("run11", ["S1", "G1"]), ("run9", ["S2"])]
+
+
+def test_results_file_of_the_older_format_and_errors(tmp_path):
+    """A v1 file (every run whole, newest first; a --merge run naming its sources) reads as the newest measured row
+    of every shape, each with its own run's (or source's) provenance, and the next merge rewrites it as v2; a file
+    of another format is an error naming the file and the formats."""
+    from ordered_ssd.apps.bench.report import merge_results
+    run0, run1 = _run(0, shapes=("S1",)), _run(1, shapes=("S2",))
+    run0["meta"]["tree"] = "a" * 40
+    run1["shapes"] = [run1["shapes"][1]]  # a run of S2 alone
+    (tmp_path / "r0.json").write_text(json.dumps(run0))
+    (tmp_path / "r1.json").write_text(json.dumps(run1))
+    merged = merge_results([str(tmp_path / "r0.json"), str(tmp_path / "r1.json")])
+    merged["meta"]["run_id"] = "merge"
+    skipped = _run(3, shapes=())  # the newest run of the file: skipped everything, replaces nothing
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "ordered-ssd bench results v1",
+                                "runs": [skipped, merged, _run(2, shapes=("S1", "G1"))]}))
+    runs = bench.load_runs(str(path))
+    # the merge's G1 is r0's, which skipped it: G1's newest measured row is the oldest run's
+    assert [(r["meta"]["commit"], [s["name"] for s in r["shapes"]]) for r in runs] == [
+        ("abc1", ["S2"]), ("abc0", ["S1"]), ("abc2", ["G1"])]
+    assert runs[1]["meta"]["tree"] == "a" * 40 and runs[1]["meta"]["settings"]["repeats"] == 20  # the merge's
+    assert runs[0]["meta"]["command"] == "ordered-ssd bench run1" and runs[2]["meta"]["run_id"] == "run2"
+    assert len({r["meta"]["run_id"] for r in runs}) == 3
+    bench.merge_run(str(path), _run(4, shapes=("G1",)))
+    data = json.loads(path.read_text())
+    assert data["format"] == "ordered-ssd bench results v2"
+    assert _names(data["runs"])[0] == ("run4", ["G1"]) and [r["meta"]["commit"] for r in data["runs"]] == [
+        "abc4", "abc1", "abc0"]
+    for content, found in (({"runs": []}, "no format"), ({"format": "ordered-ssd bench results v9", "runs": []},
+                                                         "format 'ordered-ssd bench results v9'")):
+        (tmp_path / "other.json").write_text(json.dumps(content))
+        with pytest.raises(bench.BenchError, match=f"--results-json: .*other.json is not a bench results file "
+                                                   f"\\({found}; expected .*results v2"):
+            bench.merge_run(str(tmp_path / "other.json"), _run(0))
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "ordered-ssd bench results v2", "runs": [{}]}))
+    with pytest.raises(bench.BenchError, match="bad.json: every run"):
+        bench.load_runs(str(tmp_path / "bad.json"))
+
+
 def test_render_judges_an_older_run_by_the_current_rules(tmp_path):
-    """A stored run whose det verdict came from the direct ratio (the rule before session 14) is shown with the
+    """A stored run whose det verdict came from the direct ratio (the rule before 2026-12-01) is shown with the
     verdict of the current rules (here the paired ratio), and the stored file is not changed."""
     path = str(tmp_path / "bench_h200.json")
     run = _synthetic()
