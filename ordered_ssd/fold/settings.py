@@ -57,9 +57,9 @@ GEMM_FOLD_FIT_RULE = "gemm-fit-v1"
 #: CUDA: example ``e`` of ``L`` positions is cut into ``ceil(L / GEMM_FOLD_SEGMENT_L)`` segments of this many
 #: consecutive positions (the last one shorter), each segment's partial is computed alone, and the partials are
 #: folded segment by segment, example 0's first. A shape-only constant (never the batch size), so an example's
-#: partials are the same alone or in any batch. Sequences up to this length are one segment (the bits of reduction
-#: version 4). Why: a long sequence with few output tiles otherwise leaves most SMs idle on one long K loop; the
-#: segments run in parallel (bench S4, L 65536: docs/performance.md).
+#: partials are the same alone or in any batch. Sequences up to this length are one segment (with the bits of
+#: reduction version 4 below 8192 positions). Why: a long sequence with few output tiles otherwise leaves most SMs
+#: idle on one long K loop; the segments run in parallel (bench S4, L 65536: docs/performance.md).
 GEMM_FOLD_SEGMENT_L = 16384
 
 
@@ -212,8 +212,8 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: tensor-core products over K blocks of ``BK`` = 64 positions in order. The tile shape, ``GROUP_M``, warps, stages
 #: and which program or launch computes which partial decide no addition. Checked bit for bit on the H200 (triton
 #: 3.6.0) at 12 projections of the bench shapes (S5, G6, G7, S2, G11, G1; 2026-12-01), at 17 (every grid row's
-#: kind of projection, 2026-12-01, session 16, with the chain at 64 x 64 tiles among 16 candidates), at 20
-#: (the TMA kernels at 11 configurations, 2026-12-01, session 17) and by ``tests/gpu/fold/test_gemm_fold.py``.
+#: kind of projection, 2026-12-01, with the chain at 64 x 64 tiles among 16 candidates), at 20 (the TMA kernels at
+#: 11 configurations, 2026-12-01) and by ``tests/gpu/fold/test_gemm_fold.py``.
 #: A TMA load zero-fills what lies past the tensor (positions past ``L``, rows past ``M`` or ``N``) as the other
 #: kernels' masked loads do, and a segment's K blocks never reach past its end but at ``L``.
 #:
@@ -221,11 +221,10 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: the fastest or within 3 % of it on 11; ``"nest"`` at 128 x 128 on the out_proj-like ones (S5, G4, G2 out_proj,
 #: S1 in_proj); the chain at 64 x 64 where the output has few tiles (G1's in_proj, 18 tiles at 128 x 128: 0.19 ms
 #: against 0.28); ``"partials"`` where all partials fit one workspace (G1's out_proj: 0.11 against 0.27).
-#: ``"nest"`` at 128 x 128 with 4 warps was the fastest at G11's in_proj in an earlier session (3.08 ms against
-#: 4.68 for the chain). Until 2026-12-01 the list had three ``"nest-flat"`` entries, the nest kernel with
-#: ``tl.range(flatten=True)`` on its segment loop; Triton 3.6 compiled that loop nest unchanged (the same TTGIR
-#: but for the attribute), so they were ``"nest"`` under another name, and ``"nest"`` at 128 x 128 x 8 warps
-#: was listed twice. The TMA kernels (session 17, 20 projections, docs/performance.md "TMA projection folds"):
+#: ``"nest"`` at 128 x 128 with 4 warps was the fastest at G11's in_proj (3.08 ms against 4.68 for the chain;
+#: H200, 2026-12-01). The nest kernel with ``tl.range(flatten=True)`` on its segment loop is not listed: Triton 3.6
+#: compiles that loop nest unchanged (the same TTGIR but for the attribute), so it is ``"nest"`` under another
+#: name. The TMA kernels (2026-12-01, 20 projections, docs/performance.md "TMA projection folds"):
 #: persistent at 128 x 256 was the fastest of all at the long-example in_proj (G12's 1.74 ms against the chain's
 #: 2.02 and cuBLAS's 1.60; G6's 0.67 against 0.88), one tile per program at 128 x 128 with 4 warps, 64 x 128 and
 #: 64 x 64 at most out_proj-like ones and G1's in_proj.
@@ -286,7 +285,7 @@ CONV1D_BWD_NUM_WARPS = 1
 #: digests, ``L`` = 100, matched on the H200); 5: the projections' weight gradients on CUDA come from
 #: :func:`~ordered_ssd.fold.fold_example_gemms` at every sequence length, over per-(example, segment) partials of
 #: :data:`GEMM_FOLD_SEGMENT_L` positions (from 8192 positions on, version 4 ran one cuBLAS GEMM per example, so its
-#: launches grew with the batch); sequences up to :data:`GEMM_FOLD_SEGMENT_L` positions keep version 4's bits.
+#: launches grew with the batch); sequences shorter than 8192 positions keep version 4's bits.
 REDUCTION_VERSION = 5
 
 

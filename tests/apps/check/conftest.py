@@ -1,4 +1,4 @@
-"""The check runs several tests read: one 1-process and one 2-process ``ordered-ssd check`` (once per session)."""
+"""The check runs several tests read: one 1-process and one 2-process ``ordered-ssd check`` (one per pytest run)."""
 import pytest
 
 from tests.apps.helpers import TINY_CHECK, run_cli
