@@ -4,18 +4,15 @@
 #
 #   bash benchmarks/gpu_gate.sh tests [PART]    the GPU test suite; PART 1 to 4 runs some of its processes, for a
 #                                               machine that gives one command less time than the whole suite takes
-#                                               (the project's device tool gives 10 minutes); on one H200 in
-#                                               2026-12 (session 24, Triton's cache warm from earlier calls):
-#                                               1 (the bitwise grid, compile) 270 s; the old part 2's ops and fold
-#                                               process had run 109 of its 123 tests at its 540 s limit, so ops
-#                                               stay in 2 (with bindings and parity, 148 s) and fold moves to 3;
-#                                               the old part 3's two processes had run 71 of 84 and 18 of 72 tests
-#                                               at a 340 s limit, the latter held by the deterministic-mode timing
-#                                               test, now alone in 3 beside fold; 4: the other module tests, the rest
+#                                               (e.g. 10 minutes): 1 the bitwise grid and compile (270 s on one H200,
+#                                               2026-12-03, Triton's cache warm); 2 bindings with parity (148 s
+#                                               there), and ops; 3 the fold tests, and the deterministic-mode timing
+#                                               test alone (it held a shared process past a 340 s limit); 4 the other
+#                                               module tests, and the rest
 #   bash benchmarks/gpu_gate.sh bench    ordered-ssd bench --breakdown
 #   bash benchmarks/gpu_gate.sh check    ordered-ssd check --native
 #
-# It needs the GPU install of the README ("Benchmark (GPU)": a CUDA build of torch, mamba-ssm and causal-conv1d
+# It needs the GPU install of the README ("Install", "GPU": a CUDA build of torch, mamba-ssm and causal-conv1d
 # built without build isolation, then `pip install -e ".[cuda,bench]"`) plus pytest. On the project's own GPU
 # machine that environment is `.gpu/`, prepared by `../shared/gpu/prepare.sh` (neither is part of this repository):
 # `source .gpu/setup.sh && bash benchmarks/gpu_gate.sh tests`, with `.gpu` carried to the machine.
@@ -23,7 +20,7 @@
 # On a machine with several GPUs, `tests` spreads its processes over them round-robin (CUDA_VISIBLE_DEVICES, one GPU
 # per process; env GATE_GPUS, default: the number `nvidia-smi -L` lists, or 1 where CUDA_VISIBLE_DEVICES is set), so an
 # x2 or x4 machine can run every part in one call (not yet timed); no test needs more than one GPU.
-# Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below the device tool's 600 s per call; at the
+# Each step has a time limit (seconds; env T_TESTS, T_BENCH, T_CHECK) below a 600 s limit per command; at the
 # limit a step gets SIGINT (SIGKILL 15 s later), so pytest still prints its failures, summary line and slowest tests.
 # Exit status: 0 only if every process of the step exited 0 and no test was skipped; the last lines of each log
 # are printed.

@@ -29,7 +29,7 @@ from ._spec import TIMING_PENDING, key_of
 #: Versions the launchers were written and tested against (exact match required).
 SUPPORTED_VERSIONS = {"mamba_ssm": "2.3.2.post1", "causal_conv1d": "1.7.0"}
 #: The install command of the native extras (mamba-ssm needs torch at build time, hence no build isolation; a
-#: CUDA build of torch must be installed first; README, "Benchmark (GPU)").
+#: CUDA build of torch must be installed first; README, "Install", "GPU").
 INSTALL_HINT = ("pip install --no-build-isolation mamba-ssm==" + SUPPORTED_VERSIONS["mamba_ssm"] + " causal-conv1d=="
                 + SUPPORTED_VERSIONS["causal_conv1d"])
 
