@@ -1,0 +1,41 @@
+"""``StepDigests``: the asynchronous digests equal ``tensor_sha256`` of each tensor as it was at ``submit``, whatever
+happens to the tensors afterwards, with several steps in flight."""
+import pytest
+import torch
+
+from ordered_ssd.apps.check.digests import StepDigests
+from ordered_ssd.digest import tensor_sha256
+
+
+def _tensors(g):
+    return {"w": torch.randn(5, 3, generator=g), "none": None,
+            "strided": torch.randn(9, generator=g, dtype=torch.float64)[::2],
+            "empty": torch.zeros(0), "ints": torch.randint(0, 9, (4,), generator=g), "half": torch.randn(3).half()}
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_digests_are_those_of_the_tensors_at_submit(depth):
+    g = torch.Generator().manual_seed(0)
+    ts = _tensors(g)
+    expected, keys = [], []
+    with StepDigests(torch.device("cpu"), depth=depth, threads=2) as digests:
+        for _ in range(6):
+            keys.append(digests.submit(ts))
+            expected.append({k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()})
+            for v in ts.values():  # the next "step" changes every tensor in place
+                if v is not None and v.numel():
+                    v.add_(1)
+        got = digests.results(keys)
+    assert got == expected
+    assert len({d["w"] for d in got}) == 6 and all(d["none"] == "none" for d in got)
+    assert got[0]["empty"] == tensor_sha256(torch.zeros(0))
+
+
+def test_bad_values_are_refused_by_name():
+    with StepDigests(torch.device("cpu")) as digests:
+        with pytest.raises(TypeError, match=r"tensors\['x'\]: expected a tensor or None, got list"):
+            digests.submit({"x": [1.0]})
+        with pytest.raises(ValueError, match=r"tensors\['x'\]: expected a tensor on cpu, got meta"):
+            digests.submit({"x": torch.zeros(2, device="meta")})
+    with pytest.raises(ValueError, match="depth, threads: expected >= 1, got 0, 4"):
+        StepDigests(torch.device("cpu"), depth=0)
