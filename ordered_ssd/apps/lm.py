@@ -97,11 +97,19 @@ def _is_special(path: str) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def _unreadable_folder(e: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder of ``--data`` that cannot be listed is an error, not a silent skip."""
+    raise DataError(f"--data: expected a readable folder, got {e.filename}: {e.strerror}")
+
+
 def _text_files(root: str, skipped: Optional[List[str]] = None) -> List[str]:
     """The non-hidden files under ``root``, sorted by relative path; special files (:func:`_is_special`) are left
-    out and appended to ``skipped``."""
+    out and appended to ``skipped``.
+
+    Raises:
+        DataError: a folder under ``root`` cannot be listed (e.g. no permission)."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_unreadable_folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for f in filenames:
             if f.startswith("."):
@@ -131,27 +139,69 @@ def _has_text(path: str, sniff: bool) -> bool:
     return bool(head) and not (sniff and b"\0" in head)
 
 
-def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str, bool]:
+#: :func:`load_corpus` reads a file in pieces of at most this many bytes (never the whole ``--data-bytes`` at once)
+READ_CHUNK = 1 << 20
+
+#: Memory :func:`load_corpus` and :class:`ByteData` hold per corpus byte at their peak: the pieces read, the joined
+#: corpus, and :class:`ByteData`'s copy (its train and validation tensors are views of it).
+CORPUS_MEMORY_PER_BYTE = 3
+
+
+def _read_upto(f: str, limit: int) -> Tuple[bytes, bool]:
+    """At most ``limit`` bytes of file ``f`` read in pieces of :data:`READ_CHUNK`, and whether bytes were left."""
+    pieces, got = [], 0
+    with open(f, "rb") as fh:
+        while got < limit:
+            piece = fh.read(min(READ_CHUNK, limit - got))
+            if not piece:
+                return b"".join(pieces), False
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces), fh.read(1) != b""
+
+
+def _planned_bytes(files: List[str], max_bytes: int) -> int:
+    """How many bytes :func:`load_corpus` would read from ``files`` (their sizes, up to ``max_bytes`` in all)."""
+    total = 0
+    for f in files:
+        if total >= max_bytes:
+            break
+        try:
+            total += min(os.stat(f).st_size, max_bytes - total)
+        except OSError:
+            continue  # reading it gives the error
+    return total
+
+
+def load_corpus(path: Optional[str], max_bytes: int, memory: Optional[int] = None) -> Tuple[bytes, str, bool]:
     """Bytes of the corpus (at most ``max_bytes``), a description of where they came from, and whether the
     ``max_bytes`` limit (``--data-bytes``) cut it: True where the last file read had bytes left, or a file left
     unread would have given bytes (readable, not empty, not binary).
 
+    Files are read in pieces of :data:`READ_CHUNK` bytes up to the limit: memory follows the bytes there are, not
+    ``max_bytes`` (a corpus smaller than ``max_bytes`` is read whole). With ``memory`` (bytes available), the files'
+    sizes are added up first and a corpus that would need more than that (:data:`CORPUS_MEMORY_PER_BYTE` per byte)
+    is refused before anything is read.
+
     Raises:
-        DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read, is a
-            binary file (a NUL byte in the first :data:`BINARY_SNIFF_BYTES` bytes read), or holds no bytes. In a
-            directory, special files and binary files are skipped and named in the description.
+        DataError: the path does not exist, is a special file (FIFO, device, socket), cannot be read (a file, or a
+            folder that cannot be listed), is a binary file (a NUL byte in the first :data:`BINARY_SNIFF_BYTES`
+            bytes read), holds no bytes, or would not fit in ``memory``. In a directory, special files and binary
+            files are skipped and named in the description.
     """
     if path is None:
         root = stdlib_root()
         files = _python_files(root)
-        source = f"Python standard library at {root} ({len(files)} .py files, sorted by path)"
+        where = f"Python standard library at {root}"
+        source = f"{where} ({len(files)} .py files, sorted by path)"
     elif os.path.isfile(path):
         root, files = os.path.dirname(path), [path]
-        source = f"file {path}"
+        source = where = f"file {path}"
     elif os.path.isdir(path):
         skipped: List[str] = []
         root, files = path, _text_files(path, skipped)
-        source = f"directory {path} ({len(files)} files, sorted by path)"
+        where = f"directory {path}"
+        source = f"{where} ({len(files)} files, sorted by path)"
         if skipped:
             skipped.sort()
             source = (f"directory {path} ({len(files)} files, sorted by path; skipped {len(skipped)} special "
@@ -160,17 +210,22 @@ def load_corpus(path: Optional[str], max_bytes: int) -> Tuple[bytes, str, bool]:
         raise DataError(f"--data: expected a regular file or a directory, got {path} (a FIFO, device or socket)")
     else:
         raise DataError(f"--data: expected an existing file or directory, got {path} (no such file or directory)")
+    if memory is not None:
+        planned = _planned_bytes(files, max_bytes)
+        if planned * CORPUS_MEMORY_PER_BYTE > memory:
+            fits = memory // CORPUS_MEMORY_PER_BYTE
+            raise DataError(f"--data-bytes: expected at most {fits} bytes, what fits in the {memory} bytes "
+                            f"({memory / 2**30:.1f} GiB) of memory available ({CORPUS_MEMORY_PER_BYTE} bytes per "
+                            f"corpus byte), got {max_bytes}, which would read {planned} bytes of the {where}")
     chunks, total, binary, cut = [], 0, [], False
     for k, f in enumerate(files):
         if total >= max_bytes:
             cut = any(_has_text(g, sniff=path is not None) for g in files[k:])  # a file left unread had bytes to use
             break
         try:
-            with open(f, "rb") as fh:
-                data = fh.read(max_bytes - total)
-                more = len(data) == max_bytes - total and fh.read(1) != b""
+            data, more = _read_upto(f, max_bytes - total)
         except OSError as e:
-            raise DataError(f"--data: cannot read {f}: {e.strerror}") from None
+            raise DataError(f"--data: expected a readable file, got {f}: {e.strerror}") from None
         nul = data.find(b"\0", 0, BINARY_SNIFF_BYTES) if path is not None else -1
         if nul >= 0:
             if len(files) == 1 and files[0] == path:  # --data names this file
@@ -195,7 +250,7 @@ class ByteData:
     def __init__(self, corpus: bytes, seq_len: int, val_fraction: float = 0.05, cut: bool = False):
         """``cut``: :func:`load_corpus` cut the corpus at ``--data-bytes`` (then a too short corpus names that flag,
         else ``--data``)."""
-        data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.int64)
+        data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)  # one byte per byte; int64 per batch
         n_val = max(seq_len + 1, int(len(data) * val_fraction))
         if len(data) < n_val + seq_len + 1:
             flag = "--data-bytes" if cut else "--data"
@@ -203,7 +258,7 @@ class ByteData:
                             f"{n_val + seq_len + 1} bytes, got {len(data)}")
         self.train, self.val = data[:-n_val], data[-n_val:]
         self.seq_len = seq_len
-        self.sha256 = tensor_sha256(data.to(torch.uint8))
+        self.sha256 = tensor_sha256(data)
         self.n_bytes = len(data)
 
     def starts(self, seed: int, step: int, batch_size: int) -> torch.Tensor:
@@ -231,7 +286,7 @@ class ByteData:
         count = batch_size if count is None else count
         starts = starts[offset:offset + count]
         idx = starts[:, None] + torch.arange(self.seq_len + 1)
-        win = self.train[idx]
+        win = self.train[idx].to(torch.int64)
         return win[:, :-1], win[:, 1:]
 
     def val_batches(self, batch_size: int):
@@ -241,6 +296,6 @@ class ByteData:
         starts = torch.arange(n_windows) * seq_len
         for i in range(0, n_windows, batch_size):
             idx = starts[i:i + batch_size, None] + torch.arange(seq_len + 1)
-            win = self.val[idx]
+            win = self.val[idx].to(torch.int64)
             yield win[:, :-1], win[:, 1:]
 
