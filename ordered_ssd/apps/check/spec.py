@@ -78,9 +78,18 @@ def _hf_spec_from_args(args, device: torch.device, pick) -> dict:
     return {**_run_fields(args, device, pick), "model": None, "hf": hf_spec(args.hf_config)}
 
 
+#: the batch of step ``s`` is drawn from a generator seeded with ``seed * SEED_STRIDE + s`` (:class:`..lm.ByteData`),
+#: which must be a 64-bit signed integer
+SEED_STRIDE = 1_000_003
+
+
 def _run_fields(args, device: torch.device, pick) -> dict:
     """The spec's fields that do not depend on the model: device, seed, schedule, data."""
-    return {"device": str(device), "mixer": "ordered", "seed": args.seed, "steps": pick(args.steps, "steps"),
+    steps = pick(args.steps, "steps")
+    if abs(args.seed) * SEED_STRIDE + steps >= 2 ** 63:
+        raise DataError(f"--seed: expected |seed| * {SEED_STRIDE} + --steps < 2**63 (the batch of step s is drawn "
+                        f"from a generator seeded with seed * {SEED_STRIDE} + s), got {args.seed}")
+    return {"device": str(device), "mixer": "ordered", "seed": args.seed, "steps": steps,
             "batch": pick(args.batch, "batch"), "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"),
             "weight_decay": 0.1, "clip": 1.0, "data": None if args.data is None else os.path.abspath(args.data),
             "data_bytes": pick(args.data_bytes, "data_bytes")}
