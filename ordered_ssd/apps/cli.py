@@ -130,7 +130,27 @@ def _splits(text: str):
     return parse_splits(text)
 
 
+def _out_of_memory(command):
+    """``command()``, with running out of memory (``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's
+    ``RuntimeError``) as one :class:`AppError` line: the estimate that let the run start (docs/check.md, Memory) was
+    too low for this machine at this moment."""
+    try:
+        return command()
+    except (MemoryError, torch.OutOfMemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not isinstance(e, torch.OutOfMemoryError) and \
+                "can't allocate memory" not in str(e):
+            raise
+        from .check.errors import first_line
+
+        raise AppError(f"memory: expected the training to fit (it was estimated to, see the memory line and "
+                       f"docs/check.md, Memory), got {type(e).__name__}: {first_line(e)[:300]}") from None
+
+
 def _cmd_check(args) -> int:
+    return _out_of_memory(lambda: _check(args))
+
+
+def _check(args) -> int:
     from .check import run_check
     from .check.spec import spec_from_args
 
@@ -160,10 +180,24 @@ def _cmd_check(args) -> int:
 
 def _cmd_train(args) -> int:
     """One run of a spec: in this process, or as one rank of a data-parallel run (the spec has ``nproc``)."""
-    from .check import train_run
+    return _out_of_memory(lambda: _train(args))
 
-    with open(args.spec) as fh:
-        spec = json.load(fh)
+
+def _train(args) -> int:
+    from .check import train_run
+    from .check.errors import first_line
+
+    try:
+        with open(args.spec) as fh:
+            spec = json.load(fh)
+    except OSError as e:
+        raise AppError(f"--spec: expected a readable spec file, got {args.spec}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise AppError(f"--spec: expected the JSON spec of a check, got {args.spec}, which does not parse: "
+                       f"{first_line(e)}") from None
+    if not isinstance(spec, dict):
+        raise AppError(f"--spec: expected the JSON object of a check's spec, got a {type(spec).__name__} in "
+                       f"{args.spec}")
     train_run(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt, resume=args.resume,
               allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet,
               ckpt_every=args.ckpt_every, resume_if_any=args.resume_if_any, kill_at=args.kill_at)

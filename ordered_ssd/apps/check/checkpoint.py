@@ -5,6 +5,8 @@ changes the file. (Checkpoints are written with :func:`ordered_ssd.apps.files.at
 file in the same folder, then ``os.replace``, so an interrupted write leaves the previous file whole.)"""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import CheckError, first_line
@@ -17,9 +19,12 @@ def read_checkpoint(path: str) -> dict:
     """The checkpoint at ``path``, loaded on the CPU with ``weights_only=True`` (RNG states must stay on the CPU).
 
     Raises:
-        CheckError: no such file; the file does not load (corrupt, truncated, not written by ``torch.save``, or
-            holding objects ``weights_only`` refuses); it is not a dict with the fields of :data:`CKPT_FIELDS`.
+        CheckError: no such file; a directory; the file does not load (corrupt, truncated, not written by
+            ``torch.save``, or holding objects ``weights_only`` refuses); it is not a dict with the fields of
+            :data:`CKPT_FIELDS`.
     """
+    if os.path.isdir(path):
+        raise CheckError(f"checkpoint {path}: expected a checkpoint file, got a directory")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

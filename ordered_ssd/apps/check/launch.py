@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from .errors import CheckError
+from .errors import CheckError, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
+#: an uncaught exception's last line, in a rank's output ``[rankN]: XError: ...`` (torch prefixes the ranks' lines)
 _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_.]*(Error|Exception|Interrupt)\b.*")
+#: an uncaught exception's last line (``IsADirectoryError: [Errno 21] ...``), or argparse's ``prog: error: ...``
+_EXCEPTION = re.compile(r"^(\[rank\d+\]: )?([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*|[\w .-]+: error: .+)$")
+#: torchrun's own lines about a failed group (not the reason a rank failed)
+_TORCHRUN_OWN = ("ChildFailedError", "torch.distributed.elastic")
+#: torchrun's lines about a rank killed by a signal: ``Signal 9 (SIGKILL) received by PID 123``, else
+#: ``exitcode  : -9 (pid: 123)``
+_SIGNALS = (re.compile(r"Signal \d+ \(\w+\) received by PID \d+"), re.compile(r"exitcode\s*:\s*-\d+.*"))
+REASON_CHARS = 500  # a reason longer than this is cut (the log holds all of it)
 
 
 def _train_command(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool) -> List[str]:
@@ -19,17 +29,86 @@ def _train_command(spec_path: str, record_path: str, label: str, extra: List[str
             + extra + ([] if progress else ["--quiet"]))
 
 
-def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process (its stderr shown).
+def failure_reason(lines: List[str], returncode: int) -> str:
+    """Why a child run failed, in one line, from its output ``lines``: the ``ordered-ssd _train: error:`` messages of
+    its ranks (each once); else the last line of an uncaught exception (with ranks, the first rank's); else the
+    signal that killed it (torchrun's report of a rank, or a negative ``returncode``); else its last non-blank line
+    that is not a progress line or a rule; else that it printed nothing."""
+    errors: List[str] = []
+    for line in lines:
+        for msg in line.split(ERROR_PREFIX)[1:]:  # ranks write concurrently: one line may hold several messages
+            msg = msg.strip()
+            if msg and msg not in errors:
+                errors.append(msg)
+    if errors:
+        return " | ".join(errors)[:REASON_CHARS]
+    stripped = [line.strip() for line in lines if line.strip()]
+    ranks = [line for line in stripped if _RANK_EXCEPTION.match(line)]
+    if ranks:
+        return ranks[0][:REASON_CHARS]
+    crashes = [line for line in stripped if _EXCEPTION.match(line) and not any(t in line for t in _TORCHRUN_OWN)]
+    if crashes:
+        return crashes[-1][:REASON_CHARS]
+    for pattern in _SIGNALS:
+        found = [m.group(0) for m in map(pattern.search, stripped) if m]
+        if found:
+            return f"killed: {found[0]}"[:REASON_CHARS]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (out of memory?) without an error message"
+    rest = [line for line in stripped if not _is_progress_line(line) and set(line) - set("=-*")]
+    return rest[-1][:REASON_CHARS] if rest else "it printed nothing"
+
+
+def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dict] = None) -> Tuple[int, List[str]]:
+    """Run ``cmd`` with its stdout and stderr written to ``log_path`` (and kept), its progress lines forwarded to
+    this process's stderr when ``progress``; ``(exit status, output lines)``. An interrupt (or any error here)
+    terminates the child (torchrun forwards SIGTERM to its ranks) and is raised again.
 
     Raises:
-        CheckError: the process exits non-zero (the message names the run and the exit code).
+        CheckError: the log cannot be written (``log_path`` names a directory, no permission).
+    """
+    lines: List[str] = []
+    with writing("run log", log_path):
+        log = open(log_path, "w")
+    with log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, env=env, bufsize=1, errors="replace")
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                lines.append(line)
+                if progress and _is_progress_line(line):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            returncode = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+    return returncode, lines
+
+
+def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
+                      log_path: str) -> None:
+    """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to stderr.
+
+    Raises:
+        CheckError: the process exits non-zero (the message names the run, the exit code, the reason
+            (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
-    if res.returncode != 0:
-        raise CheckError(f"run {label} (a fresh process) failed with exit code {res.returncode}: "
-                         f"{res.stdout.strip()[-500:]}")
+    returncode, lines = _run_logged(cmd, log_path, progress)
+    if returncode != 0:
+        raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
+                         f"{failure_reason(lines, returncode)} (full output: {log_path})")
 
 
 def child_threads(nproc: int) -> int:
@@ -54,51 +133,22 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
     torchrun's and the ranks' output goes to ``log_path``; rank 0's progress lines are forwarded to stderr.
 
     Raises:
-        CheckError: torchrun exits non-zero; the message holds the ranks' one-line errors (deduplicated), or the
-            log's path.
+        CheckError: torchrun exits non-zero; the message holds the reason (:func:`failure_reason`: the ranks'
+            one-line errors, deduplicated, or the first rank's uncaught exception) and the log's path.
     """
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts)] + _train_command(spec_path, record_path, label, extra, progress))
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads if threads is not None else child_threads(nproc)))
-    errors: List[str] = []
-    crash: List[str] = []
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=env, bufsize=1)
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                if ERROR_PREFIX in line:
-                    # ranks write concurrently: one line may hold several ranks' messages
-                    for msg in line.split(ERROR_PREFIX)[1:]:
-                        msg = msg.strip()
-                        if msg and msg not in errors:
-                            errors.append(msg)
-                elif _RANK_EXCEPTION.match(line):  # an uncaught exception's last line, "[rankN]: XError: ..."
-                    crash.append(line.strip())
-                elif progress and _is_progress_line(line):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-            returncode = proc.wait()
-        except BaseException:
-            proc.terminate()  # torchrun forwards SIGTERM to the ranks
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            raise
+    returncode, lines = _run_logged(cmd, log_path, progress, env=env)
     if returncode != 0:
-        detail = " | ".join(errors) if errors else (
-            (crash[0] + f" (full output: {log_path})") if crash else f"see {log_path}")
         raise CheckError(f"run {label} ({nproc} processes under torchrun) failed with exit code {returncode}: "
-                         f"{detail}")
+                         f"{failure_reason(lines, returncode)} (full output: {log_path})")
 
 
 class Launcher:
     """Starts the runs of one check: ``launch(spec_path, name, label, extra)`` trains in fresh processes (one, or
-    ``nproc`` under torchrun), writing the record ``runs/<name>.json`` (and, under torchrun, ``runs/<name>.log``).
+    ``nproc`` under torchrun), writing the record ``runs/<name>.json`` and the run's output ``runs/<name>.log``.
     ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads of
     every rank under torchrun when OMP_NUM_THREADS is unset."""
 
@@ -115,4 +165,5 @@ class Launcher:
             run_torchrun(spec_path, self.record(name), label, extra, self.progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
-            run_fresh_process(spec_path, self.record(name), label, extra, self.progress)
+            run_fresh_process(spec_path, self.record(name), label, extra, self.progress,
+                              os.path.join(self.runs_dir, f"{name}.log"))

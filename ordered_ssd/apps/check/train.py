@@ -16,7 +16,7 @@ from ...fingerprint import fingerprint_diff, fingerprint_string
 from ..files import atomic_torch_save, atomic_write_json
 from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
 from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
-from .errors import CheckError
+from .errors import CheckError, describe_path, writing
 from .modules import OutputDigests, add_test_grad_noise, module_digests, module_names
 from .world import world_of
 
@@ -198,8 +198,15 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         CheckError: the ranks' fingerprints differ, uneven batch, the data differs from the parent run's, or the
             checkpoint is unusable (missing, corrupt, truncated, not a checkpoint: :mod:`.checkpoint`,
             :mod:`ordered_ssd.checkpoint`) or does not match (format, world size, fingerprint, the model's
-            parameters).
+            parameters); the record or checkpoint path is a directory (found before training) or cannot be written.
     """
+    sharded_ckpt = spec.get("split") is not None  # split-invariance runs: ordered_ssd.checkpoint, any world size
+    for what, path in (("run record", record_path), ("checkpoint", None if sharded_ckpt else ckpt_path)):
+        if path is not None and os.path.isdir(path):  # found before training, not after
+            raise CheckError(f"{what} {path}: expected a path where a file can be written, got a directory")
+    if ckpt_path is not None and sharded_ckpt and os.path.lexists(ckpt_path) and not os.path.isdir(ckpt_path):
+        raise CheckError(f"checkpoint {ckpt_path}: expected a directory of checkpoints (or nothing), got "
+                         f"{describe_path(ckpt_path)}")
     device = world.device
     fingerprint_info = world.fingerprint()
     fingerprint = fingerprint_string(fingerprint_info)
@@ -209,7 +216,6 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if data.sha256 != spec["data_sha256"]:
         raise CheckError(f"the data read by run {world.run_name(label)} differs from the data of the parent run")
     model, optimizer = build_model(spec, device)
-    sharded_ckpt = spec.get("split") is not None  # split-invariance runs: ordered_ssd.checkpoint, any world size
     if world.sharded:
         no_decay = no_decay_names(model)
         world.shard(model)
@@ -285,10 +291,12 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         if sharded_ckpt:
             _save_sharded(ckpt_path, end, model, optimizer, steps, fingerprint_info, device)
         elif world.rank == 0:
-            atomic_torch_save(ckpt_path, {
-                "step": end, "data_position": end, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "fingerprint": fingerprint, "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
-                "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
+            with writing("checkpoint", ckpt_path):
+                atomic_torch_save(ckpt_path, {
+                    "step": end, "data_position": end, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "fingerprint": fingerprint,
+                    "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
+                    "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
     # validation: on rank 0, and with FSDP2 on every rank (its forward all-gathers the parameters: a collective)
     val_loss = (_val_loss(model, data, spec["batch"], device, logits)
                 if final is not None and (world.rank == 0 or world.sharded) else None)
@@ -300,7 +308,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
                   "val_loss": val_loss,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
                   **world.record_fields(every, len(steps) - recorded_before)}
-        atomic_write_json(record_path, record)
+        with writing("run record", record_path):
+            atomic_write_json(record_path, record)
     world.barrier()
     return record
 
@@ -311,8 +320,9 @@ def _save_sharded(root: str, step: int, model, optimizer, steps: List[dict], fin
     the data position and the records of the steps so far travel in its ``app_state``."""
     from ...checkpoint import save_checkpoint
 
-    save_checkpoint(root, step, model, optimizer, app_state={"data_position": step, "steps": steps},
-                    fingerprint=fingerprint_info, device=device)
+    with writing("checkpoint folder", root):
+        save_checkpoint(root, step, model, optimizer, app_state={"data_position": step, "steps": steps},
+                        fingerprint=fingerprint_info, device=device)
 
 
 def _resume_sharded(root: str, model, optimizer, fingerprint_info: dict, device: torch.device, allow: bool,
