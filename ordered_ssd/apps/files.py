@@ -50,7 +50,8 @@ def locked_out_dir(path: str) -> Iterator[str]:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by child processes
     except OSError as e:
-        raise AppError(f"--out: cannot create the lock file {lock_path}: {e.strerror or e}") from None
+        got = "a directory" if os.path.isdir(lock_path) else (e.strerror or str(e))
+        raise AppError(f"--out: expected a lock file at {lock_path} (made if absent), got {got}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -63,19 +64,6 @@ def locked_out_dir(path: str) -> Iterator[str]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def remove_stale(path: str, names: Sequence[str]) -> None:
-    """Remove the files ``names`` of a previous run from ``path`` (if present), so that a run interrupted later
-    leaves no verdict that looks like its own."""
-    for name in names:
-        try:
-            os.unlink(os.path.join(path, name))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise AppError(f"--out: cannot remove the previous {os.path.join(path, name)}: {e.strerror or e}"
-                           ) from None
 
 
 def atomic_write(path: str, write: Callable[[str], None], suffix: str = "") -> None:

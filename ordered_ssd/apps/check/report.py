@@ -8,10 +8,7 @@ import os
 from typing import Callable, Optional
 
 from ..files import atomic_savefig, atomic_write_json
-
-#: a previous run's verdict and plot in ``--out``, removed before a run writes anything (an interrupted run leaves
-#: no verdict that looks like its own)
-STALE = ("report.json", "loss.png")
+from .errors import writing
 
 
 def load_record(path: str) -> dict:
@@ -330,9 +327,11 @@ def _model_summary(spec: dict) -> dict:
 def write_report(out_dir: str, summary: dict, runs: dict, print_fn: Callable, **plot_kw) -> None:
     """Plot the runs' losses to ``loss.png`` (when matplotlib can), write ``summary`` (with its ``plot`` field)
     to ``report.json`` atomically, and print where both are."""
-    note = _plot(os.path.join(out_dir, "loss.png"), runs, **plot_kw)
+    with writing("loss plot", os.path.join(out_dir, "loss.png")):
+        note = _plot(os.path.join(out_dir, "loss.png"), runs, **plot_kw)
     summary["plot"] = None if note else "loss.png"
-    atomic_write_json(os.path.join(out_dir, "report.json"), summary)
+    with writing("report", os.path.join(out_dir, "report.json")):
+        atomic_write_json(os.path.join(out_dir, "report.json"), summary)
     if note:
         print_fn(f"note: {note}")
     print_fn(f"report: {os.path.join(out_dir, 'report.json')}"

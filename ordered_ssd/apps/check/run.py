@@ -4,16 +4,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, NamedTuple, Optional
 
 import torch
 
-from ..files import atomic_write_json, locked_out_dir, prepare_out_dir, remove_stale
+from ..files import atomic_write_json, locked_out_dir, prepare_out_dir
 from ..lm import ByteData, load_corpus
-from .errors import CheckError
+from .errors import CheckError, writing
 from .launch import Launcher
-from .report import STALE, load_record, merge_restart, report
-from .train import build_model, train_run
+from .memory import check_memory, device_available, n_params
+from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
+from .report import load_record, merge_restart, report
+from .train import train_run
 
 DDP_BUCKET_CAP_MB = 25.0  # set explicitly; it changes DDP's bucket layout (speed), never the bits (elementwise fold)
 
@@ -52,51 +54,72 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     """
     if nproc is not None:
         _check_nproc(spec, nproc)
-    with prepared_run(spec, out_dir, stop_at) as (out_dir, data, source):
-        return _run_check(spec, out_dir, data, source, stop_at=stop_at, native=native, progress=progress,
-                          print_fn=print_fn, nproc=nproc)
+    rows, processes = (spec["batch"], 1) if nproc is None else (spec["batch"] // nproc, nproc)
+    with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes) as run:
+        return _run_check(spec, run.out_dir, run.data, run.source, stop_at=stop_at, native=native,
+                          progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes)
+
+
+class PreparedRun(NamedTuple):
+    """What :func:`prepared_run` yields: the absolute ``--out``, the data, its description, and the lines to print
+    about the memory estimate and the earlier run's files."""
+    out_dir: str
+    data: ByteData
+    source: str
+    notes: List[str]
 
 
 @contextlib.contextmanager
-def prepared_run(spec: dict, out_dir: str, stop_at: int) -> Iterator[Tuple[str, ByteData, str]]:
-    """Before anything is written: ``--steps`` and ``--stop-at`` checked, the corpus read (an unusable ``--data``
-    fails before ``--out`` is made); then ``--out`` prepared and locked for the run (a second run into the same
-    ``--out`` would compare the first one's records). Yields ``(out_dir, data, source)``. Shared by
-    :func:`run_check` and :func:`~ordered_ssd.apps.check.split.run_split_check`.
+def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes: int) -> Iterator[PreparedRun]:
+    """Every check of the run before it is accepted, then its start. First, with nothing written: ``--steps`` and
+    ``--stop-at`` checked, the corpus read (refused where it would not fit in memory: :func:`load_corpus`), the
+    training's memory estimated and refused where it would not fit (:func:`.memory.check_memory`; ``rows`` examples
+    per forward in each of ``processes`` processes training at once). Then ``--out`` created if needed and locked
+    for the run (a second run into the same ``--out`` would compare the first one's records), and what an earlier run
+    left there checked (:func:`.outdir.check_earlier_results`). Only then is the run accepted: the earlier run's files
+    are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is made. Shared by :func:`run_check` and
+    :func:`~ordered_ssd.apps.check.split.run_split_check`.
 
     Raises:
-        CheckError / DataError: as said (one line).
+        CheckError / DataError: as said (one line); a refused run changes nothing in ``--out`` (it may create the
+            folder and its lock file).
     """
     if spec["steps"] < 2:  # the restart replay stops at a step 0 < k < steps (default: steps // 2)
         raise CheckError(f"--steps: expected at least 2 (the replay restarts from a step in between), "
                          f"got {spec['steps']}")
     if not 0 < stop_at < spec["steps"]:
         raise CheckError(f"--stop-at: expected 0 < k < --steps={spec['steps']}, got {stop_at}")
-    corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"])
+    host = device_available(torch.device("cpu"), 1)[0]
+    corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"], memory=host)
     data = ByteData(corpus, spec["seq_len"], cut=cut)
+    del corpus  # ByteData holds its own copy
+    notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes)]
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):
-        yield out_dir, data, source
+        check_earlier_results(out_dir)
+        moved = set_aside_earlier_results(out_dir)  # accepted: from here on this run writes
+        if moved is not None:
+            notes.append(moved)
+        with writing("runs folder", os.path.join(out_dir, RUNS)):
+            os.makedirs(os.path.join(out_dir, RUNS))
+        yield PreparedRun(out_dir, data, source, notes)
 
 
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
-               print_fn, nproc: Optional[int]) -> int:
-    """:func:`run_check` in its locked output directory, on the data already read."""
+               print_fn, nproc: Optional[int], notes: List[str] = ()) -> int:
+    """:func:`run_check` in its locked output directory, on the data already read; ``notes``: lines printed after
+    the data's."""
     ddp = nproc is not None
     spec = dict(spec, data_sha256=data.sha256)
     if ddp:
         spec = dict(spec, nproc=nproc, ddp={"bucket_cap_mb": DDP_BUCKET_CAP_MB, "hook": "ordered_allreduce_hook",
                                             "backend": "nccl" if torch.device(spec["device"]).type == "cuda"
                                             else "gloo"})
-    remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
-    runs_dir = os.path.join(out_dir, "runs")
-    os.makedirs(runs_dir, exist_ok=True)
+    runs_dir = os.path.join(out_dir, RUNS)
     spec_path = os.path.join(runs_dir, "spec.json")
-    atomic_write_json(spec_path, spec)
-    if spec.get("hf") is not None:  # counted on the meta device when the spec was made (no second model here)
-        n_params = spec["hf"]["n_params"]
-    else:
-        n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
+    with writing("spec", spec_path):
+        atomic_write_json(spec_path, spec)
+    count = n_params(spec)  # from the byte LM's shape; a Hugging Face model's counted on the meta device
     where = (f"{spec['device']} x {nproc} processes ({spec['ddp']['backend']}, DistributedDataParallel, ordered "
              f"gradient hook)" if ddp else spec["device"])
     batch_desc = (f"global batch {spec['batch']} ({spec['batch'] // nproc} rows per rank)" if ddp
@@ -108,9 +131,11 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
                 f"attention {spec['hf']['attn_implementation']},")
     else:
         what = (f"byte-level Mamba-2 LM ({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']})")
-    print_fn(f"ordered-ssd check: {n_params / 1e6:.2f}M-parameter {what} on {where}, "
+    print_fn(f"ordered-ssd check: {count / 1e6:.2f}M-parameter {what} on {where}, "
              f"{spec['steps']} steps of {batch_desc} x {spec['seq_len']} bytes")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
+    for line in notes:
+        print_fn(line)
     launch = Launcher(runs_dir, progress, nproc)
     ckpt = os.path.join(runs_dir, f"checkpoint-step{stop_at}.pt")
 
@@ -127,11 +152,12 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
     if native:
         native_spec_path = os.path.join(runs_dir, "spec-native.json")
-        atomic_write_json(native_spec_path, dict(spec, mixer="native"))
+        with writing("spec", native_spec_path):
+            atomic_write_json(native_spec_path, dict(spec, mixer="native"))
         for name in ("native-1", "native-2"):
             launch(native_spec_path, name, name, [])
             runs[name] = load_record(launch.record(name))
     wall = time.perf_counter() - t0
-    ok = report(runs, spec, out_dir, source=source, n_params=n_params, stop_at=stop_at, wall=wall, nproc=nproc,
+    ok = report(runs, spec, out_dir, source=source, n_params=count, stop_at=stop_at, wall=wall, nproc=nproc,
                 print_fn=print_fn)
     return 0 if ok else 1

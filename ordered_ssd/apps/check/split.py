@@ -18,14 +18,15 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..files import atomic_write_json, remove_stale
+from ..files import atomic_write_json
 from ..lm import ByteData
-from .errors import CheckError
+from .errors import CheckError, writing
 from .launch import Launcher, child_threads
-from .report import (STALE, _print_table, compare_runs, describe_comparison, diverged_verdict, first_nonfinite,
+from .memory import n_params as count_params
+from .outdir import RUNS
+from .report import (_print_table, compare_runs, describe_comparison, diverged_verdict, first_nonfinite,
                      load_record, write_report)
 from .run import prepared_run
-from .train import build_model
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
 DEFAULT_SPLITS = {"cpu": [(1, 4), (2, 2), (4, 1)], "cuda": [(1, 2), (2, 1)]}
@@ -170,28 +171,31 @@ def run_split_check(spec: dict, out_dir: str, *, splits: Optional[List[Tuple[int
                          f"the DDP run of the same split), got {', '.join(label(s) for s in splits)}")
     block = check_splits(spec, splits)
     ranks = check_restart_ranks(spec, splits, restart_ranks)
-    with prepared_run(spec, out_dir, stop_at) as (out_dir, data, source):
-        return _run_split_check(spec, out_dir, data, source, splits=splits, block=block, stop_at=stop_at,
-                                accumulate=accumulate, progress=progress, print_fn=print_fn, fsdp=fsdp,
-                                restart_ranks=ranks, kill_rank=kill_rank)
+    processes = max([r for r, _ in splits] + ranks)  # ranks training at once, each on blocks of `block` rows
+    with prepared_run(spec, out_dir, stop_at, rows=block, processes=processes) as run:
+        return _run_split_check(spec, run.out_dir, run.data, run.source, splits=splits, block=block,
+                                stop_at=stop_at, accumulate=accumulate, progress=progress, print_fn=print_fn,
+                                fsdp=fsdp, restart_ranks=ranks, kill_rank=kill_rank, notes=run.notes)
 
 
 def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, splits: List[Tuple[int, int]],
                      block: int, stop_at: int, accumulate: str, progress: bool, print_fn: Callable,
-                     fsdp: bool = False, restart_ranks: Sequence[int] = (), kill_rank: bool = False) -> int:
-    """:func:`run_split_check` in its locked output directory, on the data already read."""
+                     fsdp: bool = False, restart_ranks: Sequence[int] = (), kill_rank: bool = False,
+                     notes: Sequence[str] = ()) -> int:
+    """:func:`run_split_check` in its locked output directory, on the data already read; ``notes``: lines printed
+    after the data's."""
     spec = dict(spec, data_sha256=data.sha256)
-    remove_stale(out_dir, STALE)  # the data is usable: from here on this run writes
     threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))
-    runs_dir = os.path.join(out_dir, "runs")
-    os.makedirs(runs_dir, exist_ok=True)
-    n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
+    runs_dir = os.path.join(out_dir, RUNS)
+    n_params = count_params(spec)
     print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
              f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {spec['device']}, "
              f"{spec['steps']} steps of global batch {spec['batch']} x {spec['seq_len']} bytes in blocks of {block}; "
              f"splits (ranks x accumulation steps) {', '.join(label(s) for s in splits)}; {accumulate} "
              f"accumulation{'; FSDP2 (fully_shard)' if fsdp else ''}; {threads} thread(s) per rank")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
+    for line in notes:
+        print_fn(line)
     launch = Launcher(runs_dir, progress, None, threads=threads)
     replay = replay_split(splits)
     ckpt = os.path.join(runs_dir, f"checkpoints-{label(replay)}")
@@ -199,8 +203,9 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
 
     def split_spec(name: str, split: Tuple[int, int], how: str) -> str:
         path = os.path.join(runs_dir, f"spec-{name}.json")
-        atomic_write_json(path, dict(spec, nproc=split[0], split={
-            "ranks": split[0], "accum": split[1], "block": block, "accumulate": accumulate, "parallel": how}))
+        with writing("spec", path):
+            atomic_write_json(path, dict(spec, nproc=split[0], split={
+                "ranks": split[0], "accum": split[1], "block": block, "accumulate": accumulate, "parallel": how}))
         return path
 
     t0 = time.perf_counter()
