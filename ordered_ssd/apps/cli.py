@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--batch", type=positive_int, default=None,
                        help="sequences per step, the global batch" + _per_device("batch"))
     check.add_argument("--seq-len", type=positive_int, default=None, help="bytes per sequence" + _per_device("seq_len"))
+    check.add_argument("--val-windows", type=positive_int, default=None,
+                       help="validate each run on at most this many windows of the held-out split, spread evenly "
+                            "over it (default: 256)")
     check.add_argument("--d-model", type=positive_int, default=None, help="model width" + _per_device("d_model"))
     check.add_argument("--n-layers", type=positive_int, default=None, help="Mamba-2 blocks" + _per_device("n_layers"))
     check.add_argument("--d-state", type=positive_int, default=None, help="SSM state size" + _per_device("d_state"))

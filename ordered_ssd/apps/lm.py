@@ -289,11 +289,20 @@ class ByteData:
         win = self.train[idx].to(torch.int64)
         return win[:, :-1], win[:, 1:]
 
-    def val_batches(self, batch_size: int):
-        """Consecutive non-overlapping validation windows, in order."""
+    def val_windows(self) -> int:
+        """The number of non-overlapping validation windows of ``seq_len + 1`` bytes."""
+        return (len(self.val) - 1) // self.seq_len
+
+    def val_batches(self, batch_size: int, max_windows: Optional[int] = None):
+        """Non-overlapping validation windows, in order: all of them, or with ``max_windows`` at most that many,
+        spread evenly over the validation split (window ``floor(i * n / max_windows)`` for ``i < max_windows``)."""
         seq_len = self.seq_len
-        n_windows = (len(self.val) - 1) // seq_len
-        starts = torch.arange(n_windows) * seq_len
+        n_windows = self.val_windows()
+        if max_windows is not None and max_windows < n_windows:
+            starts = (torch.arange(max_windows) * n_windows // max_windows) * seq_len
+        else:
+            starts = torch.arange(n_windows) * seq_len
+        n_windows = len(starts)
         for i in range(0, n_windows, batch_size):
             idx = starts[i:i + batch_size, None] + torch.arange(seq_len + 1)
             win = self.val[idx].to(torch.int64)

@@ -78,6 +78,9 @@ def _hf_spec_from_args(args, device: torch.device, pick) -> dict:
     return {**_run_fields(args, device, pick), "model": None, "hf": hf_spec(args.hf_config)}
 
 
+#: validation windows per run unless ``--val-windows`` says otherwise (spread evenly over the held-out split)
+VAL_WINDOWS = 256
+
 #: the batch of step ``s`` is drawn from a generator seeded with ``seed * SEED_STRIDE + s`` (:class:`..lm.ByteData`),
 #: which must be a 64-bit signed integer
 SEED_STRIDE = 1_000_003
@@ -92,7 +95,8 @@ def _run_fields(args, device: torch.device, pick) -> dict:
     return {"device": str(device), "mixer": "ordered", "seed": args.seed, "steps": steps,
             "batch": pick(args.batch, "batch"), "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"),
             "weight_decay": 0.1, "clip": 1.0, "data": None if args.data is None else os.path.abspath(args.data),
-            "data_bytes": pick(args.data_bytes, "data_bytes")}
+            "data_bytes": pick(args.data_bytes, "data_bytes"),
+            "val_windows": VAL_WINDOWS if getattr(args, "val_windows", None) is None else args.val_windows}
 
 
 def _check_data_native_nproc(args, device: torch.device, pick) -> None:

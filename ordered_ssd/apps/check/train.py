@@ -17,6 +17,7 @@ from ..files import atomic_torch_save, atomic_write_json
 from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
 from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
 from .errors import CheckError, describe_path, writing
+from .digests import StepDigests
 from .modules import OutputDigests, add_test_grad_noise, module_digests, module_names
 from .world import world_of
 
@@ -111,9 +112,14 @@ def logits_fn(spec: dict):
     return lambda net, tokens: net(tokens)
 
 
-def _grad_digest(p: torch.Tensor) -> str:
-    """The SHA-256 of ``p.grad``; ``"none"`` for a parameter without a gradient (unused in the step, frozen)."""
-    return "none" if p.grad is None else tensor_sha256(_full(p.grad))
+def _resolve(digests: StepDigests, steps: List[dict], names: List[str]) -> None:
+    """Put the finished digests into the steps still holding :class:`StepDigests` keys (waits for them)."""
+    for entry in steps:
+        if isinstance(entry.get("grads"), int):
+            entry["grads"] = digests.result(entry["grads"])
+            entry["modules"] = module_digests(entry["grads"], names)
+        if isinstance(entry.get("params"), int):
+            entry["params"] = digests.result(entry["params"])
 
 
 def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
@@ -155,11 +161,17 @@ def _check_resume_fingerprint(ckpt: dict, resume: str, fingerprint: str, fingerp
                          f"Pass --allow-fingerprint-mismatch to resume anyway.")
 
 
-def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=lambda net, x: net(x)) -> str:
-    """Mean validation loss per byte over every validation window, in order, as ``float.hex``."""
+def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=lambda net, x: net(x),
+              max_windows: Optional[int] = None, label: str = "", progress: bool = False) -> str:
+    """Mean validation loss per byte over the validation windows (at most ``max_windows``, spread evenly over the
+    held-out split; :meth:`ByteData.val_batches`), in order, as ``float.hex``; with ``progress`` one line on
+    stderr saying how many windows."""
+    n = data.val_windows() if max_windows is None else min(max_windows, data.val_windows())
+    if progress:
+        sys.stderr.write(f"[{label:>8}] validation: {n} of the {data.val_windows()} windows of the held-out split\n")
     with torch.no_grad():
         total, count = 0.0, 0
-        for x_val, y_val in data.val_batches(batch):
+        for x_val, y_val in data.val_batches(batch, max_windows):
             total += float(lm_loss(logits(model, x_val.to(device)), y_val.to(device))) * x_val.numel()
             count += x_val.numel()
     return (total / max(count, 1)).hex()
@@ -248,6 +260,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
     kill = kill_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and \
         world.rank == world.world_size - 1
+    digests = StepDigests(device)
     t0 = time.perf_counter()
     for step in range(start, end):
         optimizer.zero_grad(set_to_none=True)
@@ -264,21 +277,27 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
                 acc.add_block()
         if acc is not None:
             acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
-        grads = {name: _grad_digest(p) for name, p in model.named_parameters()}
+        # the digests are taken off the training path: a snapshot in stream order now, SHA-256 while later steps
+        # train (StepDigests); the record's entry gets them when resolved
+        grads = digests.submit({name: None if p.grad is None else _full(p.grad)
+                                for name, p in model.named_parameters()})
         world.clip(model, spec["clip"])
         optimizer.step()
         value = world.global_loss(losses)
-        steps.append({"step": step, "loss": value.hex(), "grads": grads, "modules": module_digests(grads, names)})
+        steps.append({"step": step, "loss": value.hex(), "grads": grads})
         if outputs is not None:
             steps[-1]["outputs"] = outputs.take()
         if acc is not None:
-            steps[-1]["params"] = {name: tensor_sha256(_full(p)) for name, p in model.named_parameters()}
+            steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()})
         bar.update(step, value)
         done = step + 1
         if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
+            _resolve(digests, steps, names)
             _save_sharded(ckpt_path, done, model, optimizer, steps, fingerprint_info, device)
     if outputs is not None:
         outputs.remove()
+    _resolve(digests, steps, names)
+    digests.close()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0
@@ -298,7 +317,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
                     "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
                     "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
     # validation: on rank 0, and with FSDP2 on every rank (its forward all-gathers the parameters: a collective)
-    val_loss = (_val_loss(model, data, spec["batch"], device, logits)
+    val_loss = (_val_loss(model, data, spec["batch"], device, logits, spec.get("val_windows"), label,
+                          progress and world.rank == 0)
                 if final is not None and (world.rank == 0 or world.sharded) else None)
     record = None
     if world.rank == 0:

@@ -1,0 +1,110 @@
+"""What checking costs: ``ordered-ssd check``'s training loop against the same training without any check.
+
+Usage::
+
+    python benchmarks/check_overhead.py [--device cuda] [--steps 200] [--rounds 2] [--json PATH] [check flags...]
+
+Both run in this process on the check's model and data (the device's defaults unless flags say otherwise):
+
+* **plain**: the same model, optimizer, batches and steps (forward, backward, clip, AdamW), nothing else;
+* **check**: :func:`ordered_ssd.apps.check.train.train_loop` as run ``a`` of the check runs it: every step's loss
+  read, the SHA-256 of every gradient (:class:`ordered_ssd.apps.check.digests.StepDigests`), the forward
+  outputs' fingerprints, the progress line off; the final parameters' digests, but not the validation.
+
+Timed interleaved (plain, check, plain, check, ...; ``--rounds`` each), after a warm-up of both; the time of a
+mode is its median over rounds of the wall time of all its steps, synchronised at the end. Prints the ratio
+check / plain (the target: at most 1.3 on the H200).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _plain(spec, data, device, steps):
+    """Seconds for ``steps`` steps of the same training, nothing checked."""
+    from ordered_ssd.apps.check.train import build_model
+    from ordered_ssd.apps.lm import lm_loss
+
+    model, optimizer = build_model(spec, device)
+    _sync(device)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        x, y = data.batch(spec["seed"], step, spec["batch"])
+        lm_loss(model(x.to(device)), y.to(device)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
+        optimizer.step()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _checked(spec, device, steps, out):
+    """Seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests resolved, synchronised)."""
+    from ordered_ssd.apps.check.train import train_loop
+    from ordered_ssd.apps.check.world import world_of
+
+    spec = dict(spec, steps=steps, val_windows=1)
+    with world_of(spec) as world:
+        record = train_loop(world, spec, os.path.join(out, "record.json"), label="a", progress=False)
+    return record["train_s"]
+
+
+def main(argv=None) -> int:
+    from ordered_ssd.apps.check.spec import spec_from_args
+    from ordered_ssd.apps.cli import build_parser
+    from ordered_ssd.apps.lm import ByteData, load_corpus
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default=None)
+    a, rest = p.parse_known_args(argv)
+    args = build_parser().parse_args(["check", *rest])
+    spec = spec_from_args(args)
+    device = torch.device(spec["device"])
+    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"], cut=cut)
+    spec["data_sha256"] = data.sha256
+    steps = spec["steps"]
+    times = {"plain": [], "check": []}
+    with tempfile.TemporaryDirectory() as out:
+        _plain(spec, data, device, min(steps, 5))  # warm-up (compilation, allocator)
+        _checked(spec, device, min(steps, 5), out)
+        for _ in range(a.rounds):
+            times["plain"].append(_plain(spec, data, device, steps))
+            times["check"].append(_checked(spec, device, steps, out))
+    plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
+    n_params = sum(p.numel() for p in __import__("ordered_ssd.apps.check.train", fromlist=["build_model"])
+                   .build_model(spec, torch.device("cpu"))[0].parameters())
+    result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "torch": torch.__version__, "n_params": n_params, "steps": steps, "batch": spec["batch"],
+              "seq_len": spec["seq_len"], "rounds": a.rounds, "plain_s": times["plain"], "check_s": times["check"],
+              "plain_ms_per_step": 1000 * plain / steps, "check_ms_per_step": 1000 * check / steps,
+              "ratio": check / plain}
+    print(f"check_overhead: {device} {result['gpu'] or ''} torch {torch.__version__}; {n_params / 1e6:.2f}M params, "
+          f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds")
+    print(f"  plain training {result['plain_ms_per_step']:.2f} ms/step, check's loop {result['check_ms_per_step']:.2f}"
+          f" ms/step: x{result['ratio']:.3f}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
