@@ -101,12 +101,14 @@ def atomic_torch_save(path: str, obj) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp), suffix=".pt")
 
 
-def atomic_savefig(path: str, fig, dpi: int) -> None:
-    """Lay out ``fig``, write it to ``path`` as a PNG atomically, and close it (also when writing fails)."""
+def atomic_savefig(path: str, fig, dpi: int, layout: bool = True) -> None:
+    """Lay out ``fig`` (``tight_layout``; not with ``layout=False``: the caller placed its axes), write it to
+    ``path`` as a PNG atomically, and close it (also when writing fails)."""
     import matplotlib.pyplot as plt
 
     try:
-        fig.tight_layout()
+        if layout:
+            fig.tight_layout()
         atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"), suffix=".png")
     finally:
         plt.close(fig)

@@ -7,8 +7,9 @@ import math
 import os
 from typing import Callable, Optional
 
-from ..files import atomic_savefig, atomic_write_json
+from ..files import atomic_write_json
 from .errors import writing
+from .plot import differences, plot, plot_data
 
 
 def load_record(path: str) -> dict:
@@ -143,28 +144,6 @@ def _describe_divergence(diverged: dict, lr) -> str:
              else f"the training loss from step {diverged['step']}")
     return (f"{where} of run {diverged['run']} is {diverged['loss']} (not finite): the training diverged "
             f"(--lr {lr}), and a diverged run proves nothing about reproducibility")
-
-
-def _plot(path: str, runs: dict, title: str = "ordered-ssd check: loss of every run") -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install ordered-ssd[plot]); loss plot skipped"
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    styles = {"a": "-", "b": "--", "c": ":", "native-1": "-", "native-2": "--"}
-    for label, rec in runs.items():
-        steps = [s["step"] for s in rec["steps"]]
-        losses = [float.fromhex(s["loss"]) for s in rec["steps"]]
-        ax.plot(steps, losses, styles.get(label, "-"), label=f"{label} ({rec['mixer']})", linewidth=1.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss (nats/byte)")
-    ax.set_title(title)
-    ax.legend()
-    atomic_savefig(path, fig, dpi=110)
-    return None
 
 
 def _first_diff(what: str, diff: Optional[dict]) -> str:
@@ -324,12 +303,17 @@ def _model_summary(spec: dict) -> dict:
                                                 "embedding", "transformers")}}
 
 
-def write_report(out_dir: str, summary: dict, runs: dict, print_fn: Callable, **plot_kw) -> None:
-    """Plot the runs' losses to ``loss.png`` (when matplotlib can), write ``summary`` (with its ``plot`` field)
-    to ``report.json`` atomically, and print where both are."""
+def write_report(out_dir: str, summary: dict, runs: dict, print_fn: Callable,
+                 command: str = "ordered-ssd check") -> None:
+    """Draw ``loss.png`` (:mod:`.plot`: per step, each run's difference from its reference; when matplotlib can),
+    write ``summary`` (with its ``plot`` and ``differences`` fields: :func:`.plot.differences`) to ``report.json``
+    atomically, and print where both are."""
+    data = plot_data(runs, stop_at=summary["stop_at"], verdict=summary["verdict"], diverged=summary.get("diverged"),
+                     command=command, lr=summary["spec"].get("lr"))
     with writing("loss plot", os.path.join(out_dir, "loss.png")):
-        note = _plot(os.path.join(out_dir, "loss.png"), runs, **plot_kw)
+        note = plot(os.path.join(out_dir, "loss.png"), data)
     summary["plot"] = None if note else "loss.png"
+    summary["differences"] = differences(data)
     with writing("report", os.path.join(out_dir, "report.json")):
         atomic_write_json(os.path.join(out_dir, "report.json"), summary)
     if note:

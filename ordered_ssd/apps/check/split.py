@@ -335,5 +335,5 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}
     for rec in runs.values():
         rec.setdefault("mixer", spec["mixer"])
-    write_report(out_dir, summary, runs, print_fn, title="ordered-ssd check --split-invariance: loss per split")
+    write_report(out_dir, summary, runs, print_fn, command="ordered-ssd check --split-invariance")
     return ok

@@ -42,6 +42,9 @@ def test_split_check_is_split_invariant_and_reports(split_check):
     assert all(c["identical"] for c in report["comparisons"].values()) and len(report["comparisons"]) == 3
     assert [report["runs"][lab]["world_size"] for lab in ("1x4", "2x2", "4x1", "replay")] == [1, 2, 4, 2]
     assert report["plot"] == "loss.png" and (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(report["differences"]["pairs"]) == ["2x2 vs 1x4", "4x1 vs 1x4", "replay vs 1x4"]
+    assert all(pair[key] == ["identical bits"] * 6 for pair in report["differences"]["pairs"].values()
+               for key in ("loss", "grads", "params"))
     # every step's loss, gradient and parameter digests, per parameter, are equal in every record
     records = {name: json.loads((out / "runs" / f"{name}.json").read_text())
                for name in ("1x4", "2x2", "4x1", "2x2-replay1", "2x2-replay2")}
@@ -86,6 +89,15 @@ def test_sequential_control_is_not_split_invariant(tmp_path):
     first = report["first_difference"]
     assert first["run"] == "2x2_vs_1x4" and first["step"] == 0 and first["what"] == "gradient" and first["tensors"]
     assert report["runs"]["2x2"]["ranks_agree"] is True  # reproducible, only not split-invariant
+    # loss.png: 2x2 (and its replay) against 1x4: the forward of step 0 agrees, its gradients and the parameters
+    # after it do not (counts of tensors whose digests differ)
+    diffs = report["differences"]
+    assert diffs["grads_measure"] == diffs["params_measure"] == "count"
+    assert list(diffs["pairs"]) == ["2x2 vs 1x4", "replay vs 1x4"]
+    n = len(report["per_step"][0]["grads"])
+    for pair in diffs["pairs"].values():
+        assert pair["loss"][0] == "identical bits"
+        assert all(isinstance(v, int) and 1 <= v <= n for v in pair["grads"] + pair["params"])
 
 
 def _block_grads(n_blocks=4):
