@@ -21,11 +21,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["StepDigests"]
+__all__ = ["StepDigests", "StepResult"]
+
+
+class StepResult(NamedTuple):
+    """The digests of one submission: ``sha256`` ``{name: hex SHA-256 or "none"}``, and with ``norms=True``
+    ``norms`` ``{name: float.hex of the float64 L2 norm, or "none"}`` (else empty)."""
+
+    sha256: Dict[str, str]
+    norms: Dict[str, str]
 
 
 def _sha256_at(ptr: int, nbytes: int) -> str:
@@ -58,7 +66,7 @@ class StepDigests:
         digests = StepDigests(device)
         key = digests.submit({name: p.grad for name, p in model.named_parameters()})
         ...                                   # train on
-        grads = digests.result(key)           # {name: hex SHA-256, or "none" for a None tensor}
+        grads = digests.result(key).sha256    # {name: hex SHA-256, or "none" for a None tensor}
         digests.close()
 
     The digests equal :func:`ordered_ssd.digest.tensor_sha256` of each tensor at the time of :meth:`submit`
@@ -78,16 +86,18 @@ class StepDigests:
         self._keys: Dict[int, Future] = {}
         self._count = 0
 
-    def submit(self, tensors: Dict[str, Optional[torch.Tensor]]) -> int:
-        """Snapshot ``tensors`` (in stream order) and start hashing them; returns the key of :meth:`result`."""
+    def submit(self, tensors: Dict[str, Optional[torch.Tensor]], norms: bool = False) -> int:
+        """Snapshot ``tensors`` (in stream order) and start hashing them (with ``norms``, also taking each floating
+        tensor's L2 norm in float64 from the host copy, in the hashing threads); returns the key of
+        :meth:`result`."""
         names = list(tensors)
         views: List[torch.Tensor] = []
-        layout: List[Tuple[str, int, int]] = []  # (name, offset, nbytes); offset -1: None
+        layout: List[Tuple[str, int, int, Optional[torch.dtype]]] = []  # (name, offset, nbytes, dtype); -1: None
         offset = 0
         for name in names:
             t = tensors[name]
             if t is None:
-                layout.append((name, -1, 0))
+                layout.append((name, -1, 0, None))
                 continue
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
@@ -96,7 +106,7 @@ class StepDigests:
                 raise ValueError(f"tensors[{name!r}]: expected a tensor on {self.device}, got {t.device}")
             b = t.detach().contiguous().reshape(-1).view(torch.uint8)
             views.append(b)
-            layout.append((name, offset, b.numel()))
+            layout.append((name, offset, b.numel(), t.dtype))
             offset += b.numel()
         slot = self._slots[self._next]
         self._next = (self._next + 1) % len(self._slots)
@@ -119,10 +129,16 @@ class StepDigests:
         host, event = slot.host_buf, slot.event
         base = host.data_ptr() if offset else 0
 
-        def work() -> Dict[str, str]:
+        def norm(off: int, n: int, dtype) -> str:
+            if off < 0 or not dtype.is_floating_point:
+                return "none"
+            return float(host[off:off + n].view(dtype).double().norm()).hex()
+
+        def work() -> StepResult:
             if event is not None:
                 event.synchronize()
-            return {name: ("none" if off < 0 else _sha256_at(base + off, n)) for name, off, n in layout}
+            sha = {name: ("none" if off < 0 else _sha256_at(base + off, n)) for name, off, n, _ in layout}
+            return StepResult(sha, {name: norm(off, n, dt) for name, off, n, dt in layout} if norms else {})
 
         slot.future = self._pool.submit(work)
         key = self._count
@@ -130,11 +146,11 @@ class StepDigests:
         self._keys[key] = slot.future
         return key
 
-    def result(self, key: int) -> Dict[str, str]:
+    def result(self, key: int) -> StepResult:
         """The digests of submission ``key`` (blocks until they are done); each key can be read once."""
         return self._keys.pop(key).result()
 
-    def results(self, keys: Sequence[int]) -> List[Dict[str, str]]:
+    def results(self, keys: Sequence[int]) -> List[StepResult]:
         return [self.result(k) for k in keys]
 
     def close(self) -> None:

@@ -116,10 +116,10 @@ def _resolve(digests: StepDigests, steps: List[dict], names: List[str]) -> None:
     """Put the finished digests into the steps still holding :class:`StepDigests` keys (waits for them)."""
     for entry in steps:
         if isinstance(entry.get("grads"), int):
-            entry["grads"] = digests.result(entry["grads"])
+            entry["grads"], entry["grad_norms"] = digests.result(entry["grads"])
             entry["modules"] = module_digests(entry["grads"], names)
         if isinstance(entry.get("params"), int):
-            entry["params"] = digests.result(entry["params"])
+            entry["params"], entry["param_norms"] = digests.result(entry["params"])
 
 
 def _check_same_model(ckpt: dict, resume: str, spec: dict) -> None:
@@ -189,8 +189,9 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     loss); with an accumulator (a split-invariance run) each block's gradients go to ``add_block`` and
     ``write_grads`` leaves the step's gradients; without one (the plain check: one block) ``backward`` does.
 
-    The record has ``steps`` (per step: the loss as ``float.hex`` and the SHA-256 of every parameter's gradient
-    before clipping; a split-invariance run adds ``params``, the SHA-256 of every parameter after the step),
+    The record has ``steps`` (per step: the loss as ``float.hex``, the SHA-256 of every parameter's gradient
+    before clipping and ``params``, the SHA-256 of every parameter after the step; ``grad_norms`` and
+    ``param_norms``, their float64 L2 norms as ``float.hex``, for the picture's magnitudes),
     ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
     ``val_loss``, timings and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
     ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
@@ -280,15 +281,14 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         # the digests are taken off the training path: a snapshot in stream order now, SHA-256 while later steps
         # train (StepDigests); the record's entry gets them when resolved
         grads = digests.submit({name: None if p.grad is None else _full(p.grad)
-                                for name, p in model.named_parameters()})
+                                for name, p in model.named_parameters()}, norms=True)
         world.clip(model, spec["clip"])
         optimizer.step()
         value = world.global_loss(losses)
         steps.append({"step": step, "loss": value.hex(), "grads": grads})
         if outputs is not None:
             steps[-1]["outputs"] = outputs.take()
-        if acc is not None:
-            steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()})
+        steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()}, norms=True)
         bar.update(step, value)
         done = step + 1
         if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:

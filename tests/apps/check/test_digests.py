@@ -25,7 +25,7 @@ def test_digests_are_those_of_the_tensors_at_submit(depth):
             for v in ts.values():  # the next "step" changes every tensor in place
                 if v is not None and v.numel():
                     v.add_(1)
-        got = digests.results(keys)
+        got = [r.sha256 for r in digests.results(keys)]
     assert got == expected
     assert len({d["w"] for d in got}) == 6 and all(d["none"] == "none" for d in got)
     assert got[0]["empty"] == tensor_sha256(torch.zeros(0))
@@ -39,3 +39,18 @@ def test_bad_values_are_refused_by_name():
             digests.submit({"x": torch.zeros(2, device="meta")})
     with pytest.raises(ValueError, match="depth, threads: expected >= 1, got 0, 4"):
         StepDigests(torch.device("cpu"), depth=0)
+
+
+def test_norms_are_the_float64_norms_at_submit():
+    g = torch.Generator().manual_seed(2)
+    ts = {"w": torch.randn(4, 5, generator=g), "b": torch.randn(3, generator=g).to(torch.bfloat16), "none": None,
+          "ints": torch.arange(3)}
+    with StepDigests(torch.device("cpu")) as digests:
+        key = digests.submit(ts, norms=True)
+        expected = {k: "none" if v is None or not v.is_floating_point() else float(v.double().norm()).hex()
+                    for k, v in ts.items()}
+        ts["w"].mul_(2)
+        plain = digests.submit(ts)
+        got, without = digests.result(key), digests.result(plain)
+    assert got.norms == expected and got.norms["w"] != float(ts["w"].double().norm()).hex()
+    assert without.norms == {} and without.sha256["w"] == tensor_sha256(ts["w"])
