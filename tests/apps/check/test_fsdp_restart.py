@@ -1,7 +1,8 @@
 """``ordered-ssd check --split-invariance --fsdp / --restart-ranks / --kill-rank`` on the CPU (gloo): FSDP2 with the
 ordered reduce-scatter equals every split and DDP; a run stopped on 4 ranks and resumed on 2 and on 8 continues with
-the uninterrupted bits; a rank killed with SIGKILL mid-step is restarted by torchrun from the last complete
-checkpoint and ends with the same bits; FSDP2's default reduce-scatter and accumulation (the control) does not."""
+the uninterrupted bits, with FSDP2 and with DDP's tree accumulator; a rank killed with SIGKILL mid-step is restarted
+by torchrun from the last complete checkpoint and ends with the same bits; FSDP2's default reduce-scatter and
+accumulation (the control) does not."""
 import json
 import os
 
@@ -54,6 +55,32 @@ def test_fsdp_restarts_and_killed_rank_give_the_uninterrupted_bits(fsdp_check):
     kills = sorted(os.listdir(runs / "checkpoints-kill"))
     assert kills[:2] == ["step-00000001", "step-00000002"] and not [k for k in kills if ".tmp-" in k]
     assert all((runs / "checkpoints-kill" / k / "manifest.json").exists() for k in kills)
+
+
+def test_ddp_tree_restarts_and_killed_rank_give_the_uninterrupted_bits(tmp_path):
+    """The same without FSDP2: the tree accumulator's runs (4 ranks x 2, 8 x 1), the 4 x 2 checkpoint resumed on 2
+    and on 8 ranks, and a rank killed in step 2 under torchrun."""
+    out = tmp_path / "o"
+    res = run_cli("check", *FSDP, "--splits", "4x2,8x1", "--restart-ranks", "2,8", "--kill-rank", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout
+    assert "FSDP2" not in res.stdout
+    for line in ("restart-2x4 (split 4x2 stopped at 2, resumed on 2 rank(s) x 4 accumulation step(s)) vs 4x2: "
+                 "identical",
+                 "restart-8x1 (split 4x2 stopped at 2, resumed on 8 rank(s) x 1 accumulation step(s)) vs 4x2: "
+                 "identical",
+                 "kill (split 4x2, last rank killed in step 2, torchrun restart resumed from step 2) vs 4x2: "
+                 "identical"):
+        assert line in res.stdout, res.stdout
+    assert "verdict: SPLIT-INVARIANT: 4 steps" in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["fsdp"] is False and report["resumed"] == {"replay": [2], "restart-2x4": [2], "restart-8x1": [2],
+                                                             "kill": [2]}
+    runs = out / "runs"
+    ref = json.loads((runs / "4x2.json").read_text())["steps"]
+    for name in ("8x1", "restart-2x4", "restart-8x1", "kill"):
+        assert json.loads((runs / f"{name}.json").read_text())["steps"] == ref, name
+    log = (runs / "kill.log").read_text()
+    assert "exitcode: -9" in log or "Signals.SIGKILL" in log
 
 
 def test_fsdp_default_reduction_is_the_failing_control(tmp_path):
