@@ -30,10 +30,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from _torchrun import sync  # noqa: E402
 
 
 def _plain(spec, data, device, steps):
@@ -42,7 +39,7 @@ def _plain(spec, data, device, steps):
     from ordered_ssd.apps.lm import lm_loss
 
     model, optimizer = build_model(spec, device)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -50,7 +47,7 @@ def _plain(spec, data, device, steps):
         lm_loss(model(x.to(device)), y.to(device)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
         optimizer.step()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
 
 

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -42,6 +41,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+from _torchrun import resolve_device, self_launch, sync  # noqa: E402
 
 
 def _args(argv=None):
@@ -79,44 +80,20 @@ def _args(argv=None):
 
 
 def _launch(a) -> int:
-    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and a.nproc > torch.cuda.device_count():
-        print(f"ddp_hook.py: error: --nproc {a.nproc} needs {a.nproc} GPUs, {torch.cuda.device_count()} visible",
-              file=sys.stderr)
-        return 2
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.nproc)))
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    # --nproc is torchrun's business (and an ambiguous abbreviation to its parser): do not forward it.
-    fwd, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            fwd.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.nproc),
-           "--max-restarts", "0", os.path.abspath(__file__), *fwd, "--device", device]
-    return subprocess.run(cmd, env=env).returncode
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return self_launch(__file__, a.nproc, resolve_device(a.device))
 
 
 def _timed(fn, device, iters, warmup):
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(iters):
         dist.barrier()
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -237,7 +214,7 @@ def main(argv=None) -> int:
 
     from ordered_ssd.distributed import init_distributed
 
-    device_type = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = resolve_device(a.device)
     ctx = init_distributed(device_type)
     world = ctx.world_size
     result = {"world_size": world, "backend": ctx.backend, "device": str(ctx.device.type),

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+from _torchrun import resolve_device, self_launch, sync  # noqa: E402
 
 
 def _args(argv=None):
@@ -65,47 +66,25 @@ def _args(argv=None):
 
 
 def _launch(a) -> int:
-    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and a.nproc > torch.cuda.device_count():
-        print(f"fsdp_cost.py: error: --nproc {a.nproc} needs {a.nproc} GPUs, {torch.cuda.device_count()} visible",
-              file=sys.stderr)
-        return 2
     from ordered_ssd.apps.check.spec import DEFAULTS
 
+    device = resolve_device(a.device)
     batch = DEFAULTS[device]["batch"] if a.batch is None else a.batch
     if batch % (a.nproc * a.accum):
         print(f"fsdp_cost.py: error: --batch {batch} is not divisible by {a.nproc} ranks x --accum {a.accum}",
               file=sys.stderr)
         return 2
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // a.nproc)))
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    fwd, skip = [], False
-    for arg in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            fwd.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(a.nproc),
-           "--max-restarts", "0", os.path.abspath(__file__), *fwd, "--device", device]
-    return subprocess.run(cmd, env=env).returncode
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return self_launch(__file__, a.nproc, device)
 
 
 def _median_ms(fn, device, n):
     times = []
     for _ in range(n):
         dist.barrier()
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(1000 * (time.perf_counter() - t0))
     return times
 
@@ -125,7 +104,7 @@ def main(argv=None) -> int:
     from ordered_ssd.distributed import init_distributed
     from ordered_ssd.fsdp import FSDPTreeAccumulator, fsdp_blocks, ordered_clip_grad_norm_, set_ordered_reduce_scatter
 
-    device_type = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = resolve_device(a.device)
     ctx = init_distributed(device_type)
     world, device = ctx.world_size, ctx.device
     d = DEFAULTS[device.type]
