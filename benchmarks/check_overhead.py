@@ -64,6 +64,7 @@ def _checked(spec, device, steps, out):
 
 def main(argv=None) -> int:
     from ordered_ssd.apps.check.spec import spec_from_args
+    from ordered_ssd.apps.check.train import build_model
     from ordered_ssd.apps.cli import build_parser
     from ordered_ssd.apps.lm import ByteData, load_corpus
 
@@ -86,8 +87,7 @@ def main(argv=None) -> int:
             times["plain"].append(_plain(spec, data, device, steps))
             times["check"].append(_checked(spec, device, steps, out))
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
-    n_params = sum(p.numel() for p in __import__("ordered_ssd.apps.check.train", fromlist=["build_model"])
-                   .build_model(spec, torch.device("cpu"))[0].parameters())
+    n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "n_params": n_params, "steps": steps, "batch": spec["batch"],
               "seq_len": spec["seq_len"], "rounds": a.rounds, "plain_s": times["plain"], "check_s": times["check"],

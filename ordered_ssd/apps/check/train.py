@@ -301,8 +301,10 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0
-    final = ({name: tensor_sha256(_full(p)) for name, p in model.named_parameters()} if end >= spec["steps"]
-             else None)
+    final = None
+    if end >= spec["steps"]:  # the last step's parameter digests are the final ones (hashed once)
+        final = (dict(steps[-1]["params"]) if steps and steps[-1]["step"] == end - 1
+                 else {name: tensor_sha256(_full(p)) for name, p in model.named_parameters()})
     every = world.gather(model, steps[recorded_before:], final, train_s)
     if end < spec["steps"]:
         if ckpt_path is None:
