@@ -30,6 +30,10 @@ from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
 from ._checks import validate_seq_idx
 from .convert import convert_to_hf, convert_to_mamba2, convert_to_ordered
+# Both modules are imported by the lines above already (accumulate imports distributed, convert imports hf), and
+# neither imports transformers: exporting these names adds no import.
+from .distributed import init_distributed, rank_fingerprint
+from .hf import audit_model
 from ._version import __version__
 
 __all__ = [
@@ -46,6 +50,9 @@ __all__ = [
     "convert_to_ordered",
     "convert_to_mamba2",
     "convert_to_hf",
+    "audit_model",
+    "init_distributed",
+    "rank_fingerprint",
     "digest",
     "__version__",
 ]
