@@ -16,6 +16,12 @@ def first_line(e: BaseException) -> str:
     return next((line for line in str(e).splitlines() if line.strip()), "").strip()
 
 
+def plural(n: int, word: str, many: str = "") -> str:
+    """``n`` and the noun ``word`` agreeing with it, for a printed or error line: ``"1 layer"``, ``"2 layers"``,
+    ``"0 layers"``; ``many``: the plural where it is not ``word + "s"`` (``plural(n, "process", "processes")``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def describe_path(path: str) -> str:
     """What is at ``path``, for an error line: ``a directory``, ``a regular file``, ``a symbolic link to nothing``,
     ``a FIFO, device or socket`` or ``nothing``."""

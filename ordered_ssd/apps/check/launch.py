@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
-from .errors import CheckError, writing
+from .errors import CheckError, plural, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
 #: an uncaught exception's last line, in a rank's output ``[rankN]: XError: ...`` (torch prefixes the ranks' lines)
@@ -142,7 +142,8 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
     env.setdefault("OMP_NUM_THREADS", str(threads if threads is not None else child_threads(nproc)))
     returncode, lines = _run_logged(cmd, log_path, progress, env=env)
     if returncode != 0:
-        raise CheckError(f"run {label} ({nproc} processes under torchrun) failed with exit code {returncode}: "
+        raise CheckError(f"run {label} ({plural(nproc, 'process', 'processes')} under torchrun) failed with exit "
+                         f"code {returncode}: "
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
 
 

@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..lm import VOCAB, DataError
+from .errors import plural
 
 GIB = float(2 ** 30)
 
@@ -147,7 +148,7 @@ def _size_flags(spec: dict, rows: int, processes: int) -> str:
                                                               "chunk_size")]
     flags += [f"--batch {spec['batch']}", f"--seq-len {spec['seq_len']}"]
     if processes > 1:
-        flags.append(f"({processes} processes of {rows} rows)")
+        flags.append(f"({plural(processes, 'process', 'processes')} of {plural(rows, 'row')})")
     return " ".join(flags)
 
 

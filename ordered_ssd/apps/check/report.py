@@ -8,7 +8,7 @@ import os
 from typing import Callable, Optional
 
 from ..files import atomic_write_json
-from .errors import writing
+from .errors import plural, writing
 from .plot import differences, plot, plot_data
 
 
@@ -262,12 +262,13 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
         print_fn(f"verdict: {verdict}: {_describe_divergence(diverged, spec.get('lr'))}; the digests of a, b and c "
                  f"{'are identical' if reproducible else 'differ'}")
     elif ddp:
-        print_fn(f"verdict: {verdict}: {model}{n_steps} steps, world size {nproc}, loss, per-parameter gradient and "
-                 f"final parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
+        print_fn(f"verdict: {verdict}: {model}{plural(n_steps, 'step')}, world size {nproc}, loss, per-parameter "
+                 f"gradient and final parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
                  f"(fresh processes; restart at step {stop_at})")
     else:
-        print_fn(f"verdict: {verdict}: {model}{n_steps} steps, loss, per-parameter gradient and final parameter "
-                 f"digests {'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step {stop_at})")
+        print_fn(f"verdict: {verdict}: {model}{plural(n_steps, 'step')}, loss, per-parameter gradient and final "
+                 f"parameter digests {'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step "
+                 f"{stop_at})")
     if diverged is not None and not reproducible:
         print_fn("(the runs also differ: see the comparisons above)")
 

@@ -10,7 +10,7 @@ import torch
 
 from ..files import atomic_write_json, locked_out_dir, prepare_out_dir
 from ..lm import ByteData, load_corpus
-from .errors import CheckError, writing
+from .errors import CheckError, plural, writing
 from .launch import Launcher
 from .memory import check_memory, device_available, n_params
 from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
@@ -120,9 +120,9 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     with writing("spec", spec_path):
         atomic_write_json(spec_path, spec)
     count = n_params(spec)  # from the byte LM's shape; a Hugging Face model's counted on the meta device
-    where = (f"{spec['device']} x {nproc} processes ({spec['ddp']['backend']}, DistributedDataParallel, ordered "
-             f"gradient hook)" if ddp else spec["device"])
-    batch_desc = (f"global batch {spec['batch']} ({spec['batch'] // nproc} rows per rank)" if ddp
+    where = (f"{spec['device']} x {plural(nproc, 'process', 'processes')} ({spec['ddp']['backend']}, "
+             f"DistributedDataParallel, ordered gradient hook)" if ddp else spec["device"])
+    batch_desc = (f"global batch {spec['batch']} ({plural(spec['batch'] // nproc, 'row')} per rank)" if ddp
                   else f"batch {spec['batch']}")
     if spec.get("hf") is not None:
         from .hf import describe
@@ -130,9 +130,10 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         what = (f"Hugging Face model {describe(spec['hf'])}, its Mamba-2 mixers converted with convert_to_ordered, "
                 f"attention {spec['hf']['attn_implementation']},")
     else:
-        what = (f"byte-level Mamba-2 LM ({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']})")
+        what = (f"byte-level Mamba-2 LM ({plural(spec['model']['n_layers'], 'layer')}, "
+                f"d_model {spec['model']['d_model']})")
     print_fn(f"ordered-ssd check: {count / 1e6:.2f}M-parameter {what} on {where}, "
-             f"{spec['steps']} steps of {batch_desc} x {spec['seq_len']} bytes")
+             f"{plural(spec['steps'], 'step')} of {batch_desc} x {spec['seq_len']} bytes")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
     for line in notes:
         print_fn(line)

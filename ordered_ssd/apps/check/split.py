@@ -20,7 +20,7 @@ import torch
 
 from ..files import atomic_write_json
 from ..lm import ByteData
-from .errors import CheckError, writing
+from .errors import CheckError, plural, writing
 from .launch import Launcher, child_threads
 from .memory import n_params as count_params
 from .outdir import RUNS
@@ -189,8 +189,9 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
     runs_dir = os.path.join(out_dir, RUNS)
     n_params = count_params(spec)
     print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
-             f"({spec['model']['n_layers']} layers, d_model {spec['model']['d_model']}) on {spec['device']}, "
-             f"{spec['steps']} steps of global batch {spec['batch']} x {spec['seq_len']} bytes in blocks of {block}; "
+             f"({plural(spec['model']['n_layers'], 'layer')}, d_model {spec['model']['d_model']}) on "
+             f"{spec['device']}, {plural(spec['steps'], 'step')} of global batch {spec['batch']} x {spec['seq_len']} "
+             f"bytes in blocks of {block}; "
              f"splits (ranks x accumulation steps) {', '.join(label(s) for s in splits)}; {accumulate} "
              f"accumulation{'; FSDP2 (fully_shard)' if fsdp else ''}; {threads} thread(s) per rank")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
@@ -305,8 +306,8 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         extra = "".join([f", DDP ({label(splits[0])})" if fsdp else "",
                          f", the restarts on {', '.join(map(str, restart_ranks))} rank(s)" if restart_ranks else "",
                          ", the killed-rank run" if kill_rank else ""])
-        print_fn(f"verdict: {verdict}: {n_steps} steps, loss, per-parameter gradient and parameter digests after "
-                 f"every step identical across the splits {', '.join(label(s) for s in splits)}"
+        print_fn(f"verdict: {verdict}: {plural(n_steps, 'step')}, loss, per-parameter gradient and parameter "
+                 f"digests after every step identical across the splits {', '.join(label(s) for s in splits)}"
                  f"{' (FSDP2)' if fsdp else ''}{extra} and the replay of {label(replay)} (restart at step "
                  f"{stop_at}), every rank agreeing")
     elif first is not None:

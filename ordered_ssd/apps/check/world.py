@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ... import distributed
 from ...fingerprint import determinism_fingerprint
-from .errors import CheckError
+from .errors import CheckError, plural
 
 CKPT_FORMAT = 1
 DDP_CKPT_FORMAT = 2  # one file for a data-parallel run: every rank's RNG state, the world size
@@ -201,7 +201,8 @@ class DataParallel:
         self.ddp: Optional[torch.nn.Module] = None
         self.split: Optional[dict] = spec.get("split")
         if self.split is not None and int(self.split["ranks"]) != self.world_size:
-            raise CheckError(f"the spec's split has {self.split['ranks']} ranks but nproc {self.world_size}")
+            raise CheckError(f"the spec's split has {plural(int(self.split['ranks']), 'rank')} but nproc "
+                             f"{self.world_size}")
 
     def __enter__(self) -> "DataParallel":
         try:
@@ -210,8 +211,8 @@ class DataParallel:
             raise CheckError(str(e)) from None
         if self.context.world_size != self.world_size:
             self.__exit__()
-            raise CheckError(f"the spec asks for {self.world_size} processes but torchrun started "
-                             f"{self.context.world_size}")
+            raise CheckError(f"the spec asks for {plural(self.world_size, 'process', 'processes')} but torchrun "
+                             f"started {self.context.world_size}")
         self.rank, self.device = self.context.rank, self.context.device
         return self
 
@@ -259,7 +260,8 @@ class DataParallel:
             raise CheckError(f"checkpoint {resume}: unsupported format {ckpt.get('format')!r} "
                              f"(expected {DDP_CKPT_FORMAT})")
         if int(ckpt["world_size"]) != self.world_size:
-            raise CheckError(f"checkpoint {resume} was written by {ckpt['world_size']} processes, this run has "
+            written = plural(int(ckpt["world_size"]), "process", "processes")
+            raise CheckError(f"checkpoint {resume} was written by {written}, this run has "
                              f"{self.world_size}: every rank's RNG state and data shard belong to one world size")
 
     def rng_of(self, ckpt: dict) -> dict:

@@ -529,7 +529,7 @@ def test_the_estimate_refuses_the_users_model_and_passes_the_defaults():
     s = spec("cpu")  # four processes on the CPU share the host: four estimates
     one = training_bytes(s, 1, 0)["total"]
     check_memory(s, rows=1, processes=4, corpus_bytes=0, available=(4 * one, "test"))
-    with pytest.raises(Refused, match=r"\(4 processes of 1 rows\): expected a training that fits in the .* got an "
+    with pytest.raises(Refused, match=r"\(4 processes of 1 row\): expected a training that fits in the .* got an "
                                       r"estimated [\d.]+ MiB per process x 4 = "):
         check_memory(s, rows=1, processes=4, corpus_bytes=0, available=(4 * one - 1, "test"))
 

@@ -17,6 +17,7 @@ def test_check_is_reproducible_and_reports(check_run):
     res, out = check_run
     assert res.returncode == 0, res.stderr + res.stdout
     assert "verdict: REPRODUCIBLE: 6 steps" in res.stdout
+    assert "byte-level Mamba-2 LM (1 layer, d_model 32) on cpu, 6 steps of batch 2 x 24 bytes" in res.stdout
     assert "b (fresh process) vs a:               identical" in res.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["ok"] is True and report["verdict"] == "REPRODUCIBLE"

@@ -31,6 +31,7 @@ def test_split_check_is_split_invariant_and_reports(split_check):
     assert res.returncode == 0, res.stderr + res.stdout
     assert "splits (ranks x accumulation steps) 1x4, 2x2, 4x1; tree accumulation" in res.stdout
     assert "in blocks of 2" in res.stdout
+    assert "byte-level Mamba-2 LM (1 layer, d_model 32) on cpu, 6 steps of global batch 8 x 24 bytes" in res.stdout
     assert "replay (split 2x2 stopped at 3, resumed) vs 1x4: identical" in res.stdout
     assert "verdict: SPLIT-INVARIANT: 6 steps" in res.stdout
     report = json.loads((out / "report.json").read_text())
