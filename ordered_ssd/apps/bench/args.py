@@ -109,7 +109,8 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "(ordered/literal only): a smoke test, not a benchmark")
     parser.add_argument("--merge", nargs="+", default=None, metavar="BENCH_JSON",
                    help="measure nothing: combine earlier bench.json files (a later file's shape replaces an "
-                        "earlier one of the same name) and write the table, JSON and chart to --out (default: measure)")
+                        "earlier one of the same name, unless it was skipped and the earlier one measured) and "
+                        "write the table, JSON and chart to --out (default: measure)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--_child-spec", dest="child_spec", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_precompile-spec", dest="precompile_spec", default=None, help=argparse.SUPPRESS)

@@ -257,6 +257,12 @@ def write_results(out_dir: str, results: dict, plot: bool = True) -> dict:
     return {"md": md_path, "json": json_path, "png": None if note else png, "png_note": note}
 
 
+def measured(shape_result: dict) -> bool:
+    """Whether a shape result holds a measurement: a row that is not ``skipped: ...`` (a failure is one)."""
+    return any(not str(row.get("error") or "").startswith("skipped")
+               for row in shape_result.get("rows", {}).values())
+
+
 #: what ``meta`` of a merge takes from the newest run that still contributes a shape (the rest, the harness's
 #: settings, from the first file)
 _RUN_META = ("command", "date", "commit", "tree", "gpu", "versions", "pinned_configs")
@@ -264,12 +270,14 @@ _RUN_META = ("command", "date", "commit", "tree", "gpu", "versions", "pinned_con
 
 def merge_results(paths: Sequence[str]) -> dict:
     """The results of several ``bench.json`` files as one (``--merge``): shapes in first-seen order, a later file's
-    result for a shape replacing an earlier one's. ``meta["sources"]`` lists the runs the shapes come from, in file
-    order, each with only the shapes it still contributes, its command, commit, tree, date, versions and pinned
-    fingerprint; a file that is itself a merge contributes its own runs. ``meta`` is the first file's, with
-    :data:`_RUN_META` (date, commit, fingerprint, ...) from the last run in ``sources``; ``meta["sources_differ_in"]``
-    names what the runs differ in among the GPU, the versions and the pinned fingerprint (``pinned_configs``).
-    Every shape's ratios and targets are recomputed (:func:`~ordered_ssd.apps.bench.timing.finalize_ratios`).
+    result for a shape replacing an earlier one's, unless the later one is not :func:`measured` (only ``skipped:
+    ...`` rows, or none) and the earlier one is: a skipped shape replaces no measurement. ``meta["sources"]`` lists
+    the runs the shapes come from, in file order, each with only the shapes it still contributes, its command,
+    commit, tree, date, versions and pinned fingerprint; a file that is itself a merge contributes its own runs.
+    ``meta`` is the first file's, with :data:`_RUN_META` (date, commit, fingerprint, ...) from the last run in
+    ``sources``; ``meta["sources_differ_in"]`` names what the runs differ in among the GPU, the versions and the
+    pinned fingerprint (``pinned_configs``). Every shape's ratios and targets are recomputed
+    (:func:`~ordered_ssd.apps.bench.timing.finalize_ratios`).
 
     Raises:
         ValueError: ``paths`` is empty.
@@ -301,6 +309,8 @@ def merge_results(paths: Sequence[str]) -> dict:
             name = shape_result["name"]
             if name not in merged:
                 order.append(name)
+            elif measured(merged[name]) and not measured(shape_result):
+                continue  # a later run that skipped the shape keeps the earlier run's measurement
             merged[name] = shape_result
             # within a merged file, the last of its runs that lists the shape (a later run replaced earlier ones)
             owner[name] = next((src for src in reversed(file_sources) if name in src.get("shapes", ())),

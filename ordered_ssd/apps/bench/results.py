@@ -39,7 +39,7 @@ import os
 from typing import List, Optional
 
 from ..files import atomic_write_bytes
-from .report import format_table
+from .report import format_table, measured
 from .requirements import BenchError
 from .shapes import NAMED
 from .timing import finalize_ratios
@@ -66,12 +66,6 @@ def compact_run(results: dict) -> dict:
         for row in shape_result.get("rows", {}).values():
             row.pop("digests", None)
     return run
-
-
-def measured(shape_result: dict) -> bool:
-    """Whether a shape result holds a measurement: a row that is not ``skipped: ...`` (a failure is one)."""
-    return any(not str(row.get("error") or "").startswith("skipped")
-               for row in shape_result.get("rows", {}).values())
 
 
 _NAMED_ORDER = {name: i for i, name in enumerate(NAMED)}

@@ -333,3 +333,34 @@ def test_merge_edge_cases_owner_stale_flag_header_and_no_paths(tmp_path):
     assert (m["meta"]["commit"], m["meta"]["tree"], m["meta"]["pinned_configs"]) == ("ccc", "f" * 40, "table=new")
     with pytest.raises(ValueError, match="paths: expected at least one"):
         merge_results([])
+
+
+
+def test_merge_keeps_a_measured_shape_that_a_later_file_skipped(tmp_path):
+    """--merge: a later file's skipped row of a shape does not replace an earlier measured one (the shape keeps its
+    row and its run's provenance); a later measured row replaces an earlier one, measured or skipped; of two skipped
+    rows the later is kept."""
+    from ordered_ssd.apps.bench.report import measured, merge_results
+    runs = {0: _run(0, shapes=("S1", "S2")),  # G1 skipped
+            1: _run(1, shapes=("S2", "G1")),  # S1 skipped
+            2: _run(2, shapes=())}            # everything skipped
+    for i, run in runs.items():
+        for shape_result in run["shapes"]:
+            if measured(shape_result):
+                shape_result["rows"]["native"]["ms"] = 100.0 * (i + 1)  # which run a merged row comes from
+        (tmp_path / f"r{i}.json").write_text(json.dumps(run))
+
+    def merge(*order):
+        m = merge_results([str(tmp_path / f"r{i}.json") for i in order])
+        rows = {s["name"]: s["rows"]["native"].get("ms") for s in m["shapes"]}
+        return rows, [(s["command"][-4:], s["shapes"]) for s in m["meta"]["sources"]], m["meta"]["commit"]
+
+    # S1: r0's measurement survives r1's and r2's skips; S2: r1's replaces r0's; G1: r1's replaces r0's skip
+    assert merge(0, 1, 2) == ({"S1": 100.0, "S2": 200.0, "G1": 200.0},
+                              [("run0", ["S1"]), ("run1", ["S2", "G1"])], "abc1")
+    # S1: skipped by r2 and r1 (the later, r1's), then measured by r0; S2: r0's replaces r1's; G1: r0 skipped it
+    assert merge(2, 1, 0) == ({"S1": 100.0, "S2": 100.0, "G1": 200.0},
+                              [("run1", ["G1"]), ("run0", ["S1", "S2"])], "abc0")
+    # S1 skipped in both files: the later file's skipped row
+    rows, sources, commit = merge(2, 1)
+    assert rows == {"S1": None, "S2": 200.0, "G1": 200.0} and sources == [("run1", ["S1", "S2", "G1"])]
