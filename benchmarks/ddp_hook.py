@@ -241,7 +241,8 @@ def main(argv=None) -> int:
             for r in result.get("collective", []):
                 print(f"  {r['size_mb']:>7.1f} MB fp32: all_reduce {r['allreduce_ms']:8.3f} / "
                       f"{max(r['allreduce_ms_ranks']):8.3f}   ordered {r['ordered_ms']:8.3f} / "
-                      f"{max(r['ordered_ms_ranks']):8.3f}   x{max(r['ordered_ms_ranks']) / max(r['allreduce_ms_ranks']):.2f}"
+                      f"{max(r['ordered_ms_ranks']):8.3f}   "
+                      f"x{max(r['ordered_ms_ranks']) / max(r['allreduce_ms_ranks']):.2f}"
                       + (f"   tree {r['tree_ms']:8.3f} / {max(r['tree_ms_ranks']):8.3f}"
                          f"   x{max(r['tree_ms_ranks']) / max(r['allreduce_ms_ranks']):.2f}" if r["tree_ms"] else "")
                       + f"   max rel diff {r['max_rel_diff']:.1e}")

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read at most this many bytes" + _per_device("data_bytes"))
     check.add_argument("--out", default="ordered-ssd-check", help="output directory (default: ./ordered-ssd-check)")
     check.add_argument("--steps", type=positive_int, default=None, help="training steps" + _per_device("steps"))
-    check.add_argument("--stop-at", type=positive_int, default=None, help="step k of the restart run (default: steps/2)")
+    check.add_argument("--stop-at", type=positive_int, default=None,
+                       help="step k of the restart run (default: steps/2)")
     check.add_argument("--batch", type=positive_int, default=None,
                        help="sequences per step, the global batch" + _per_device("batch"))
     check.add_argument("--seq-len", type=positive_int, default=None, help="bytes per sequence" + _per_device("seq_len"))
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--d-state", type=positive_int, default=None, help="SSM state size" + _per_device("d_state"))
     check.add_argument("--headdim", type=positive_int, default=None,
                        help="head dimension, a divisor of 2 * d_model" + _per_device("headdim"))
-    check.add_argument("--ngroups", type=positive_int, default=1, help="B/C groups, a divisor of the heads (default: 1)")
+    check.add_argument("--ngroups", type=positive_int, default=1,
+                       help="B/C groups, a divisor of the heads (default: 1)")
     check.add_argument("--chunk-size", type=positive_int, default=None,
                        help="SSD chunk length" + _per_device("chunk_size"))
     check.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate" + _per_device("lr"))

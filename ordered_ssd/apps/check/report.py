@@ -272,7 +272,8 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     if diverged is not None and not reproducible:
         print_fn("(the runs also differ: see the comparisons above)")
 
-    summary = {"verdict": verdict, "ok": ok, "reproducible": reproducible, "diverged": diverged, "spec": spec, "data_source": source, "n_params": n_params,
+    summary = {"verdict": verdict, "ok": ok, "reproducible": reproducible, "diverged": diverged, "spec": spec,
+               "data_source": source, "n_params": n_params,
                "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
                "fingerprint_info": runs["a"]["fingerprint_info"],
                "model": _model_summary(spec), "first_module_diff": first_module,

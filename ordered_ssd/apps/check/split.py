@@ -320,7 +320,8 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
     else:
         print_fn(f"verdict: {verdict}: the ranks of a run disagree")
     summary = {
-        "verdict": verdict, "ok": ok, "split_invariant": invariant, "diverged": diverged, "mode": "split-invariance", "spec": spec, "data_source": source,
+        "verdict": verdict, "ok": ok, "split_invariant": invariant, "diverged": diverged, "mode": "split-invariance",
+        "spec": spec, "data_source": source,
         "n_params": n_params, "stop_at": stop_at, "wall_s": wall, "threads": threads, "block": block,
         "accumulate": accumulate, "splits": [{"label": label(s), "ranks": s[0], "accum": s[1]} for s in splits],
         "reference": ref, "replay": {"split": label(replay), "stop_at": stop_at}, "ranks_agree": ranks_agree,
