@@ -1,6 +1,7 @@
-"""Swap the Mamba-2 layers of a model for ordered ones in place, and back.
+"""Swap the Mamba-2 (and mamba-ssm's Mamba-3) layers of a model for ordered ones in place, and back.
 
-mamba-ssm's ``Mamba2`` becomes :class:`~ordered_ssd.OrderedMamba2`; the Mamba-2 mixers of Hugging Face
+mamba-ssm's ``Mamba2`` becomes :class:`~ordered_ssd.OrderedMamba2`, its ``Mamba3`` an
+:class:`~ordered_ssd.modules.mamba3.OrderedMamba3`; the Mamba-2 mixers of Hugging Face
 ``transformers`` models (``Mamba2ForCausalLM``, Bamba, NemotronH, GraniteMoeHybrid, FalconH1, Zamba2) become
 :class:`~ordered_ssd.hf.OrderedHFMamba2Mixer` (:mod:`ordered_ssd.hf`).
 
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 from .hf.mixer import OrderedHFMamba2Mixer, hf_from_ordered, hf_mixer_family, ordered_from_hf
 from .modules.mamba2 import OrderedMamba2
+from .modules.mamba3 import OrderedMamba3
 
 __all__ = ["convert_to_ordered", "convert_to_mamba2", "convert_to_hf"]
 
@@ -31,6 +33,35 @@ def _is_mamba2(module: nn.Module) -> bool:
     """mamba-ssm's ``Mamba2`` itself (not a subclass), recognised without importing mamba-ssm."""
     cls = type(module)
     return cls.__name__ == "Mamba2" and cls.__module__ == "mamba_ssm.modules.mamba2"
+
+
+def _is_mamba3(module: nn.Module) -> bool:
+    """mamba-ssm's ``Mamba3`` itself (not a subclass), recognised without importing mamba-ssm."""
+    cls = type(module)
+    return cls.__name__ == "Mamba3" and cls.__module__ == "mamba_ssm.modules.mamba3"
+
+
+#: the attributes of mamba-ssm 2.3.2.post1's ``Mamba3`` that give its constructor arguments
+_MAMBA3_ATTRS = ("d_model", "d_state", "expand", "headdim", "num_bc_heads", "rotary_dim_divisor", "A_floor",
+                 "is_outproj_norm", "is_mimo", "chunk_size", "layer_idx")
+
+
+def _ordered3_from(layer: nn.Module) -> OrderedMamba3:
+    missing = [a for a in _MAMBA3_ATTRS if not hasattr(layer, a)]
+    if missing:
+        raise TypeError(f"{type(layer).__module__}.{type(layer).__name__}: expected the attributes of mamba-ssm "
+                        f"2.3.2.post1's Mamba3, missing {missing}")
+    if layer.is_mimo:
+        raise ValueError(f"Mamba3(layer_idx={layer.layer_idx}): is_mimo: expected False (the multi-input "
+                         "multi-output path has no ordered implementation), got True")
+    new = OrderedMamba3(d_model=layer.d_model, d_state=layer.d_state, expand=layer.expand, headdim=layer.headdim,
+                        ngroups=layer.num_bc_heads, rope_fraction=2 / layer.rotary_dim_divisor, A_floor=layer.A_floor,
+                        is_outproj_norm=layer.is_outproj_norm, chunk_size=layer.chunk_size,
+                        layer_idx=layer.layer_idx, device="meta")
+    _take_over(new, layer)
+    for name in ("B_norm", "C_norm") + (("norm",) if layer.is_outproj_norm else ()):
+        getattr(new, name).eps = getattr(layer, name).eps
+    return new
 
 
 def _constructor_args(layer: nn.Module) -> dict:
@@ -101,14 +132,17 @@ def _ordered_from(layer: nn.Module) -> OrderedMamba2:
 
 
 def _to_ordered(layer: nn.Module) -> nn.Module:
+    if _is_mamba3(layer):
+        return _ordered3_from(layer)
     return _ordered_from(layer) if _is_mamba2(layer) else ordered_from_hf(layer)
 
 
 def convert_to_ordered(model: nn.Module) -> nn.Module:
-    """Replace every mamba-ssm ``Mamba2`` and every Hugging Face Mamba-2 mixer in ``model`` (the classes
-    themselves, not subclasses) with an ordered layer, in place.
+    """Replace every mamba-ssm ``Mamba2`` and ``Mamba3`` and every Hugging Face Mamba-2 mixer in ``model`` (the
+    classes themselves, not subclasses) with an ordered layer, in place.
 
-    mamba-ssm's ``Mamba2`` becomes an :class:`OrderedMamba2`; a ``transformers`` mixer (``Mamba2Mixer``,
+    mamba-ssm's ``Mamba2`` becomes an :class:`OrderedMamba2`, its ``Mamba3`` (single-input single-output) an
+    :class:`~ordered_ssd.modules.mamba3.OrderedMamba3`; a ``transformers`` mixer (``Mamba2Mixer``,
     ``BambaMixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``, ``FalconH1Mixer``,
     ``Zamba2MambaMixer``, in the ``transformers`` versions of :data:`ordered_ssd.hf.SUPPORTED_TRANSFORMERS`) becomes
     an :class:`~ordered_ssd.hf.OrderedHFMamba2Mixer` with the mixer's forward signature and semantics (padding
@@ -128,12 +162,13 @@ def convert_to_ordered(model: nn.Module) -> nn.Module:
     Raises:
         TypeError: ``model`` is not an ``nn.Module``; a layer lacks the attributes of the supported version.
         ValueError: no such layer in ``model``; a ``Mamba2`` with a ``process_group`` (tensor parallelism); a
-            mixer whose norm or activation the ordered path does not implement (named in the message).
+            ``Mamba3`` with ``is_mimo=True``; a mixer whose norm or activation the ordered path does not implement
+            (named in the message).
         RuntimeError: a ``transformers`` version outside the supported range. Every layer is checked and built
             before any is replaced, so on an error the model is unchanged (never a partial conversion).
     """
-    return _swap(model, lambda m: _is_mamba2(m) or hf_mixer_family(m) is not None, _to_ordered,
-                 "mamba_ssm Mamba2 or transformers Mamba-2 mixer")
+    return _swap(model, lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None, _to_ordered,
+                 "mamba_ssm Mamba2 or Mamba3, or transformers Mamba-2 mixer")
 
 
 def convert_to_hf(model: nn.Module) -> nn.Module:

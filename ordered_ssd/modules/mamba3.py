@@ -16,11 +16,12 @@ from .. import _checks
 from ..reference.mamba3 import (Mamba3Dims, Mamba3Params, Mamba3States, ordered_reference_mamba3,
                                 reference_mamba3_layer, reference_mamba3_step)
 from . import _decode
-from .mamba2 import GatedRMSNorm
+from .mamba2 import GatedRMSNorm, cuda_path_available
 
 __all__ = ["OrderedMamba3"]
 
 _REFERENCE_DTYPES = (torch.float32, torch.float64)
+_CUDA_DTYPES = _checks.CUDA_DTYPES
 _BACKENDS = (None, "cuda", "reference")
 _ROPE_FRACTIONS = (0.5, 1.0)
 
@@ -43,10 +44,13 @@ class OrderedMamba3(nn.Module):
     ``nheads`` not a multiple of ``ngroups``, ``rope_fraction`` not 0.5 or 1.0 or giving no rotary angle, ``dt_min >
     dt_max``, a ``dtype`` that is not a floating ``torch.dtype``; ``NotImplementedError`` for ``is_mimo=True``.
 
-    Compute path (:meth:`backend_for`): the pure-PyTorch reference (:mod:`ordered_ssd.reference.mamba3`; fp32 or
-    fp64) on CPU, for fp64 inputs, or where ``layer.backend = "reference"`` asks for it. The ordered CUDA path on
-    mamba-ssm's Mamba-3 Triton kernels is not built: a CUDA input of another dtype, or ``layer.backend = "cuda"``,
-    raises ``NotImplementedError`` (never a silent fallback to upstream's kernels).
+    Compute path (:meth:`backend_for`): ``"cuda"`` for CUDA inputs of dtype fp32/bf16/fp16: mamba-ssm's Mamba-3
+    SISO Triton kernels at pinned configurations with the cross-example sums folded in order
+    (:mod:`ordered_ssd.ops.mamba3_siso`; like upstream, the scan runs in bf16 whatever the layer's dtype), the
+    projections and norms of :mod:`ordered_ssd.ops`; ``"reference"`` for CPU and fp64 inputs, or where
+    ``layer.backend = "reference"`` asks for it: the pure-PyTorch reference (:mod:`ordered_ssd.reference.mamba3`;
+    fp32 or fp64). Never a silent fallback. The CUDA path does not take ``cu_seqlens`` yet (``NotImplementedError``).
+    Set ``layer.literal = True`` to run the CUDA backward's kernels once per example (same bits, slower).
 
     Determinism: every parameter gradient is a fp32 (fp64 for fp64 parameters) lexical fold of per-example
     partials (example 0 first, :class:`ordered_ssd.fold.LexicalFold`), so two runs with the same inputs give the
@@ -153,6 +157,7 @@ class OrderedMamba3(nn.Module):
             self.norm = GatedRMSNorm(d_inner, eps=1e-5, norm_before_gate=True, group_size=headdim, **factory_kwargs)
         self.out_proj = nn.Linear(d_inner, d_model, bias=False, **factory_kwargs)
         self.backend = None
+        self.literal = False
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -173,13 +178,14 @@ class OrderedMamba3(nn.Module):
         return Mamba3Params(*(p if p is None or p.dtype == dtype else p.to(dtype) for p in self.layer_params()))
 
     def backend_for(self, u: torch.Tensor) -> str:
-        """The compute path for ``u``: ``"reference"`` (CPU, fp64, or ``layer.backend = "reference"``).
+        """The compute path for ``u``: ``layer.backend`` when set (``"cuda"`` or ``"reference"``), else ``"cuda"``
+        (:mod:`ordered_ssd.ops.mamba3_siso` on mamba-ssm's Triton kernels) for CUDA tensors of dtype fp32/bf16/fp16
+        and ``"reference"`` for CPU or fp64 tensors.
 
         Raises:
-            ValueError: ``layer.backend`` is not None, ``"cuda"`` or ``"reference"``.
-            NotImplementedError: the CUDA path would be taken (a CUDA input with ``layer.backend`` None and a dtype
-                other than fp64, or ``layer.backend = "cuda"``): it is not built; the message names the explicit
-                way to the reference.
+            ValueError: ``layer.backend`` is not None, ``"cuda"`` or ``"reference"``; ``"cuda"`` for a non-CUDA ``u``.
+            ImportError / RuntimeError: ``"cuda"`` chosen but the CUDA path cannot run here (the message gives the
+                reason and ``layer.backend = "reference"`` as the explicit way out).
         """
         backend = self.backend
         if backend not in _BACKENDS:
@@ -187,19 +193,25 @@ class OrderedMamba3(nn.Module):
         if backend is None:
             backend = "cuda" if u.device.type == "cuda" and u.dtype != torch.float64 else "reference"
         if backend == "cuda":
-            raise NotImplementedError(
-                "OrderedMamba3: the ordered CUDA path (mamba-ssm's Mamba-3 Triton kernels at pinned configurations) "
-                "is not built; set layer.backend = 'reference' to run the pure-PyTorch reference (fp32/fp64) on "
-                "this device")
+            if u.device.type != "cuda":
+                raise ValueError(f"u: expected a CUDA tensor (layer.backend is 'cuda'), got device {u.device}")
+            ok, why = cuda_path_available()
+            if not ok:
+                raise RuntimeError(f"OrderedMamba3: the ordered CUDA path cannot run here: {why.rstrip('.')}. "
+                                   "Install the native extras as the README's GPU section says, or set "
+                                   "layer.backend = 'reference' to run the pure-PyTorch reference (fp32/fp64).")
         return backend
 
-    def _check_input(self, u: torch.Tensor, name: str = "u") -> None:
+    def _check_input(self, u: torch.Tensor, name: str = "u") -> str:
+        """Check ``u`` for its path and return the path (:meth:`backend_for`)."""
         w = self.in_proj.weight
         _checks.check_tensor(name, u)
         _checks.check_int("chunk_size", self.chunk_size)  # an attribute a user may set after construction
-        self.backend_for(u)
+        backend = self.backend_for(u)
         _checks.check_layer_input(u, d_model=self.d_model, dtype=w.dtype, device=w.device,
-                                  allowed_dtypes=_REFERENCE_DTYPES, name=name, backend=self.backend)
+                                  allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES, name=name,
+                                  backend=self.backend)
+        return backend
 
     # ------------------------------------------------------------------ forward
     def forward(self, u, seq_idx=None, cu_seqlens=None, inference_params=None):
@@ -222,8 +234,8 @@ class OrderedMamba3(nn.Module):
 
         Raises:
             TypeError / ValueError (naming the argument) for a wrong type, rank, shape, dtype or device, a
-            ``seq_idx``, a bad ``cu_seqlens``, before any computation; NotImplementedError on the CUDA path (see
-            :meth:`backend_for`).
+            ``seq_idx``, a bad ``cu_seqlens``, before any computation; NotImplementedError for ``cu_seqlens`` on the
+            CUDA path; ImportError / RuntimeError when the CUDA path cannot run here (:meth:`backend_for`).
         """
         if seq_idx is not None:
             raise ValueError("seq_idx: expected None (Mamba3 packs sequences through cu_seqlens; upstream ignores "
@@ -233,10 +245,16 @@ class OrderedMamba3(nn.Module):
             states = self._get_states_from_cache(inference_params, batch)
             out, *_ = self.step(u, *states)
             return out
-        self._check_input(u)
+        backend = self._check_input(u)
         Bsz, L, _ = u.shape
         if cu_seqlens is not None:
             _checks.check_cu_seqlens(cu_seqlens, batch=Bsz, seqlen=L, device=u.device)
+        if backend == "cuda":
+            if cu_seqlens is not None:
+                raise NotImplementedError("OrderedMamba3: cu_seqlens on the CUDA path is not built; pass separate "
+                                          "examples, or set layer.backend = 'reference'")
+            cache = None if inference_params is None else self._get_states_from_cache(inference_params, Bsz)
+            return self._forward_cuda(u, cache)
         params = self._reference_params(u.dtype)
         needs_grad = torch.is_grad_enabled() and (u.requires_grad or any(p is not None and p.requires_grad
                                                                          for p in params))
@@ -256,32 +274,74 @@ class OrderedMamba3(nn.Module):
                 out = out_nograd
         return out
 
+    def _forward_cuda(self, u, cache=None):
+        """The layer on :mod:`ordered_ssd.ops` (as ``Mamba3.forward``, single-input single-output); with ``cache``
+        (a prefill) also the states after the last position, from a forward of the kernels without backward."""
+        from .. import ops
+        from ..ops.mamba3_siso import ordered_dt_softplus, ordered_mamba3_siso_combined, ordered_mamba3_siso_fwd
+
+        Bsz, L, _ = u.shape
+        H, P, G, N, S = self.nheads, self.headdim, self.num_bc_heads, self.d_state, self.num_rope_angles
+        zxbcdt = ops.ordered_linear(u, self.in_proj.weight, None)
+        z, x, Bm, C, dd_dt, dd_A, trap, angles = torch.split(
+            zxbcdt, [self.d_inner, self.d_inner, G * N, G * N, H, H, H, S], dim=-1)
+        A = torch.clamp(-torch.nn.functional.softplus(dd_A.to(torch.float32)), max=-self.A_floor)
+        DT = ordered_dt_softplus(dd_dt, self.dt_bias)
+        ADT = (A * DT).transpose(1, 2)
+        DT = DT.transpose(1, 2)
+        Bm = ops.ordered_gated_rmsnorm(Bm.reshape(Bsz, L * G, N), self.B_norm.weight, None, eps=self.B_norm.eps,
+                                       group_size=N, norm_before_gate=True, chunk_size=self.chunk_size)
+        C = ops.ordered_gated_rmsnorm(C.reshape(Bsz, L * G, N), self.C_norm.weight, None, eps=self.C_norm.eps,
+                                      group_size=N, norm_before_gate=True, chunk_size=self.chunk_size)
+        args = (C.reshape(Bsz, L, G, N), Bm.reshape(Bsz, L, G, N), x.reshape(Bsz, L, H, P), ADT, DT,
+                trap.transpose(1, 2), self.C_bias[:, 0], self.B_bias[:, 0],
+                angles.unsqueeze(-2).expand(Bsz, L, H, S).to(torch.float32), self.D)
+        gate = None if self.is_outproj_norm else z.reshape(Bsz, L, H, P)
+        y = ordered_mamba3_siso_combined(*args, gate, self.chunk_size, literal=self.literal)
+        if cache is not None:
+            with torch.no_grad():
+                casts = [t.detach().to(torch.bfloat16).contiguous() if i in (0, 1, 2, 5, 8) else t.detach().contiguous()
+                         for i, t in enumerate(args)]
+                res = ordered_mamba3_siso_fwd(*casts, None if gate is None else gate.detach().to(torch.bfloat16)
+                                              .contiguous(), chunk_size=self.chunk_size, store_for_backward=False,
+                                              return_final_states=True)
+            cache[0].copy_(res["final_angle"])
+            cache[1].copy_(res["final_ssm"])
+            cache[2].copy_(res["final_k"][:, None])
+            cache[3].copy_(res["final_v"])
+        y = y.reshape(Bsz, L, self.d_inner)
+        if self.is_outproj_norm:
+            y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.headdim,
+                                          norm_before_gate=True, chunk_size=self.chunk_size)
+        return ops.ordered_linear(y.to(x.dtype), self.out_proj.weight, None)
+
     # ------------------------------------------------------------------ decoding
     def step(self, u, angle_state, ssm_state, k_state, v_state, **kwargs):
         """One decoding step (``Mamba3.step``): ``u`` [B, d_model] (or [B, 1, d_model]) -> ``(out, angle_state,
         ssm_state, k_state, v_state)``, ``out`` of ``u``'s shape, the four states updated in place and returned.
 
         States as :meth:`allocate_inference_cache` makes them. Computed by
-        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (upstream's CuTe-DSL step kernel is not used);
-        runs without autograd. A step continues the forward over the same tokens: a prefill of ``L`` tokens then
+        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (in fp32 on CUDA; upstream's CuTe-DSL step kernel
+        is not used); runs without autograd. A step continues the forward over the same tokens: a prefill of ``L`` tokens then
         steps gives the outputs of one forward over all of them (up to rounding). Bitwise repeatable: the step
         has no sum across examples.
 
         Raises:
             TypeError / ValueError (naming the argument): ``u`` not [B, d_model] / [B, 1, d_model] of the layer's
-            dtype and device; a state of another shape or device; NotImplementedError on the CUDA path.
+            dtype and device; a state of another shape or device.
         """
         _checks.check_tensor("u", u)
         if u.dim() not in (2, 3) or (u.dim() == 3 and u.shape[1] != 1):
             raise ValueError(f"u: expected [B, d_model] or [B, 1, d_model] (one token per example), got "
                              f"{tuple(u.shape)}")
         u3 = u if u.dim() == 3 else u[:, None]
-        self._check_input(u3)
+        backend = self._check_input(u3)
         self._check_cache((angle_state, ssm_state, k_state, v_state), u3.shape[0], u3.device)
+        cd = u.dtype if backend == "reference" else torch.float32  # the CUDA step: the reference's math in fp32
         with torch.no_grad():
-            states = Mamba3States(angle_state.to(u.dtype), ssm_state.to(u.dtype), k_state[:, 0].to(u.dtype),
-                                  v_state.to(u.dtype))
-            out, nxt = reference_mamba3_step(u3[:, 0], self._reference_params(u.dtype), self.dims, states)
+            states = Mamba3States(angle_state.to(cd), ssm_state.to(cd), k_state[:, 0].to(cd), v_state.to(cd))
+            out, nxt = reference_mamba3_step(u3[:, 0].to(cd), self._reference_params(cd), self.dims, states)
+            out = out.to(u.dtype)
             angle_state.copy_(nxt.angle)
             ssm_state.copy_(nxt.ssm)
             k_state.copy_(nxt.k[:, None])

@@ -327,7 +327,7 @@ def test_refusals_name_the_argument():
     with pytest.raises(ValueError, match="one token"):
         layer.step(u, *cache)
     layer.backend = "cuda"
-    with pytest.raises(NotImplementedError, match="CUDA path"):
+    with pytest.raises(ValueError, match="CUDA tensor"):
         layer(u)
     layer.backend = "fast"
     with pytest.raises(ValueError, match="backend"):

@@ -1,0 +1,85 @@
+"""What the Mamba-3 launchers need of Triton's runtime, kept local: :func:`import_kernels` (upstream's modules
+imported once, the allocator their import sets put back) and :func:`allocator` (one set around each launch). See
+:mod:`csrc_bindings.mamba3`. Imports nothing native."""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+__all__ = ["UPSTREAM", "import_kernels", "allocator"]
+
+#: the upstream modules mirrored here
+UPSTREAM = ("mamba_ssm.ops.triton.mamba3.angle_dt", "mamba_ssm.ops.triton.mamba3.mamba3_siso_fwd",
+            "mamba_ssm.ops.triton.mamba3.mamba3_siso_bwd")
+
+_lock = threading.Lock()
+_imported = False
+
+
+def _allocation():
+    from triton.runtime import _allocation  # triton >= 3.2: the allocator lives here
+    return _allocation
+
+
+def _torch_alloc(size: int, alignment: int, stream):
+    """Triton's runtime memory (TMA descriptors, scratch) as a torch CUDA buffer on the current device."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+@contextlib.contextmanager
+def _kept_allocator():
+    """Put Triton's allocator back as it was after the block (a ``ContextVar`` or a module attribute)."""
+    alloc = _allocation()
+    var = alloc._allocator
+    if hasattr(var, "get") and hasattr(var, "set"):  # ContextVar
+        before = var.get()
+        try:
+            yield
+        finally:
+            alloc._allocator.set(before)
+    else:
+        try:
+            yield
+        finally:
+            alloc._allocator = var
+
+
+def import_kernels() -> None:
+    """Import upstream's three Mamba-3 SISO kernel modules once, undoing the allocator their import sets.
+
+    Raises:
+        ImportError: mamba-ssm or triton missing (the message gives the install command, as every launcher's).
+    """
+    global _imported
+    if _imported:
+        return
+    from .._native import _import_extra
+    with _lock:
+        if _imported:
+            return
+        _import_extra("triton", "triton")
+        with _kept_allocator():
+            for name in UPSTREAM:
+                _import_extra(name, "mamba-ssm")
+        _imported = True
+
+
+@contextlib.contextmanager
+def allocator():
+    """Triton's allocator set to :func:`_torch_alloc` for the block only (the kernels' TMA descriptors need one)."""
+    alloc = _allocation()
+    var = alloc._allocator
+    if hasattr(var, "set") and hasattr(var, "reset"):
+        token = var.set(_torch_alloc)
+        try:
+            yield
+        finally:
+            var.reset(token)
+    else:
+        alloc._allocator = _torch_alloc
+        try:
+            yield
+        finally:
+            alloc._allocator = var

@@ -1,0 +1,116 @@
+"""Launchers for the rotary-angle cumsum of Mamba-3 (``angle_dt_fwd_kernel``, ``angle_dt_bwd_kernel``): the mirror
+of ``mamba_ssm/ops/triton/mamba3/angle_dt.py``.
+
+Forward: ``theta[b, t, h] = (sum_{s <= t} pi tanh(angle[b, s, h]) dt[b, h, s]) mod 2 pi``, chunk by chunk (a running
+state per ``(b, h)`` program). Backward: the reverse cumsum. One program per ``(head, example)``: no sum across
+examples or programs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._configs import launch_config
+from .._native import launch
+from .._spec import KernelSpec
+from .._util import check_shape, next_pow2
+from ._runtime import allocator, import_kernels
+
+MODULE = "mamba_ssm.ops.triton.mamba3.angle_dt"
+_CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
+
+
+def _launch(spec, grid, args, ref, config):
+    import_kernels()
+    cfg = launch_config(spec, args, ref, config)
+    with allocator():
+        launch(spec, grid, args, cfg, ref)
+
+
+def launch_angle_dt_fwd(angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, return_output_state: bool = False,
+                        config=None):
+    """``(theta [B, L, H, S], final [B, H, S] or None)``: the cumulative rotary angles in ``[0, 2 pi)``, in
+    ``angle``'s dtype as upstream (bf16 in the layer: upstream's wrapper casts the angles to bf16).
+    Source: ``angle_dt_fwd_kernel`` (no initial state, not varlen).
+
+    Args:
+        angle: [B, L, H, S] (before the tanh; contiguous). dt: [B, H, L] fp32. chunk_size: the layer's.
+        return_output_state: also return the angle after the last position (the decoding cache's angle state).
+        config: explicit ``{"num_warps": .., "num_stages": ..}`` or None (pinned).
+    Raises:
+        ValueError: ``dt`` not of shape [B, H, L].
+    """
+    batch, seqlen, nheads, dim = angle.shape
+    check_shape("dt", dt, (batch, nheads, seqlen), "[B, H, L]")
+    out = torch.empty(angle.shape, device=angle.device, dtype=angle.dtype)
+    state = torch.empty(batch, nheads, dim, device=angle.device, dtype=angle.dtype) if return_output_state else None
+    so = state.stride() if state is not None else (0, 0, 0)
+    args = dict(OUT=out, OUTPUT_STATE=state if state is not None else out, ANGLE=angle, DT=dt, INIT_STATE=angle,
+                CU_SEQLENS=angle,
+                stride_out_batch=out.stride(0), stride_out_seq=out.stride(1), stride_out_head=out.stride(2),
+                stride_out_dim=out.stride(3), stride_output_state_seq=so[0], stride_output_state_head=so[1],
+                stride_output_state_dim=so[2], stride_angle_batch=angle.stride(0), stride_angle_seq=angle.stride(1),
+                stride_angle_head=angle.stride(2), stride_angle_dim=angle.stride(3), stride_dt_batch=dt.stride(0),
+                stride_dt_head=dt.stride(1), stride_dt_seq=dt.stride(2), stride_init_seq=0, stride_init_head=0,
+                stride_init_dim=0, stride_cu_seqlen=0, seqlen=seqlen, dim=dim, CHUNK_SIZE=chunk_size,
+                BLOCK_D=next_pow2(dim), HAS_INIT_STATE=False, RETURN_OUTPUT_STATE=bool(return_output_state),
+                IS_VARLEN=False)
+    _launch(ANGLE_DT_FWD, (nheads, batch), args, angle, config)
+    return out, state
+
+
+ANGLE_DT_FWD = KernelSpec(
+    name="mamba3_angle_dt_fwd", module=MODULE, attr="angle_dt_fwd_kernel",
+    arg_names=("OUT OUTPUT_STATE ANGLE DT INIT_STATE CU_SEQLENS stride_out_batch stride_out_seq stride_out_head "
+               "stride_out_dim stride_output_state_seq stride_output_state_head stride_output_state_dim "
+               "stride_angle_batch stride_angle_seq stride_angle_head stride_angle_dim stride_dt_batch stride_dt_head "
+               "stride_dt_seq stride_init_seq stride_init_head stride_init_dim stride_cu_seqlen seqlen dim CHUNK_SIZE "
+               "BLOCK_D HAS_INIT_STATE RETURN_OUTPUT_STATE IS_VARLEN"),
+    autotune_key=("CHUNK_SIZE", "BLOCK_D", "HAS_INIT_STATE", "RETURN_OUTPUT_STATE", "IS_VARLEN"),
+    candidates=_CANDIDATES,
+)
+
+
+def launch_angle_dt_bwd(grad_theta: torch.Tensor, angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, *,
+                        config=None):
+    """``(d_angle [B, L, H, S] (angle's dtype), d_dt [B, H, L] fp32)`` from the gradient of ``theta``.
+    Source: ``angle_dt_bwd_kernel`` (no initial state, no gradient of the final angle, not varlen).
+
+    Raises:
+        ValueError: ``grad_theta`` not of ``angle``'s shape, ``dt`` not [B, H, L].
+    """
+    batch, seqlen, nheads, dim = angle.shape
+    check_shape("grad_theta", grad_theta, angle.shape, "the shape of angle")
+    check_shape("dt", dt, (batch, nheads, seqlen), "[B, H, L]")
+    d_angle = torch.empty_like(angle, memory_format=torch.contiguous_format)
+    d_dt = torch.empty(dt.shape, device=dt.device, dtype=dt.dtype)
+    args = dict(GRAD_ANGLE=d_angle, GRAD_DT=d_dt, GRAD_INIT_STATE=d_angle, GRAD_OUT=grad_theta,
+                GRAD_OUTPUT_STATE=d_angle, ANGLE=angle, DT=dt, CU_SEQLENS=angle,
+                stride_grad_angle_batch=d_angle.stride(0), stride_grad_angle_seq=d_angle.stride(1),
+                stride_grad_angle_head=d_angle.stride(2), stride_grad_angle_dim=d_angle.stride(3),
+                stride_grad_dt_batch=d_dt.stride(0), stride_grad_dt_head=d_dt.stride(1),
+                stride_grad_dt_seq=d_dt.stride(2), stride_grad_init_seq=0, stride_grad_init_head=0,
+                stride_grad_init_dim=0, stride_grad_out_batch=grad_theta.stride(0),
+                stride_grad_out_seq=grad_theta.stride(1), stride_grad_out_head=grad_theta.stride(2),
+                stride_grad_out_dim=grad_theta.stride(3), stride_grad_output_state_seq=0,
+                stride_grad_output_state_head=0, stride_grad_output_state_dim=0, stride_angle_batch=angle.stride(0),
+                stride_angle_seq=angle.stride(1), stride_angle_head=angle.stride(2), stride_angle_dim=angle.stride(3),
+                stride_dt_batch=dt.stride(0), stride_dt_head=dt.stride(1), stride_dt_seq=dt.stride(2),
+                stride_cu_seqlen=0, seqlen=seqlen, dim=dim, CHUNK_SIZE=chunk_size, BLOCK_D=next_pow2(dim),
+                HAS_INIT_STATE=False, HAS_GRAD_OUTPUT_STATE=False, IS_VARLEN=False)
+    _launch(ANGLE_DT_BWD, (nheads, batch), args, angle, config)
+    return d_angle, d_dt
+
+
+ANGLE_DT_BWD = KernelSpec(
+    name="mamba3_angle_dt_bwd", module=MODULE, attr="angle_dt_bwd_kernel",
+    arg_names=("GRAD_ANGLE GRAD_DT GRAD_INIT_STATE GRAD_OUT GRAD_OUTPUT_STATE ANGLE DT CU_SEQLENS "
+               "stride_grad_angle_batch stride_grad_angle_seq stride_grad_angle_head stride_grad_angle_dim "
+               "stride_grad_dt_batch stride_grad_dt_head stride_grad_dt_seq stride_grad_init_seq "
+               "stride_grad_init_head stride_grad_init_dim stride_grad_out_batch stride_grad_out_seq "
+               "stride_grad_out_head stride_grad_out_dim stride_grad_output_state_seq stride_grad_output_state_head "
+               "stride_grad_output_state_dim stride_angle_batch stride_angle_seq stride_angle_head stride_angle_dim "
+               "stride_dt_batch stride_dt_head stride_dt_seq stride_cu_seqlen seqlen dim CHUNK_SIZE BLOCK_D "
+               "HAS_INIT_STATE HAS_GRAD_OUTPUT_STATE IS_VARLEN"),
+    autotune_key=("CHUNK_SIZE", "BLOCK_D", "HAS_INIT_STATE", "HAS_GRAD_OUTPUT_STATE", "IS_VARLEN"),
+    candidates=_CANDIDATES,
+)
