@@ -9,12 +9,17 @@ tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    stream order: the optimizer step that follows cannot change what was snapshotted);
 2. on CUDA a side stream copies the snapshot into pinned host memory (the copy engine, beside the next step's
    kernels) and records an event;
-3. a thread pool waits for that event and hashes each tensor's bytes (``hashlib`` releases the GIL), while the
-   training thread goes on.
+3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, one tensor per
+   task (``hashlib`` releases the GIL, so a submission's tensors are hashed in parallel), while the training thread
+   goes on.
 
-At most ``depth`` steps are in flight (a further :meth:`submit` waits for the oldest); :meth:`StepDigests.result`
-of a step blocks until its digests are done. Memory: ``depth`` snapshots of the submitted bytes on the device
-and as many pinned host buffers (reused).
+With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
+(``torch.linalg.vector_norm(..., dtype=torch.float64)`` of the snapshot, in stream order, copied to the host with
+it), on the CPU in the hashing threads. Either way a device gives the same norm for the same bits in every run.
+
+At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
+:meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
+submitted bytes on the device and as many pinned host buffers (reused).
 """
 from __future__ import annotations
 
@@ -58,8 +63,8 @@ class StepDigests:
 
     Args:
         device: the device the tensors live on (cpu or cuda).
-        depth: how many submissions may be in flight at once (>= 1).
-        threads: hashing threads.
+        depth: how many submissions may be in flight at once (>= 1; the check submits two per step).
+        threads: hashing threads (shared by the submissions in flight).
 
     Use::
 
@@ -74,14 +79,16 @@ class StepDigests:
     a tensor nor None, ``ValueError`` for a tensor on another device.
     """
 
-    def __init__(self, device: torch.device, depth: int = 2, threads: int = 4):
+    def __init__(self, device: torch.device, depth: int = 4, threads: int = 4):
         if depth < 1 or threads < 1:
             raise ValueError(f"depth, threads: expected >= 1, got {depth}, {threads}")
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self._slots = [_Slot() for _ in range(depth)]
         self._next = 0
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ordered-ssd-digest")
+        # one coordinating thread per submission in flight, and the pool that hashes their tensors
+        self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="ordered-ssd-digest")
+        self._hashers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ordered-ssd-sha256")
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._keys: Dict[int, Future] = {}
         self._count = 0
@@ -118,27 +125,44 @@ class StepDigests:
                              else slot.device_buf)
         if views:
             torch.cat(views, out=slot.device_buf[:offset])  # the snapshot, in the current stream's order
+        device_norms = host_norms = None
+        floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
+        if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
+            snap = slot.device_buf
+            device_norms = torch.stack([torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64)
+                                        for _, off, n, dt in floating])
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
             with torch.cuda.stream(self._stream):
                 slot.host_buf[:offset].copy_(slot.device_buf[:offset], non_blocking=True)
+                if device_norms is not None:
+                    host_norms = torch.empty(device_norms.shape, dtype=torch.float64, pin_memory=True)
+                    host_norms.copy_(device_norms, non_blocking=True)
+                    device_norms.record_stream(self._stream)
                 slot.event = torch.cuda.Event()
                 slot.event.record(self._stream)
             slot.device_buf.record_stream(self._stream)
         host, event = slot.host_buf, slot.event
         base = host.data_ptr() if offset else 0
 
-        def norm(off: int, n: int, dtype) -> str:
-            if off < 0 or not dtype.is_floating_point:
-                return "none"
+        def host_norm(off: int, n: int, dtype) -> str:
             return float(host[off:off + n].view(dtype).double().norm()).hex()
 
         def work() -> StepResult:
             if event is not None:
                 event.synchronize()
-            sha = {name: ("none" if off < 0 else _sha256_at(base + off, n)) for name, off, n, _ in layout}
-            return StepResult(sha, {name: norm(off, n, dt) for name, off, n, dt in layout} if norms else {})
+            tasks = [self._hashers.submit(_sha256_at, base + off, n) for _, off, n, _ in layout if off >= 0]
+            if norms and not self._cuda:
+                norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
+            hashes = iter([t.result() for t in tasks])
+            sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout}
+            if not norms:
+                return StepResult(sha, {})
+            values = ([float(v).hex() for v in host_norms.tolist()] if host_norms is not None
+                      else [t.result() for t in norm_tasks] if not self._cuda else [])
+            by_index = {i: v for (i, _, _, _), v in zip(floating, values)}
+            return StepResult(sha, {name: by_index.get(i, "none") for i, (name, _, _, _) in enumerate(layout)})
 
         slot.future = self._pool.submit(work)
         key = self._count
@@ -158,6 +182,7 @@ class StepDigests:
         for f in list(self._keys.values()):
             f.result()
         self._pool.shutdown(wait=True)
+        self._hashers.shutdown(wait=True)
 
     def __enter__(self) -> "StepDigests":
         return self

@@ -20,3 +20,20 @@ def test_cuda_digests_overlap_and_match():
                 if v is not None and v.numel():
                     v.mul_(3).add_(1)
         assert [r.sha256 for r in digests.results(keys)] == expected
+
+
+def test_cuda_norms_are_the_device_float64_norms_at_submit():
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(3)
+    ts = {"w": torch.randn(64, 33, generator=g).to(dev), "b": torch.randn(7, generator=g).to(dev, torch.bfloat16),
+          "none": None, "ints": torch.arange(5, device=dev)}
+    with StepDigests(dev) as digests:
+        keys, expected = [], []
+        for _ in range(3):
+            keys.append(digests.submit(ts, norms=True))
+            expected.append({k: "none" if v is None or not v.is_floating_point() else
+                             float(torch.linalg.vector_norm(v, dtype=torch.float64)).hex() for k, v in ts.items()})
+            ts["w"].mul_(2)
+            ts["b"].add_(1)
+        got = [r.norms for r in digests.results(keys)]
+    assert got == expected and len({d["w"] for d in got}) == 3
