@@ -129,7 +129,7 @@ def test_accuracy_within_twice_natives_error_of_the_fp64_reference():
     results = {}
     for label, layer, dtype in (("native", native, torch.float32), ("ours", ours, torch.float32),
                                 ("oracle", oracle, torch.float64)):
-        x = u.to(dtype).requires_grad_(True)
+        x = u.detach().to(dtype).clone().requires_grad_(True)
         out = layer(x)
         out.backward(dout.to(dtype))
         results[label] = {"out": out.detach(), "u": x.grad} | {n: p.grad for n, p in layer.named_parameters()}
