@@ -7,7 +7,8 @@
 * :mod:`ordered_ssd.apps.files` / :mod:`ordered_ssd.apps.errors`: what the applications share (atomic writes,
   the output directory, argparse types; the one-line user-facing error and its exit status).
 
-From the library they use only public names: :class:`ordered_ssd.OrderedMamba2`, :mod:`ordered_ssd.digest`,
+From the library they use only public names: :class:`ordered_ssd.OrderedMamba2`,
+:class:`ordered_ssd.modules.mamba3.OrderedMamba3` (``check --layer mamba3``), :mod:`ordered_ssd.digest`,
 :mod:`ordered_ssd.fingerprint`, :mod:`ordered_ssd.distributed`, :func:`ordered_ssd.modules.cuda_path_available`
 and ``csrc_bindings``.
 """

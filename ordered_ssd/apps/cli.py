@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validate each run on at most this many windows of the held-out split, spread evenly "
                             "over it (default: 256)")
     check.add_argument("--d-model", type=positive_int, default=None, help="model width" + _per_device("d_model"))
-    check.add_argument("--n-layers", type=positive_int, default=None, help="Mamba-2 blocks" + _per_device("n_layers"))
+    check.add_argument("--n-layers", type=positive_int, default=None, help="Mamba blocks" + _per_device("n_layers"))
     check.add_argument("--d-state", type=positive_int, default=None, help="SSM state size" + _per_device("d_state"))
     check.add_argument("--headdim", type=positive_int, default=None,
                        help="head dimension, a divisor of 2 * d_model" + _per_device("headdim"))
@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="B/C groups, a divisor of the heads (default: 1)")
     check.add_argument("--chunk-size", type=positive_int, default=None,
                        help="SSD chunk length" + _per_device("chunk_size"))
+    check.add_argument("--layer", choices=("mamba2", "mamba3"), default="mamba2",
+                       help="the mixer of every block: mamba2 (OrderedMamba2) or mamba3 (OrderedMamba3, Mamba-3 "
+                            "single-input single-output, on its pure-PyTorch reference path: the CPU only for now, "
+                            "which --device auto picks; --d-state at least 4) (default: mamba2)")
     check.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate" + _per_device("lr"))
     check.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the batches (default: 0)")
     check.add_argument("--hf-config", default=None, metavar="PATH",
@@ -60,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "if it has any); its Mamba-2 mixers are converted with convert_to_ordered; the vocabulary "
                             "must hold the 256 bytes (needs ordered-ssd[hf]; see docs/check.md; default: off)")
     check.add_argument("--native", action="store_true",
-                       help="also train twice with mamba-ssm's Mamba2 (GPU only) as a control (default: off)")
+                       help="also train twice with mamba-ssm's Mamba2 (Mamba3 with --layer mamba3; GPU only) as a "
+                            "control (default: off)")
     check.add_argument("--nproc", type=positive_int, default=None,
                        help="data-parallel: launch every run through torchrun with N processes (gloo on the CPU, nccl "
                             "with one GPU per rank), DistributedDataParallel with the ordered gradient hook; rank r "

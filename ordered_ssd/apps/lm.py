@@ -1,7 +1,8 @@
-"""A small byte-level Mamba-2 language model and its data, for the ``ordered-ssd check`` main job.
+"""A small byte-level Mamba-2 (or Mamba-3) language model and its data, for the ``ordered-ssd check`` main job.
 
 Model: token embedding (256 bytes) -> ``n_layers`` x [RMSNorm -> mixer, residual] -> RMSNorm -> tied head.
-The mixer is :class:`ordered_ssd.OrderedMamba2` or, as a control, mamba-ssm's ``Mamba2`` (same constructor).
+The mixer is :class:`ordered_ssd.OrderedMamba2` or, as a control, mamba-ssm's ``Mamba2`` (same constructor); with
+``ModelConfig.layer = "mamba3"``, :class:`ordered_ssd.modules.mamba3.OrderedMamba3` or mamba-ssm's ``Mamba3``.
 The embedding lookup and the tied head are matmuls with a one-hot matrix / the embedding matrix, and the
 loss is a plain log-softmax sum: no scatter/index-add kernels whose backward might use atomics.
 
@@ -41,6 +42,8 @@ class ModelConfig:
     ngroups: int = 1
     chunk_size: int = 32
     expand: int = 2
+    #: the mixer's kind: ``"mamba2"`` or ``"mamba3"`` (a spec's ``model`` names it only when it is not mamba2)
+    layer: str = "mamba2"
 
     def mixer_kwargs(self) -> dict:
         return dict(d_model=self.d_model, d_state=self.d_state, headdim=self.headdim, ngroups=self.ngroups,

@@ -16,8 +16,22 @@ The estimate (bytes, fp32) of one training process, documented in docs/check.md 
 Fitted on the CPU path (torch 2.13, 2 cores): between 0.6 and 1.25 times the measured growth of a process's peak
 memory (``ru_maxrss``) over two training steps, for d_state 16..100000, d_model 64..512, 1..4 layers, 1..16 rows,
 seq_len 128..1024, chunk_size 32..128; not counted: the interpreter and torch themselves (about 0.1 GiB more there).
-On CUDA (the fused kernels) the formula is not measured. A ``--hf-config`` model counts
-``16 * n_params`` and its logits (``48 T vocab_size`` bytes) only: a lower bound.
+On CUDA (the fused kernels) the formula is not measured.
+
+With ``--layer mamba3`` (``OrderedMamba3`` on its pure-PyTorch reference path, CPU only) the parameters are counted
+exactly (:func:`mamba3_layer_params`) but the activation formula is adapted, not fitted: ``K = 2 E + 2 G N + 3 H +
+S`` with ``S`` the rotary angles here (not the scan term above), ``Q = chunk_size``, ``C = ceil(seq_len / Q)``
+chunks, ``Lp = C Q``;
+``forward = T * (4 n_layers d + 12 V) + T * (K + 2 G N + 6 H N + 5 H S + 4 E) + 5 rows Q^2 H`` (every layer keeps
+only its input, as its autograd function saves ``u``; one layer's graph-free forward, one chunk's ``[Q, Q, H]``
+decays and scores at a time) and ``backward = T * (4 n_layers d + 12 V) + seq_len * (2 K + 4 G N + 8 H N + 5 H S +
+6 E) + 10 Lp Q H + 3 C E N`` (the saved inputs and logits stay alive while one layer is recomputed for one example,
+with a graph over every chunk). Checked once against ``ru_maxrss`` (torch 2.13, 2 cores; d_model 64..256, d_state
+16..1000, chunk_size 32..256, seq_len 256..1024): 0.65 to 0.9 times the growth over two steps, that growth holding
+about 90 MiB that does not depend on the model (the Mamba-2 formula gives 0.57 there at d_model 128, d_state 64, 8
+rows of 512 bytes).
+
+A ``--hf-config`` model counts ``16 * n_params`` and its logits (``48 T vocab_size`` bytes) only: a lower bound.
 
 ``processes`` runs train at once (``--nproc`` ranks, a split's ranks); on the CPU they share the host's memory, on
 CUDA each rank has its own GPU.
@@ -31,6 +45,7 @@ import torch
 
 from ..lm import VOCAB, DataError
 from .errors import plural
+from .spec import DEFAULT_LAYER, layer_of, rope_angles
 
 GIB = float(2 ** 30)
 
@@ -38,6 +53,8 @@ GIB = float(2 ** 30)
 def _size(n: float) -> str:
     """``1.25 GiB``, or ``12.3 MiB`` below 1 GiB."""
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
 #: cgroup v2's limit and usage of this process's group (containers), read where present
 CGROUP_MAX, CGROUP_CURRENT = "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"
 
@@ -46,14 +63,29 @@ def byte_lm_params(model: dict) -> int:
     """The number of parameters of the byte-level LM of ``model`` (the spec's shape), without building it: the tied
     embedding ``256 d``, per layer an RMSNorm ``d`` and an ``OrderedMamba2`` (``in_proj`` ``K d``, ``conv1d``
     ``5 C`` with ``C = E + 2 G N`` and width 4, ``dt_bias``, ``A_log``, ``D`` ``H`` each, the gated norm ``E``,
-    ``out_proj`` ``d E``), the final RMSNorm ``d``."""
+    ``out_proj`` ``d E``), the final RMSNorm ``d``. With ``layer`` ``mamba3`` each layer's mixer is an
+    ``OrderedMamba3`` instead (:func:`mamba3_layer_params`)."""
     d, n, g = model["d_model"], model["d_state"], model["ngroups"]
     e = model.get("expand", 2) * d
     h = e // model["headdim"]
+    if layer_of(model) == "mamba3":
+        return VOCAB * d + model["n_layers"] * (d + mamba3_layer_params(model)) + d
     k = 2 * e + 2 * g * n + h
     conv = e + 2 * g * n
     layer = d + k * d + 5 * conv + 3 * h + e + d * e
     return VOCAB * d + model["n_layers"] * layer + d
+
+
+def mamba3_layer_params(model: dict) -> int:
+    """The parameters of one ``OrderedMamba3`` of the check (``rope_fraction`` 0.5, no out-projection norm):
+    ``in_proj`` ``(2 E + 2 G N + 3 H + S) d`` with ``S`` rotary angles (:func:`.spec.rope_angles`), ``dt_bias`` and
+    ``D`` ``H`` each, ``B_bias`` and ``C_bias`` ``H N`` each, ``B_norm`` and ``C_norm`` ``N`` each, ``out_proj``
+    ``d E``; no convolution."""
+    d, n, g = model["d_model"], model["d_state"], model["ngroups"]
+    e = model.get("expand", 2) * d
+    h = e // model["headdim"]
+    k = 2 * e + 2 * g * n + 3 * h + rope_angles(n)
+    return k * d + 2 * h + 2 * h * n + 2 * n + d * e
 
 
 def activation_bytes(spec: dict, rows: int) -> int:
@@ -64,6 +96,8 @@ def activation_bytes(spec: dict, rows: int) -> int:
     if hf is not None:
         return 4 * 12 * tokens * int(hf.get("vocab_size", VOCAB))
     m = spec["model"]
+    if layer_of(m) == "mamba3":
+        return _mamba3_activation_bytes(m, rows, seq)
     e = m.get("expand", 2) * m["d_model"]
     h = e // m["headdim"]
     n, q = m["d_state"], m["chunk_size"]
@@ -72,6 +106,24 @@ def activation_bytes(spec: dict, rows: int) -> int:
     scan = 4 * h * n + 2 * q * h
     forward = tokens * (4 * m["n_layers"] * k + 12 * VOCAB) + rows * padded * scan
     backward = seq * 4 * k + padded * (e * n + scan) + 12 * tokens * VOCAB
+    return 4 * max(forward, backward)
+
+
+def _mamba3_activation_bytes(m: dict, rows: int, seq: int) -> int:
+    """The activations of one step of the byte LM of Mamba-3 layers (the module docstring: not fitted)."""
+    d, n, g, q = m["d_model"], m["d_state"], m["ngroups"], m["chunk_size"]
+    e = m.get("expand", 2) * d
+    h = e // m["headdim"]
+    s = rope_angles(n)
+    k = 2 * e + 2 * g * n + 3 * h + s
+    tokens = rows * seq
+    chunks = -(-seq // q)
+    padded = chunks * q
+    saved = tokens * (4 * m["n_layers"] * d + 12 * VOCAB)  # every layer's saved inputs, the logits and the loss
+    layer = k + 2 * g * n + 6 * h * n + 5 * h * s + 4 * e  # one layer's forward (no graph) per token
+    forward = saved + tokens * layer + 5 * rows * q * q * h
+    backward = saved + seq * (2 * k + 4 * g * n + 8 * h * n + 5 * h * s + 6 * e) + 10 * padded * q * h \
+        + 3 * chunks * e * n
     return 4 * max(forward, backward)
 
 
@@ -146,6 +198,8 @@ def _size_flags(spec: dict, rows: int, processes: int) -> str:
         m = spec["model"]
         flags = [f"--{k.replace('_', '-')} {m[k]}" for k in ("d_model", "n_layers", "d_state", "headdim", "ngroups",
                                                               "chunk_size")]
+        if layer_of(m) != DEFAULT_LAYER:
+            flags.append(f"--layer {layer_of(m)}")
     flags += [f"--batch {spec['batch']}", f"--seq-len {spec['seq_len']}"]
     if processes > 1:
         flags.append(f"({plural(processes, 'process', 'processes')} of {plural(rows, 'row')})")

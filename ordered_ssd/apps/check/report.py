@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from ..files import atomic_write_json
 from .errors import plural, writing
 from .plot import differences, plot, plot_data
+from .spec import DEFAULT_LAYER, layer_name, layer_of
 
 
 def load_record(path: str) -> dict:
@@ -257,6 +258,8 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     n_steps = len(runs["a"]["steps"])
     hf = spec.get("hf")
     model = "" if hf is None else f"{hf['model_type']} ({hf['architecture']}), "
+    if hf is None and layer_of(spec.get("model") or {}) != DEFAULT_LAYER:  # a mamba2 run's line is as it was
+        model = f"byte-level {layer_name(spec['model'])} LM, "
     if diverged is not None:
         verdict = diverged_verdict(diverged)
         print_fn(f"verdict: {verdict}: {_describe_divergence(diverged, spec.get('lr'))}; the digests of a, b and c "
@@ -291,15 +294,26 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
         for lab, rec in runs.items():
             summary["runs"][lab].update({k: rec[k] for k in ("rank_s_per_step", "ranks_agree", "ranks_disagreeing",
                                                              "world_size")})
-    write_report(out_dir, summary, runs, print_fn)
+    write_report(out_dir, summary, runs, print_fn, command=check_command(spec))
     return ok
 
 
+def check_command(spec: dict, *flags: str) -> str:
+    """The command the plot's title names: ``ordered-ssd check`` and ``flags``, with ``--layer mamba3`` for a byte LM
+    of Mamba-3 layers (a mamba2 run's title is as it was)."""
+    model = spec.get("model") if spec.get("hf") is None else None
+    if model is not None and layer_of(model) != DEFAULT_LAYER:
+        flags += (f"--layer {layer_of(model)}",)
+    return " ".join(("ordered-ssd check",) + flags)
+
+
 def _model_summary(spec: dict) -> dict:
-    """What was trained: the byte LM's shape, or the Hugging Face model (type, architecture, config SHA-256)."""
+    """What was trained: the byte LM's shape and layer kind (``layer``: ``mamba2`` or ``mamba3``), or the Hugging
+    Face model (type, architecture, config SHA-256)."""
     hf = spec.get("hf")
     if hf is None:
-        return {"kind": "byte-lm", **(spec.get("model") or {})}
+        model = spec.get("model") or {}
+        return {"kind": "byte-lm", **model, "layer": layer_of(model)}
     return {"kind": "hf", **{k: hf[k] for k in ("model_type", "architecture", "source", "config_file",
                                                 "config_sha256", "weights_sha256", "attn_implementation",
                                                 "embedding", "transformers")}}

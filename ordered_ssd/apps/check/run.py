@@ -15,6 +15,7 @@ from .launch import Launcher
 from .memory import check_memory, device_available, n_params
 from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
 from .report import load_record, merge_restart, report
+from .spec import layer_name
 from .train import train_run
 
 DDP_BUCKET_CAP_MB = 25.0  # set explicitly; it changes DDP's bucket layout (speed), never the bits (elementwise fold)
@@ -130,7 +131,7 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         what = (f"Hugging Face model {describe(spec['hf'])}, its Mamba-2 mixers converted with convert_to_ordered, "
                 f"attention {spec['hf']['attn_implementation']},")
     else:
-        what = (f"byte-level Mamba-2 LM ({plural(spec['model']['n_layers'], 'layer')}, "
+        what = (f"byte-level {layer_name(spec['model'])} LM ({plural(spec['model']['n_layers'], 'layer')}, "
                 f"d_model {spec['model']['d_model']})")
     print_fn(f"ordered-ssd check: {count / 1e6:.2f}M-parameter {what} on {where}, "
              f"{plural(spec['steps'], 'step')} of {batch_desc} x {spec['seq_len']} bytes")

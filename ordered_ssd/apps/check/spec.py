@@ -16,11 +16,36 @@ DEFAULTS = {
 }
 
 
-def resolve_device(name: str) -> torch.device:
+#: the byte LM's layer kinds (``--layer``) and how the check names them; ``mamba2`` is the default, which a spec's
+#: ``model`` leaves unnamed (the specs, digests and resume checks of earlier runs stay as they were)
+LAYERS = {"mamba2": "Mamba-2", "mamba3": "Mamba-3"}
+DEFAULT_LAYER = "mamba2"
+
+
+def layer_of(model: dict) -> str:
+    """The layer kind of a spec's byte-LM ``model``: its ``layer``, or ``mamba2`` where it names none."""
+    return model.get("layer", DEFAULT_LAYER)
+
+
+def layer_name(model: dict) -> str:
+    """``Mamba-2`` or ``Mamba-3``: how the check's lines name the layers of a spec's byte-LM ``model``."""
+    return LAYERS[layer_of(model)]
+
+
+def rope_angles(d_state: int) -> int:
+    """The rotary angles of an ``OrderedMamba3`` of ``d_state`` (``rope_fraction`` 0.5, the check's):
+    ``d_state / 2`` rounded down to even, halved (the layer's ``num_rope_angles``)."""
+    split = d_state // 2
+    return (split - split % 2) // 2
+
+
+def resolve_device(name: str, layer: str = DEFAULT_LAYER) -> torch.device:
     """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else, a missing GPU, or a
-    GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions)."""
+    GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions; for ``layer``
+    ``mamba3`` any GPU: the check runs OrderedMamba3 on the CPU only until its CUDA path has been run on a GPU, and
+    ``auto`` is then the CPU)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() and layer != "mamba3" else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -29,6 +54,9 @@ def resolve_device(name: str) -> torch.device:
         raise DataError(f"--device: expected a device that is available here, got {name} (no CUDA device)")
     if device.type not in ("cpu", "cuda"):
         raise DataError(f"--device: expected cpu or cuda, got {name!r}")
+    if device.type == "cuda" and layer == "mamba3":  # ordered_ssd.ops.mamba3_siso: written, never run on a GPU yet
+        raise DataError(f"--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass "
+                        f"--device cpu (got --device {name})")
     if device.type == "cuda":
         from ...modules import cuda_path_available
 
@@ -42,28 +70,37 @@ def resolve_device(name: str) -> torch.device:
 def spec_from_args(args) -> dict:
     """The run spec of parsed ``ordered-ssd check`` arguments: the device's :data:`DEFAULTS` where an option is
     not given. Raises DataError (one line) for an impossible combination."""
-    device = resolve_device(args.device)
+    hf_config = getattr(args, "hf_config", None)
+    layer = getattr(args, "layer", DEFAULT_LAYER)
+    device = resolve_device(args.device, DEFAULT_LAYER if hf_config is not None else layer)
     defaults = DEFAULTS[device.type]
     pick = lambda value, key: defaults[key] if value is None else value  # noqa: E731
-    hf_config = getattr(args, "hf_config", None)
     if hf_config is not None:
         return _hf_spec_from_args(args, device, pick)
+    if layer not in LAYERS:
+        raise DataError(f"--layer: expected one of {', '.join(LAYERS)}, got {layer!r}")
     model = dict(d_model=pick(args.d_model, "d_model"), n_layers=pick(args.n_layers, "n_layers"),
                  d_state=pick(args.d_state, "d_state"), headdim=pick(args.headdim, "headdim"),
                  ngroups=args.ngroups, chunk_size=pick(args.chunk_size, "chunk_size"), expand=2)
+    if layer != DEFAULT_LAYER:  # named only when not the default: a mamba2 spec is the spec of earlier versions
+        model["layer"] = layer
     if (2 * model["d_model"]) % model["headdim"]:
         raise DataError(f"--headdim: expected a divisor of 2 * d_model = {2 * model['d_model']}, "
                         f"got {model['headdim']}")
     if ((2 * model["d_model"]) // model["headdim"]) % model["ngroups"]:
         raise DataError(f"--ngroups: expected a divisor of the number of heads "
                         f"{(2 * model['d_model']) // model['headdim']}, got {model['ngroups']}")
-    _check_data_native_nproc(args, device, pick)
+    if layer == "mamba3" and rope_angles(model["d_state"]) < 1:
+        raise DataError(f"--d-state: expected at least 4 with --layer mamba3 (Mamba-3 rotates d_state / 2 channels, "
+                        f"rounded down to even, in pairs: at least one rotary angle), got {model['d_state']}")
+    _check_data_native_nproc(args, device, pick, layer)
     return {**_run_fields(args, device, pick), "model": model}
 
 
 #: the byte LM's shape options, which --hf-config replaces (the config gives the model)
 MODEL_FLAGS = (("--d-model", "d_model", None), ("--n-layers", "n_layers", None), ("--d-state", "d_state", None),
-               ("--headdim", "headdim", None), ("--ngroups", "ngroups", 1), ("--chunk-size", "chunk_size", None))
+               ("--headdim", "headdim", None), ("--ngroups", "ngroups", 1), ("--chunk-size", "chunk_size", None),
+               ("--layer", "layer", DEFAULT_LAYER))
 
 
 def _hf_spec_from_args(args, device: torch.device, pick) -> dict:
@@ -99,14 +136,14 @@ def _run_fields(args, device: torch.device, pick) -> dict:
             "val_windows": VAL_WINDOWS if getattr(args, "val_windows", None) is None else args.val_windows}
 
 
-def _check_data_native_nproc(args, device: torch.device, pick) -> None:
+def _check_data_native_nproc(args, device: torch.device, pick, layer: str = DEFAULT_LAYER) -> None:
     """The checks of ``--data``, ``--native`` and ``--nproc`` shared by the byte LM and ``--hf-config``."""
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
                         f"directory)")
     if args.native and device.type != "cuda":
-        raise DataError(f"--native: the native Mamba2 control needs a CUDA device (and mamba-ssm), got --device "
-                        f"{device}")
+        raise DataError(f"--native: the native {LAYERS[layer].replace('-', '')} control needs a CUDA device (and "
+                        f"mamba-ssm), got --device {device}")
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
         batch = pick(args.batch, "batch")

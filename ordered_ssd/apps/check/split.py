@@ -24,9 +24,10 @@ from .errors import CheckError, plural, writing
 from .launch import Launcher, child_threads
 from .memory import n_params as count_params
 from .outdir import RUNS
-from .report import (_print_table, compare_runs, describe_comparison, diverged_verdict, first_nonfinite,
-                     load_record, write_report)
+from .report import (_model_summary, _print_table, check_command, compare_runs, describe_comparison,
+                     diverged_verdict, first_nonfinite, load_record, write_report)
 from .run import prepared_run
+from .spec import layer_name
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
 DEFAULT_SPLITS = {"cpu": [(1, 4), (2, 2), (4, 1)], "cuda": [(1, 2), (2, 1)]}
@@ -188,7 +189,8 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
     threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))
     runs_dir = os.path.join(out_dir, RUNS)
     n_params = count_params(spec)
-    print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level Mamba-2 LM "
+    print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level "
+             f"{layer_name(spec['model'])} LM "
              f"({plural(spec['model']['n_layers'], 'layer')}, d_model {spec['model']['d_model']}) on "
              f"{spec['device']}, {plural(spec['steps'], 'step')} of global batch {spec['batch']} x {spec['seq_len']} "
              f"bytes in blocks of {block}; "
@@ -321,7 +323,7 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         print_fn(f"verdict: {verdict}: the ranks of a run disagree")
     summary = {
         "verdict": verdict, "ok": ok, "split_invariant": invariant, "diverged": diverged, "mode": "split-invariance",
-        "spec": spec, "data_source": source,
+        "spec": spec, "data_source": source, "model": _model_summary(spec),
         "n_params": n_params, "stop_at": stop_at, "wall_s": wall, "threads": threads, "block": block,
         "accumulate": accumulate, "splits": [{"label": label(s), "ranks": s[0], "accum": s[1]} for s in splits],
         "reference": ref, "replay": {"split": label(replay), "stop_at": stop_at}, "ranks_agree": ranks_agree,
@@ -337,5 +339,5 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}
     for rec in runs.values():
         rec.setdefault("mixer", spec["mixer"])
-    write_report(out_dir, summary, runs, print_fn, command="ordered-ssd check --split-invariance")
+    write_report(out_dir, summary, runs, print_fn, command=check_command(spec, "--split-invariance"))
     return ok

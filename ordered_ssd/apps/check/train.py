@@ -2,6 +2,7 @@
 training loop that serves the 1-process run and every rank of a data-parallel run."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -51,33 +52,49 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------------------------- model
-def _mixer_class(kind: str):
+#: per layer kind of the byte LM (``--layer``): mamba-ssm's module and class of the native control
+NATIVE = {"mamba2": ("mamba_ssm.modules.mamba2", "Mamba2"), "mamba3": ("mamba_ssm.modules.mamba3", "Mamba3")}
+
+
+def _mixer_class(kind: str, layer: str = "mamba2"):
+    """The mixer class of the byte LM: ``kind`` ``"ordered"`` (:class:`ordered_ssd.OrderedMamba2`,
+    :class:`ordered_ssd.modules.mamba3.OrderedMamba3`) or ``"native"`` (mamba-ssm's ``Mamba2`` / ``Mamba3``), of
+    ``layer`` ``"mamba2"`` or ``"mamba3"``."""
+    if layer not in NATIVE:
+        raise ValueError(f"layer: expected one of {', '.join(NATIVE)}, got {layer!r}")
     if kind == "ordered":
+        if layer == "mamba3":
+            from ...modules.mamba3 import OrderedMamba3
+
+            return OrderedMamba3
         from ... import OrderedMamba2
 
         return OrderedMamba2
     if kind == "native":
+        module, name = NATIVE[layer]
         try:
-            from mamba_ssm.modules.mamba2 import Mamba2
+            native = getattr(importlib.import_module(module), name)
         except ImportError as e:
             from csrc_bindings import INSTALL_HINT
 
             raise CheckError(f"--native needs mamba-ssm ({e}); install it with: {INSTALL_HINT}") from None
-        return Mamba2
+        return native
     raise ValueError(f"mixer: expected 'ordered' or 'native', got {kind!r}")
 
 
 def build_model(spec: dict, device: torch.device):
-    """The model of ``spec`` (seeded with ``spec["seed"]``): the byte-level LM, or with ``spec["hf"]`` the Hugging
-    Face model (:func:`.hf.build_hf_model`); and its AdamW optimizer (weight decay off for 1-d and
-    ``_no_weight_decay`` parameters)."""
+    """The model of ``spec`` (seeded with ``spec["seed"]``): the byte-level LM (mixers of the kind ``spec["model"]``
+    names in ``layer``, mamba2 where it names none), or with ``spec["hf"]`` the Hugging Face model
+    (:func:`.hf.build_hf_model`); and its AdamW optimizer (weight decay off for 1-d and ``_no_weight_decay``
+    parameters)."""
     if spec.get("hf") is not None:
         from .hf import build_hf_model
 
         model = build_hf_model(spec, device)
     else:
         torch.manual_seed(spec["seed"])
-        model = ByteLM(ModelConfig(**spec["model"]), _mixer_class(spec["mixer"]), device=device)
+        cfg = ModelConfig(**spec["model"])
+        model = ByteLM(cfg, _mixer_class(spec["mixer"], cfg.layer), device=device)
     return model, make_optimizer(model, spec, no_decay_names(model))
 
 

@@ -2,7 +2,7 @@
 special files in ``--data``, a stale report; then every failure outside a verdict as one line with exit status 2:
 a huge ``--data-bytes``, ``--out`` holding entries of the wrong kind, a failed child run, a model too large for
 memory, the earlier run's results (kept when a run is refused, set aside whole when one starts), unreadable data, a
-read-only ``--out``."""
+read-only ``--out``, ``--layer mamba3`` where it cannot run."""
 import fcntl
 import json
 import os
@@ -479,7 +479,7 @@ def test_a_model_too_large_for_memory_is_refused_before_training(tmp_path, corpu
                                  + 32 * 64) + 32
     assert line.startswith("ordered-ssd check: error: --d-model 32 --n-layers 1 --d-state 1000000000 --headdim 16 "
                            "--ngroups 1 --chunk-size 16 --batch 2 --seq-len 24: expected a training that fits in the ")
-    assert (f"of memory available on the host (MemAvailable), got an estimated " in line
+    assert ("of memory available on the host (MemAvailable), got an estimated " in line
             and f"({params / 1e6:.2f}M parameters: {16 * params / 2 ** 30:.2f} GiB of parameters, gradients and AdamW "
                 f"states, " in line and line.endswith("choose a smaller model, --batch or --seq-len")), line
     assert _tree(out) == before  # the earlier run's verdict and files are untouched
@@ -487,7 +487,18 @@ def test_a_model_too_large_for_memory_is_refused_before_training(tmp_path, corpu
 
 @pytest.mark.parametrize("shape", [dict(d_model=64, n_layers=2, d_state=16, headdim=16, ngroups=1, chunk_size=32),
                                    dict(d_model=48, n_layers=3, d_state=40, headdim=8, ngroups=3, chunk_size=16),
-                                   dict(d_model=512, n_layers=8, d_state=64, headdim=64, ngroups=1, chunk_size=128)])
+                                   dict(d_model=512, n_layers=8, d_state=64, headdim=64, ngroups=1, chunk_size=128),
+                                   # Mamba-3 layers: d_state 4 and 7 give one rotary angle, 8 two, 40 ten, 64 sixteen
+                                   dict(d_model=64, n_layers=2, d_state=16, headdim=16, ngroups=1, chunk_size=32,
+                                        layer="mamba3"),
+                                   dict(d_model=48, n_layers=3, d_state=40, headdim=8, ngroups=3, chunk_size=16,
+                                        layer="mamba3"),
+                                   dict(d_model=32, n_layers=1, d_state=4, headdim=16, ngroups=2, chunk_size=16,
+                                        layer="mamba3"),
+                                   dict(d_model=32, n_layers=2, d_state=7, headdim=16, ngroups=1, chunk_size=16,
+                                        layer="mamba3"),
+                                   dict(d_model=512, n_layers=8, d_state=64, headdim=64, ngroups=1, chunk_size=128,
+                                        layer="mamba3")])
 def test_the_parameter_count_of_the_estimate_is_the_model_s(shape):
     from ordered_ssd.apps.check.memory import byte_lm_params
     from ordered_ssd.apps.check.train import build_model
@@ -495,6 +506,15 @@ def test_the_parameter_count_of_the_estimate_is_the_model_s(shape):
     model, _ = build_model({"seed": 0, "mixer": "ordered", "lr": 1e-3, "weight_decay": 0.1,
                             "model": dict(shape, expand=2)}, torch.device("meta"))
     assert byte_lm_params(dict(shape, expand=2)) == sum(p.numel() for p in model.parameters())
+    if shape.get("layer") == "mamba3":  # the formula of the brief, written out: no convolution, no A_log
+        from ordered_ssd.apps.check.memory import mamba3_layer_params
+
+        d, n, g = shape["d_model"], shape["d_state"], shape["ngroups"]
+        e, h = 2 * d, 2 * d // shape["headdim"]
+        s = model.mixers[0].num_rope_angles
+        assert s == (n // 2 - (n // 2) % 2) // 2 >= 1
+        assert mamba3_layer_params(dict(shape, expand=2)) == (2 * e + 2 * g * n + 3 * h + s) * d + h + 2 * h * n \
+            + 2 * n + h + d * e == sum(p.numel() for p in model.mixers[0].parameters())
 
 
 def test_the_estimate_refuses_the_users_model_and_passes_the_defaults():
@@ -532,6 +552,21 @@ def test_the_estimate_refuses_the_users_model_and_passes_the_defaults():
     with pytest.raises(Refused, match=r"\(4 processes of 1 row\): expected a training that fits in the .* got an "
                                       r"estimated [\d.]+ MiB per process x 4 = "):
         check_memory(s, rows=1, processes=4, corpus_bytes=0, available=(4 * one - 1, "test"))
+
+
+def test_the_estimate_of_mamba3_layers_names_the_layer_and_grows_with_the_model():
+    from ordered_ssd.apps.check.memory import check_memory, training_bytes
+    from ordered_ssd.apps.lm import DataError as Refused
+
+    shape = dict(d_model=64, n_layers=2, d_state=16, headdim=16, ngroups=1, chunk_size=32, expand=2, layer="mamba3")
+    spec = {"device": "cpu", "batch": 4, "seq_len": 128, "model": shape}
+    small = training_bytes(spec, 4, 0)["activations"]
+    for bigger in (dict(shape, d_state=64), dict(shape, n_layers=4), dict(shape, chunk_size=128)):
+        assert training_bytes(dict(spec, model=bigger), 4, 0)["activations"] > small, bigger
+    assert training_bytes(dict(spec, seq_len=512), 4, 0)["activations"] > small
+    with pytest.raises(Refused, match=r"^--d-model 64 --n-layers 2 --d-state 16 --headdim 16 --ngroups 1 --chunk-size "
+                                      r"32 --layer mamba3 --batch 4 --seq-len 128: expected a training that fits"):
+        check_memory(spec, rows=4, processes=1, corpus_bytes=0, available=(1000, "test"))
 
 
 def test_host_memory_is_what_the_cgroup_leaves_where_that_is_less(tmp_path, monkeypatch):
@@ -698,3 +733,46 @@ def test_a_read_only_out_is_one_line_and_keeps_the_earlier_run(unprivileged, tmp
         os.chmod(out, 0o755)
         if (out / "runs").exists():
             os.chmod(out / "runs", 0o755)
+
+
+# ------------------------------------------------------------------------------- 7. --layer mamba3 where it cannot run
+LAYER_MISUSE = [  # (id, arguments after `check` (--out added), CUDA faked present, the message after "error: ")
+    ("--layer mamba3 on cuda", ["--layer", "mamba3", "--device", "cuda"], True,
+     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
+     "--device cuda)"),
+    ("--layer mamba3 on cuda:1", [*TINY, "--layer", "mamba3", "--device", "cuda:1"], True,
+     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
+     "--device cuda:1)"),
+    ("--layer mamba3 --nproc on cuda", [*TINY, "--layer", "mamba3", "--device", "cuda", "--nproc", "2"], True,
+     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
+     "--device cuda)"),
+    ("--layer with --hf-config", ["--device", "cpu", "--layer", "mamba3", "--hf-config", "config.json"], False,
+     "--layer: not with --hf-config (the config gives the model)"),
+    ("--d-state 3 with --layer mamba3", [*TINY, "--layer", "mamba3", "--d-state", "3"], False,
+     "--d-state: expected at least 4 with --layer mamba3 (Mamba-3 rotates d_state / 2 channels, rounded down to "
+     "even, in pairs: at least one rotary angle), got 3"),
+    ("--native with --layer mamba3 on cpu", [*TINY, "--layer", "mamba3", "--native"], False,
+     "--native: the native Mamba3 control needs a CUDA device (and mamba-ssm), got --device cpu"),
+]
+
+
+@pytest.mark.parametrize("args, cuda, message", [k[1:] for k in LAYER_MISUSE], ids=[k[0] for k in LAYER_MISUSE])
+def test_layer_misuse_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, args, cuda, message):
+    from ordered_ssd.apps.cli import main
+
+    if cuda:  # the refusal comes before anything asks the (absent) GPU more than whether there is one
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    out = tmp_path / "out"
+    assert main(["check", *args, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"ordered-ssd check: error: {message}\n"
+    assert not out.exists()
+
+
+def test_auto_is_the_cpu_for_mamba3_layers(monkeypatch):
+    from ordered_ssd.apps.check.spec import resolve_device, rope_angles
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto", "mamba3") == torch.device("cpu")
+    assert resolve_device("auto") == resolve_device("auto", "mamba2") == torch.device("cuda")
+    assert [rope_angles(n) for n in (1, 3, 4, 7, 8, 12, 16, 64)] == [0, 0, 1, 1, 2, 3, 4, 16]
