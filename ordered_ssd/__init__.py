@@ -2,7 +2,8 @@
 
 Layout (each layer rests on the ones below it):
 
-* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer (training, and ``Mamba2``'s decoding);
+* :mod:`ordered_ssd.modules` -- :class:`OrderedMamba2`, the drop-in layer (training, and ``Mamba2``'s decoding),
+  and :class:`OrderedMamba3` (mamba-ssm's Mamba-3, single-input single-output; ``docs/mamba3.md``);
 * :mod:`ordered_ssd.ops` -- the ordered operations of its CUDA path, one file per upstream operation
   (composition, ``torch.library`` custom op with its fake and autograd, public function), on the launchers of
   :mod:`csrc_bindings`;
@@ -24,7 +25,7 @@ state of torch or of those libraries; it registers its own custom ops in the ``o
 ``torch.library`` (``torch.ops.ordered_ssd.*``), nothing else.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
-from .modules import GatedRMSNorm, OrderedMamba2
+from .modules import GatedRMSNorm, OrderedMamba2, OrderedMamba3
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
@@ -38,6 +39,7 @@ from ._version import __version__
 
 __all__ = [
     "OrderedMamba2",
+    "OrderedMamba3",
     "GatedRMSNorm",
     "Mamba2Dims",
     "Mamba2Params",

@@ -104,8 +104,8 @@ def test_convert_a_single_layer_returns_the_new_layer():
 def test_bad_inputs():
     with pytest.raises(TypeError, match=r"model: expected a torch.nn.Module, got int"):
         convert_to_ordered(3)
-    with pytest.raises(ValueError, match=r"model: expected at least one mamba_ssm Mamba2 or transformers Mamba-2 mixer "
-                                         r"module, found none"):
+    with pytest.raises(ValueError, match=r"model: expected at least one mamba_ssm Mamba2 or Mamba3, or transformers "
+                                         r"Mamba-2 mixer module, found none"):
         convert_to_ordered(nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"model: expected at least one OrderedMamba2 module, found none"):
         convert_to_mamba2(nn.Sequential(nn.Linear(2, 2)))
@@ -138,3 +138,44 @@ def test_a_layer_registered_twice_is_replaced_under_both_names_by_one_layer():
     model.b = model.a
     convert_to_ordered(model)
     assert type(model.a) is OrderedMamba2 and model.b is model.a
+
+
+def _fake_mamba3_class():
+    """A stand-in for mamba-ssm's ``Mamba3`` (recognised by class name and module, as the converter does): the
+    same constructor, attributes and parameters as OrderedMamba3, which mirrors them."""
+    from ordered_ssd.modules.mamba3 import OrderedMamba3
+
+    cls = type("Mamba3", (OrderedMamba3,), {"__module__": "mamba_ssm.modules.mamba3"})
+    return cls
+
+
+def test_mamba3_layers_convert_taking_over_their_parameters():
+    from ordered_ssd.modules.mamba3 import OrderedMamba3
+
+    Mamba3 = _fake_mamba3_class()
+    torch.manual_seed(0)
+    model = nn.Sequential(Mamba3(32, d_state=16, headdim=16, ngroups=2, rope_fraction=1.0, is_outproj_norm=True,
+                                 chunk_size=8, layer_idx=0), nn.Linear(32, 32),
+                          Mamba3(32, d_state=8, headdim=8, A_floor=1e-3, layer_idx=1))
+    model[0].B_norm.eps = 1e-6
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = [id(p) for p in model.parameters()]
+    convert_to_ordered(model)
+    assert type(model[0]) is OrderedMamba3 and type(model[2]) is OrderedMamba3
+    assert [id(p) for p in model.parameters()] == ids
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert (model[0].num_bc_heads, model[0].num_rope_angles, model[0].is_outproj_norm, model[0].layer_idx) == (2, 8,
+                                                                                                             True, 0)
+    assert model[0].B_norm.eps == 1e-6 and model[2].A_floor == 1e-3 and model[2].chunk_size == 64
+    u = torch.randn(2, 5, 32)
+    assert model(u).shape == (2, 5, 32)
+
+
+def test_a_mimo_mamba3_is_refused_and_the_model_left_unchanged():
+    Mamba3 = _fake_mamba3_class()
+    layer = Mamba3(32, d_state=16, headdim=16)
+    layer.is_mimo = True  # the stand-in cannot be built with is_mimo=True; the attribute is what the converter reads
+    model = nn.Sequential(Mamba3(32, d_state=16, headdim=16), layer)
+    with pytest.raises(ValueError, match="is_mimo: expected False"):
+        convert_to_ordered(model)
+    assert type(model[0]).__name__ == "Mamba3" and type(model[1]).__name__ == "Mamba3"

@@ -1,5 +1,7 @@
-"""The layer: :class:`OrderedMamba2` (a drop-in for ``mamba_ssm.modules.mamba2.Mamba2``), above :mod:`ordered_ssd.ops`
-(its CUDA path) and :mod:`ordered_ssd.reference` (its path elsewhere)."""
+"""The layers: :class:`OrderedMamba2` (a drop-in for ``mamba_ssm.modules.mamba2.Mamba2``) and :class:`OrderedMamba3`
+(for ``mamba_ssm.modules.mamba3.Mamba3``, single-input single-output), above :mod:`ordered_ssd.ops` (their CUDA
+paths) and :mod:`ordered_ssd.reference` (their paths elsewhere)."""
 from .mamba2 import GatedRMSNorm, OrderedMamba2, cuda_path_available
+from .mamba3 import OrderedMamba3
 
-__all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
+__all__ = ["OrderedMamba2", "OrderedMamba3", "GatedRMSNorm", "cuda_path_available"]
