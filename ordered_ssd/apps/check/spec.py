@@ -42,8 +42,7 @@ def rope_angles(d_state: int) -> int:
 def resolve_device(name: str, layer: str = DEFAULT_LAYER) -> torch.device:
     """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else, a missing GPU, or a
     GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions; for ``layer``
-    ``mamba3`` any GPU: the check runs OrderedMamba3 on the CPU only until its CUDA path has been run on a GPU, and
-    ``auto`` is then the CPU)."""
+    ``mamba3`` any GPU: the check runs OrderedMamba3 on the CPU only for now, and ``auto`` is then the CPU)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() and layer != "mamba3" else "cpu")
     try:
@@ -54,9 +53,9 @@ def resolve_device(name: str, layer: str = DEFAULT_LAYER) -> torch.device:
         raise DataError(f"--device: expected a device that is available here, got {name} (no CUDA device)")
     if device.type not in ("cpu", "cuda"):
         raise DataError(f"--device: expected cpu or cuda, got {name!r}")
-    if device.type == "cuda" and layer == "mamba3":  # ordered_ssd.ops.mamba3_siso: written, never run on a GPU yet
-        raise DataError(f"--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass "
-                        f"--device cpu (got --device {name})")
+    if device.type == "cuda" and layer == "mamba3":  # the layer's CUDA path is not yet checked in a training run
+        raise DataError(f"--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got "
+                        f"--device {name})")
     if device.type == "cuda":
         from ...modules import cuda_path_available
 

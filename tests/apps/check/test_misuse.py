@@ -738,14 +738,11 @@ def test_a_read_only_out_is_one_line_and_keeps_the_earlier_run(unprivileged, tmp
 # ------------------------------------------------------------------------------- 7. --layer mamba3 where it cannot run
 LAYER_MISUSE = [  # (id, arguments after `check` (--out added), CUDA faked present, the message after "error: ")
     ("--layer mamba3 on cuda", ["--layer", "mamba3", "--device", "cuda"], True,
-     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
-     "--device cuda)"),
+     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda)"),
     ("--layer mamba3 on cuda:1", [*TINY, "--layer", "mamba3", "--device", "cuda:1"], True,
-     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
-     "--device cuda:1)"),
+     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda:1)"),
     ("--layer mamba3 --nproc on cuda", [*TINY, "--layer", "mamba3", "--device", "cuda", "--nproc", "2"], True,
-     "--layer mamba3: the ordered CUDA path of OrderedMamba3 is not validated on a GPU yet; pass --device cpu (got "
-     "--device cuda)"),
+     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda)"),
     ("--layer with --hf-config", ["--device", "cpu", "--layer", "mamba3", "--hf-config", "config.json"], False,
      "--layer: not with --hf-config (the config gives the model)"),
     ("--d-state 3 with --layer mamba3", [*TINY, "--layer", "mamba3", "--d-state", "3"], False,
