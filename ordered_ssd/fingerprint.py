@@ -36,8 +36,9 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1,
         world_size: number of data-parallel ranks.
         cuda_path: include what the CUDA path's bits depend on (the mamba-ssm / causal-conv1d versions, the
             ``csrc_bindings`` table fingerprint of their kernels' pinned configurations and ordered-ssd's
-            reduction algorithms, ``reduction``). ``None`` (default): exactly when ``OrderedMamba2`` would take
-            the CUDA path on ``device`` (CUDA with the extras installed); this imports mamba-ssm then.
+            reduction algorithms, ``reduction``; Mamba-3's order and kernels, ``mamba3``). ``None`` (default):
+            exactly when ``OrderedMamba2`` would take the CUDA path on ``device`` (CUDA with the extras installed);
+            this imports mamba-ssm then.
     """
     device = torch.device(device)
     v = package_versions()
@@ -65,6 +66,9 @@ def determinism_fingerprint(device: torch.device | str, world_size: int = 1,
             from .fold import reduction_fingerprint
 
             info["reduction"] = reduction_fingerprint(device)
+            from .ops.mamba3_siso import mamba3_fingerprint
+
+            info["mamba3"] = mamba3_fingerprint()  # OrderedMamba3's order and pinned kernels (docs/mamba3.md)
     return info
 
 

@@ -17,6 +17,7 @@ def test_cuda_fingerprint_includes_the_pinned_configs_and_the_reduction(monkeypa
     # the pinned configurations without the speed choice (bit-neutral parameters): retuning that changes no bit
     assert info["reduction"] == reduction_fingerprint() and info["pinned_configs"] == "csrc_bindings/fake"
     assert "reduction" not in determinism_fingerprint("cuda:0", cuda_path=False)
+    assert info["mamba3"].startswith("mamba3-v1 kernels=") and len(info["mamba3"].split("=")[1]) == 12
     limit["bytes"] = 101376  # sm_86/sm_89: bf16/fp16 fold at 3 stages, recorded in the reduction field
     small = determinism_fingerprint("cuda:0", cuda_path=True)
     assert small["reduction"] == reduction_fingerprint("cuda:0") != reduction_fingerprint()
@@ -33,3 +34,16 @@ def test_cpu_fingerprint_names_the_threads_and_capability(monkeypatch):
     other = determinism_fingerprint("cpu")
     assert fingerprint_diff(info, other) == {"threads": (info["threads"], info["threads"] + 1)}
     assert fingerprint_string(info) != fingerprint_string(other) and len(fingerprint_string(info)) == 16
+
+
+def test_the_mamba3_field_changes_with_a_pinned_candidate(monkeypatch):
+    """The ``mamba3`` field hashes the Mamba-3 kernels' candidate lists (from which their configuration is pinned)."""
+    import dataclasses
+
+    from csrc_bindings import mamba3
+    from ordered_ssd.ops.mamba3_siso import mamba3_fingerprint
+
+    before = mamba3_fingerprint()
+    changed = dataclasses.replace(mamba3.MAMBA3_SPECS[1], candidates=mamba3.MAMBA3_SPECS[1].candidates[1:])
+    monkeypatch.setattr(mamba3, "MAMBA3_SPECS", (mamba3.MAMBA3_SPECS[0], changed, *mamba3.MAMBA3_SPECS[2:]))
+    assert mamba3_fingerprint() != before and before == "mamba3-v1 kernels=" + before.split("=")[1]

@@ -34,10 +34,23 @@ from ..fold import fold_dims, fold_example_sums, lexical_fold
 from .common import require_cuda
 
 __all__ = ["ordered_mamba3_siso_fwd", "ordered_mamba3_siso_bwd", "ordered_mamba3_siso_combined",
-           "ordered_dt_softplus", "REDUCTION"]
+           "ordered_dt_softplus", "REDUCTION", "mamba3_fingerprint"]
 
 #: the name of the order of this file's sums (``docs/native.md``, "Mamba-3")
 REDUCTION = "mamba3-v1"
+
+
+def mamba3_fingerprint() -> str:
+    """``"mamba3-v1 kernels=<hash>"``: this file's order (:data:`REDUCTION`) and what pins the Mamba-3 kernels'
+    configurations (each kernel's name, upstream attribute, autotune key and candidate list, from which the
+    ``mincost-v1`` rule picks); the ``mamba3`` field of the determinism fingerprint. Imports nothing native."""
+    import hashlib
+    import json
+
+    from csrc_bindings.mamba3 import MAMBA3_SPECS
+    specs = [[s.name, s.attr, list(s.autotune_key), [[c[0], c[1], c[2]] for c in s.candidates]] for s in MAMBA3_SPECS]
+    digest = hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{REDUCTION} kernels={digest}"
 
 
 def _bindings():
