@@ -166,7 +166,9 @@ class OrderedMamba3(nn.Module):
         return Mamba3Dims(d_model=self.d_model, d_inner=self.d_inner, headdim=self.headdim,
                           ngroups=self.num_bc_heads, d_state=self.d_state, num_rope_angles=self.num_rope_angles,
                           chunk_size=self.chunk_size, A_floor=float(self.A_floor),
-                          is_outproj_norm=bool(self.is_outproj_norm), norm_eps=float(self.B_norm.eps))
+                          is_outproj_norm=bool(self.is_outproj_norm), B_norm_eps=float(self.B_norm.eps),
+                          C_norm_eps=float(self.C_norm.eps),
+                          norm_eps=float(self.norm.eps) if self.is_outproj_norm else 1e-5)
 
     def layer_params(self) -> Mamba3Params:
         """The parameters as a :class:`~ordered_ssd.reference.mamba3.Mamba3Params` (the objects, not copies)."""
@@ -211,14 +213,31 @@ class OrderedMamba3(nn.Module):
         _checks.check_layer_input(u, d_model=self.d_model, dtype=w.dtype, device=w.device,
                                   allowed_dtypes=_CUDA_DTYPES if backend == "cuda" else _REFERENCE_DTYPES, name=name,
                                   backend=self.backend)
+        if backend == "cuda":
+            self._check_cuda_sizes()
         return backend
+
+    def _check_cuda_sizes(self) -> None:
+        """What the CUDA path needs beyond what the reference takes, before any kernel: ``d_state``, ``headdim`` and
+        ``chunk_size`` powers of two >= 16 (the kernels' TMA descriptors and ``tl.dot`` tiles; upstream's wrapper
+        asks for powers of two), hence an even number of rotary angles.
+
+        Raises:
+            ValueError: naming the attribute, the expected and the actual value.
+        """
+        for name, value in (("d_state", self.d_state), ("headdim", self.headdim), ("chunk_size", self.chunk_size)):
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two >= 16 on the CUDA path (mamba-ssm's Mamba-3 "
+                                 f"kernels), got {value}; set layer.backend = 'reference' to run the reference")
 
     # ------------------------------------------------------------------ forward
     def forward(self, u, seq_idx=None, cu_seqlens=None, inference_params=None):
         """Apply the layer.
 
         Args:
-            u: [B, L, d_model], fp32 or fp64, the dtype and device of ``in_proj.weight``.
+            u: [B, L, d_model], the dtype and device of ``in_proj.weight``: fp32, bf16 or fp16 on the CUDA path,
+                fp32 or fp64 on the reference (CUDA autocast is not supported: the input must have the weights'
+                dtype).
             seq_idx: must be None: ``Mamba3`` takes packed sequences through ``cu_seqlens`` (upstream accepts
                 ``seq_idx`` and ignores it; here it is refused rather than ignored).
             cu_seqlens: None or [S + 1] integer offsets of S sequences packed into one example (B == 1), strictly
@@ -297,18 +316,22 @@ class OrderedMamba3(nn.Module):
                 trap.transpose(1, 2), self.C_bias[:, 0], self.B_bias[:, 0],
                 angles.unsqueeze(-2).expand(Bsz, L, H, S).to(torch.float32), self.D)
         gate = None if self.is_outproj_norm else z.reshape(Bsz, L, H, P)
-        y = ordered_mamba3_siso_combined(*args, gate, self.chunk_size, literal=self.literal)
-        if cache is not None:
-            with torch.no_grad():
+        if torch.is_grad_enabled():
+            y = ordered_mamba3_siso_combined(*args, gate, self.chunk_size, literal=self.literal)
+        if cache is not None or not torch.is_grad_enabled():  # one forward of the kernels, nothing stored for a
+            with torch.no_grad():                              # backward; with a cache, the final states too
                 casts = [t.detach().to(torch.bfloat16).contiguous() if i in (0, 1, 2, 5, 8) else t.detach().contiguous()
                          for i, t in enumerate(args)]
                 res = ordered_mamba3_siso_fwd(*casts, None if gate is None else gate.detach().to(torch.bfloat16)
                                               .contiguous(), chunk_size=self.chunk_size, store_for_backward=False,
-                                              return_final_states=True)
-            cache[0].copy_(res["final_angle"])
-            cache[1].copy_(res["final_ssm"])
-            cache[2].copy_(res["final_k"][:, None])
-            cache[3].copy_(res["final_v"])
+                                              return_final_states=cache is not None)
+            if not torch.is_grad_enabled():
+                y = res["out"]
+            if cache is not None:
+                cache[0].copy_(res["final_angle"])
+                cache[1].copy_(res["final_ssm"])
+                cache[2].copy_(res["final_k"][:, None])
+                cache[3].copy_(res["final_v"])
         y = y.reshape(Bsz, L, self.d_inner)
         if self.is_outproj_norm:
             y = ops.ordered_gated_rmsnorm(y, self.norm.weight, z, eps=self.norm.eps, group_size=self.headdim,
@@ -321,10 +344,10 @@ class OrderedMamba3(nn.Module):
         ssm_state, k_state, v_state)``, ``out`` of ``u``'s shape, the four states updated in place and returned.
 
         States as :meth:`allocate_inference_cache` makes them. Computed by
-        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (in fp32 on CUDA; upstream's CuTe-DSL step kernel
-        is not used); runs without autograd. A step continues the forward over the same tokens: a prefill of ``L`` tokens then
-        steps gives the outputs of one forward over all of them (up to rounding). Bitwise repeatable: the step
-        has no sum across examples.
+        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (in fp32 on CUDA, the parameters cast at every
+        step; upstream's CuTe-DSL step kernel is not used); runs without autograd. A step continues the forward over
+        the same tokens: a prefill of ``L`` tokens then steps gives the outputs of one forward over all of them (up
+        to rounding). Bitwise repeatable: the step has no sum across examples.
 
         Raises:
             TypeError / ValueError (naming the argument): ``u`` not [B, d_model] / [B, 1, d_model] of the layer's

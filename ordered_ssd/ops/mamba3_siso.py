@@ -200,6 +200,8 @@ def ordered_mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles,
     _check("K_bias", K_bias, (nheads, n), "[H, N]")
     _check("D", D, (nheads,), "[H]")
     _check("Z", Z, V.shape, "[B, L, H, P]")
+    if not isinstance(Angles, torch.Tensor):
+        raise TypeError(f"Angles: expected a torch.Tensor, got {type(Angles).__name__}")
     if Angles.dim() != 4 or Angles.shape[:3] != (batch, seqlen, nheads) or Angles.shape[3] % 2 \
             or not 0 < 2 * Angles.shape[3] <= n:
         raise ValueError(f"Angles: expected [B, L, H, S] = ({batch}, {seqlen}, {nheads}, S) with S even and "

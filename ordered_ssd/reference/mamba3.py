@@ -49,7 +49,8 @@ TWO_PI = 2 * math.pi
 class Mamba3Dims(NamedTuple):
     """The sizes and constants of a Mamba-3 SISO layer (as ``Mamba3``'s attributes).
 
-    ``d_inner = H * P``; ``num_rope_angles`` = S; ``norm_eps`` is the RMSNorms' epsilon (1e-5 upstream).
+    ``d_inner = H * P``; ``num_rope_angles`` = S; ``B_norm_eps``, ``C_norm_eps``, ``norm_eps``: the epsilons of
+    the RMSNorms of ``B``, of ``C`` and of the output (1e-5 upstream; each its module's ``eps``).
     """
     d_model: int
     d_inner: int
@@ -60,6 +61,8 @@ class Mamba3Dims(NamedTuple):
     chunk_size: int
     A_floor: float
     is_outproj_norm: bool
+    B_norm_eps: float = 1e-5
+    C_norm_eps: float = 1e-5
     norm_eps: float = 1e-5
 
     @property
@@ -253,8 +256,8 @@ def _scan_inputs(zxbcdt: torch.Tensor, params: Mamba3Params, dims: Mamba3Dims):
     z, x, Bm, C, dd_dt, dd_A, trap, angle = _split(zxbcdt, dims)
     A = torch.clamp(-F.softplus(dd_A), max=-dims.A_floor)
     dt = F.softplus(dd_dt + params.dt_bias)
-    Bm = reference_gated_rmsnorm(Bm, None, params.B_norm_weight, dims.norm_eps, dims.d_state, True)
-    C = reference_gated_rmsnorm(C, None, params.C_norm_weight, dims.norm_eps, dims.d_state, True)
+    Bm = reference_gated_rmsnorm(Bm, None, params.B_norm_weight, dims.B_norm_eps, dims.d_state, True)
+    C = reference_gated_rmsnorm(C, None, params.C_norm_weight, dims.C_norm_eps, dims.d_state, True)
     return z, x, Bm, C, dt, A * dt, trap, angle
 
 

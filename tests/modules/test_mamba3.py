@@ -332,3 +332,30 @@ def test_refusals_name_the_argument():
     layer.backend = "fast"
     with pytest.raises(ValueError, match="backend"):
         layer(u)
+
+
+def test_each_norm_uses_its_own_eps():
+    """``B_norm``, ``C_norm`` and ``norm`` each keep their own ``eps`` (a converted model may have unequal ones)."""
+    layer = make(**CFG2)
+    u = torch.randn(2, 9, 16, dtype=F64)
+    with torch.no_grad():
+        base = layer(u)
+        outs = []
+        for name in ("B_norm", "C_norm", "norm"):
+            getattr(layer, name).eps = 0.5
+            outs.append(layer(u))
+            getattr(layer, name).eps = 1e-5
+    assert all((o - base).abs().max() > 1e-6 for o in outs)
+    assert layer.dims.B_norm_eps == layer.dims.C_norm_eps == layer.dims.norm_eps == 1e-5
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(d_state=20), "d_state"), (dict(headdim=8, d_state=16), "headdim"),
+                                         (dict(chunk_size=48), "chunk_size"), (dict(d_state=8), "d_state")])
+def test_the_cuda_path_sizes_are_checked_by_name(kwargs, name):
+    """What the CUDA path needs beyond the reference (powers of two >= 16), refused naming the attribute; the
+    reference path takes these sizes (they run on the CPU below)."""
+    layer = OrderedMamba3(**{"d_model": 32, "d_state": 16, "headdim": 16, "chunk_size": 16, **kwargs})
+    with pytest.raises(ValueError, match=rf"{name}: expected a power of two >= 16 on the CUDA path"):
+        layer._check_cuda_sizes()
+    assert layer(torch.randn(1, 5, 32)).shape == (1, 5, 32)
+    OrderedMamba3(d_model=32, d_state=16, headdim=16, chunk_size=16)._check_cuda_sizes()  # accepted
