@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     # subparser is here for the command list and `ordered-ssd --help`.
     bench = sub.add_parser("bench", add_help=False,
                            help="time and measure one layer: native Mamba2, upstream deterministic mode, "
-                                "OrderedMamba2 and its literal mode (GPU; `ordered-ssd bench --help`)")
+                                "OrderedMamba2 and its literal mode; with --layer mamba3 native Mamba3, "
+                                "OrderedMamba3 and its literal mode (GPU; `ordered-ssd bench --help`)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
     train = sub.add_parser("_train")  # one training run, used by `check` in fresh processes; no help: not listed

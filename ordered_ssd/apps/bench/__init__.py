@@ -1,4 +1,5 @@
-"""``ordered-ssd bench``: what does reproducibility cost? One Mamba-2 layer, four ways, side by side.
+"""``ordered-ssd bench``: what does reproducibility cost? One Mamba-2 layer, four ways, side by side (or, with
+``--layer mamba3``, one Mamba-3 layer, three ways: see the end).
 
 One training step is the forward and the backward of a single layer: ``out = layer(u)``,
 ``out.backward(dout)``, with ``u`` and ``dout`` tensors [B, L, d_model] in the shape's dtype (bf16, or fp16 for
@@ -46,6 +47,16 @@ provenance of the run that measured it; :mod:`.results`, whose ``--render`` prin
 ``--device cpu`` runs the same harness on the pure-PyTorch reference path (fp32, ``ordered``/``literal`` only):
 a smoke test of the harness, not a benchmark.
 
+``--layer mamba3`` measures mamba-ssm's ``Mamba3`` (``native``, as shipped) against
+:class:`~ordered_ssd.modules.mamba3.OrderedMamba3` (``ordered``, and ``literal`` with ``layer.literal = True``, a
+cross-check of the bits) with the same harness: the same phases, children of the precompile phase and results.
+Its shapes are M1-M6 (:data:`.shapes.MAMBA3_SHAPES`, bf16; ``--shape`` takes any other); the layers are built in
+the row's dtype and run without autocast (``OrderedMamba3`` takes inputs of its weights' dtype only). mamba-ssm
+has no deterministic mode for Mamba-3, so there is no ``upstream-det`` mode, and the targets are time and memory.
+Every result row records its layer (``"layer"``; rows without one are Mamba-2's); the table and ``--render`` keep
+the layers apart, one table each. The Mamba-2-only options (``--grid``, ``--breakdown``, ``--no-native-child``)
+and ``upstream-det`` are refused with ``--layer mamba3``.
+
 Files: :mod:`.shapes` (shapes and modes), :mod:`.args` (the command line), :mod:`.requirements` (what it
 needs), :mod:`.runner` (one layer, one step), :mod:`.timing` (timing, memory, bits of one shape),
 :mod:`.children` (the fresh child processes), :mod:`.breakdown` (per-kernel profile), :mod:`.report` (table,
@@ -58,7 +69,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..errors import run_reporting
-from .args import build_parser, resolve_settings, resolve_shapes
+from .args import build_parser, resolve_layer, resolve_settings, resolve_shapes
 from .breakdown import aggregate_kernels, format_breakdown, kernel_category, profile_breakdown
 from .children import child_main, run_child
 from .precompile import precompile_main, precompile_tasks, run_precompile, worker_command
@@ -66,17 +77,18 @@ from .report import format_table, targets_summary, write_plot, write_results
 from .requirements import DET_ENV, BenchError, missing_requirements
 from .results import load_runs, merge_run, render, render_run
 from .runner import LayerRunner
-from .shapes import (GRID, MODES, SHAPES, Shape, named_or_parsed_shape, parse_modes, parse_shape,
-                     parse_shape_list)
+from .shapes import (GRID, LAYERS, MAMBA3_SHAPES, MODES, SHAPES, Shape, named_or_parsed_shape, parse_modes,
+                     parse_shape, parse_shape_list)
 from .suite import run
 from .timing import bench_shape, count_launches, finalize_ratios, targets, time_interleaved
 
-__all__ = ["Shape", "SHAPES", "GRID", "MODES", "DET_ENV", "BenchError", "LayerRunner", "parse_shape",
-           "parse_shape_list", "parse_modes", "named_or_parsed_shape", "missing_requirements", "build_parser",
-           "resolve_shapes", "resolve_settings", "bench_shape", "time_interleaved", "count_launches",
-           "finalize_ratios", "targets", "run_child", "precompile_tasks", "worker_command", "run_precompile",
-           "profile_breakdown", "format_table", "targets_summary", "format_breakdown", "write_results", "write_plot",
-           "aggregate_kernels", "kernel_category", "load_runs", "merge_run", "render", "render_run", "run", "main"]
+__all__ = ["Shape", "SHAPES", "GRID", "MAMBA3_SHAPES", "LAYERS", "MODES", "DET_ENV", "BenchError", "LayerRunner",
+           "parse_shape", "parse_shape_list", "parse_modes", "named_or_parsed_shape", "missing_requirements",
+           "build_parser", "resolve_layer", "resolve_shapes", "resolve_settings", "bench_shape", "time_interleaved",
+           "count_launches", "finalize_ratios", "targets", "run_child", "precompile_tasks", "worker_command",
+           "run_precompile", "profile_breakdown", "format_table", "targets_summary", "format_breakdown",
+           "write_results", "write_plot", "aggregate_kernels", "kernel_category", "load_runs", "merge_run", "render",
+           "render_run", "run", "main"]
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "ordered-ssd bench") -> int:

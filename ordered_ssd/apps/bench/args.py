@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from typing import Dict, List
 
 from ..files import nonnegative_int, positive_int
-from .requirements import INSTALL
-from .shapes import GRID, MODES, SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list
+from .requirements import INSTALL, BenchError
+from .shapes import (GRID, LAYER_DEFAULT_SHAPES, LAYER_MODES, LAYER_NAMES, LAYERS, MAMBA3_SHAPES, MODES,
+                     SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list)
 
 # Per-row settings: rows of the grid (--grid) take GRID_DEFAULTS unless the option is given (then it applies to every
 # row). A grid row's steps take a few ms; the bit check's digests (every gradient copied to the host and hashed) and
@@ -26,6 +26,13 @@ def _argtype(fn):
     return conv
 
 
+def parse_shape_text(text: str) -> str:
+    """A ``--shape`` text, checked by :func:`parse_shape` (the rules both layers share) and kept as given: the
+    layer's defaults apply in :func:`resolve_shapes`, once ``--layer`` is known. Raises ``ValueError`` as that."""
+    parse_shape(text)
+    return text.strip()
+
+
 def _seconds(s: str) -> float:
     try:
         v = float(s)
@@ -40,25 +47,35 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     """The argument parser of the suite (``ordered-ssd bench`` and ``benchmarks/bench_layer.py``)."""
     shapes = "; ".join(f"{s.name} {s.dims()}" for s in SHAPES.values())
     grid = "; ".join(f"{s.name} {s.dims()}" for s in GRID.values())
+    mamba3 = "; ".join(f"{s.name} {s.dims()}" for s in MAMBA3_SHAPES.values())
     parser = argparse.ArgumentParser(
         prog=prog, description="Time and measure one Mamba-2 layer's training step (forward + backward) with "
                                "mamba-ssm's Mamba2 (native, and upstream-det in a fresh process with its "
-                               "deterministic switches) and OrderedMamba2 (ordered, literal). Needs a CUDA GPU and "
-                               f"the native extras ({INSTALL}).",
-        epilog=f"Shapes: {shapes}. Grid (--grid; 7 kernel keys (chunk, headdim, d_state, dtype) in all): {grid}.")
+                               "deterministic switches) and OrderedMamba2 (ordered, literal); with --layer mamba3 "
+                               "mamba-ssm's Mamba3 (native) and OrderedMamba3 (ordered, literal). Needs a CUDA GPU "
+                               f"and the native extras ({INSTALL}).",
+        epilog=f"Shapes: {shapes}. Grid (--grid; 7 kernel keys (chunk, headdim, d_state, dtype) in all): {grid}. "
+               f"Mamba-3 (--layer mamba3; 3 kernel keys): {mamba3}.")
+    parser.add_argument("--layer", choices=LAYERS, default=None,
+                   help="the layer: mamba2 (Mamba2 against OrderedMamba2) or mamba3 (Mamba3 against "
+                        "OrderedMamba3, single-input single-output; modes native, literal, ordered: mamba-ssm has "
+                        "no deterministic mode for it; shapes M1-M6); recorded in every result row (default: "
+                        "mamba2; with --render: every layer's table)")
     parser.add_argument("--shapes", type=_argtype(parse_shape_list), default=None,
-                   help="comma-separated named shapes, S1-S5, G1-G13, or grid for G1-G13 (default: S1-S5, unless "
-                        "--shape is given)")
-    parser.add_argument("--shape", type=_argtype(parse_shape), action="append", default=[], metavar=SHAPE_FORMAT,
-                   help="an extra shape (repeatable; default: none); headdim 64, chunk 256 and dtype bf16 (or "
-                        "fp16) unless given")
+                   help="comma-separated named shapes, S1-S5, G1-G13, or grid for G1-G13; M1-M6 with --layer "
+                        "mamba3 (default: S1-S5, M1-M6 with --layer mamba3, unless --shape is given)")
+    parser.add_argument("--shape", type=_argtype(parse_shape_text), action="append", default=[],
+                   metavar=SHAPE_FORMAT,
+                   help="an extra shape (repeatable; default: none); headdim 64, chunk 256 (64 with --layer "
+                        "mamba3) and dtype bf16 (or fp16) unless given")
     parser.add_argument("--grid", action="store_true",
                    help="add the grid G1-G13 to the shapes (B 1-64, L 512-16384, d_state 16-256, headdim 32-128, "
                         "ngroups 1-8, chunk 64-256, bf16 and fp16; see the list below); its rows run with "
                         f"--repeats {GRID_DEFAULTS['repeats']} --warmup {GRID_DEFAULTS['warmup']} --bit-repeats "
                         f"{GRID_DEFAULTS['bit_repeats']} unless those are given")
     parser.add_argument("--modes", type=_argtype(parse_modes), default=None,
-                   help=f"comma-separated from {','.join(MODES)} (default: all on CUDA, ordered on the CPU)")
+                   help=f"comma-separated from {','.join(MODES)}; with --layer mamba3 from "
+                        f"{','.join(LAYER_MODES['mamba3'])} (default: all the layer's on CUDA, ordered on the CPU)")
     parser.add_argument("--repeats", type=positive_int, default=None,
                    help=f"timed steps per mode (median; default {DEFAULTS['repeats']}, {GRID_DEFAULTS['repeats']} on "
                         "grid rows)")
@@ -86,20 +103,21 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         "every shape (default: none)")
     parser.add_argument("--render", default=None, metavar="RESULTS_JSON",
                    help="measure nothing: print the current table of a --results-json file (every shape's row, "
-                        "each run named with its shapes) as the markdown section for docs/performance.md "
-                        "(default: measure)")
+                        "each run named with its shapes) as the markdown section for docs/performance.md; one "
+                        "table per layer, Mamba-2's first (only --layer's, if given) (default: measure)")
     parser.add_argument("--render-run", type=nonnegative_int, default=None, metavar="I",
                    help="with --render: only the rows of run I, 0 the newest (default: every shape's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the layer (default 0)")
     parser.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
     parser.add_argument("--breakdown", action="store_true",
-                   help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape")
+                   help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape "
+                        "(Mamba-2 only)")
     parser.add_argument("--breakdown-shape", default="S2", metavar=f"NAME|{SHAPE_FORMAT}",
                    help="shape of the per-kernel breakdown (default S2)")
     parser.add_argument("--breakdown-steps", type=positive_int, default=3, help="profiled steps per mode (default 3)")
     parser.add_argument("--no-native-child", action="store_true",
                    help="skip the fresh-process native baseline of upstream-det (its ratio is then only to this "
-                        "process's native)")
+                        "process's native; Mamba-2 only)")
     parser.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                    help="start no new shape or child process after this many seconds (skipped work is marked, exit "
                         "status 1); a child still running 15 s after it is killed; with upstream-det its children "
@@ -117,14 +135,46 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_layer(args) -> str:
+    """The layer of parsed arguments (``--layer``, ``"mamba2"`` by default) after the options that do not go with
+    it are refused. Raises :class:`BenchError` (one line, exit 2) for ``--layer mamba3`` with a mode it does not have
+    (``upstream-det``: mamba-ssm has no deterministic mode for Mamba-3) or with a Mamba-2-only option (``--grid``,
+    ``--breakdown``, ``--no-native-child``), and for a named shape of the other layer."""
+    layer = getattr(args, "layer", None) or "mamba2"
+    name = LAYER_NAMES[layer]
+    if layer == "mamba3":
+        other = [m for m in (args.modes or ()) if m not in LAYER_MODES[layer]]
+        if other:
+            raise BenchError(f"--modes {','.join(other)}: mamba-ssm has no deterministic mode for Mamba-3; "
+                             f"--layer mamba3 runs {', '.join(LAYER_MODES[layer])}")
+        for flag, given in (("--grid", args.grid), ("--breakdown", args.breakdown),
+                            ("--no-native-child", args.no_native_child)):
+            if given:
+                raise BenchError(f"{flag} is a Mamba-2 option; --layer mamba3 does not take it")
+    for s in args.shapes or ():
+        if s.layer != layer:
+            hint = ("add --layer mamba3" if s.layer == "mamba3" else
+                    f"--layer {layer} takes {', '.join(LAYER_DEFAULT_SHAPES[layer])} or --shape")
+            raise BenchError(f"--shapes {s.name}: a {LAYER_NAMES[s.layer]} shape, not a {name} one; {hint}")
+    return layer
+
+
 def resolve_shapes(args) -> List[Shape]:
-    """The shapes of parsed arguments: ``--shapes`` then every ``--shape`` (named X1, X2, ... unless given a name),
-    S1-S5 if neither is given; then, with ``--grid``, G1-G13 (those not already there)."""
+    """The shapes of parsed arguments, of the layer :func:`resolve_layer` gives: ``--shapes`` then every
+    ``--shape`` (named X1, X2, ... for Mamba-2, MX1, MX2, ... for Mamba-3, so that the rows of the two layers keep
+    apart in a results file), the layer's named shapes (S1-S5, M1-M6) if neither is given; then, with ``--grid``,
+    G1-G13 (those not already there). Raises :class:`BenchError` as :func:`resolve_layer`, or for a ``--shape``
+    the layer cannot take (Mamba-3: ``N``, ``headdim`` or ``chunk`` not a power of two >= 16)."""
+    layer = resolve_layer(args)
     shapes = list(args.shapes or [])
-    for i, s in enumerate(args.shape, 1):
-        shapes.append(replace(s, name=f"X{i}" if s.name == s.spec() else s.name))
+    prefix = "X" if layer == "mamba2" else "MX"
+    for i, text in enumerate(args.shape, 1):
+        try:
+            shapes.append(parse_shape(text, name=f"{prefix}{i}", layer=layer))
+        except ValueError as e:
+            raise BenchError(str(e)) from None
     if not shapes:
-        shapes = list(SHAPES.values())
+        shapes = list(LAYER_DEFAULT_SHAPES[layer].values())
     if getattr(args, "grid", False):
         shapes += [s for s in GRID.values() if s not in shapes]
     return shapes

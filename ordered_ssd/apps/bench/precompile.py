@@ -15,7 +15,8 @@ head count may be another specialisation). Two kinds of task (:func:`precompile_
   upstream-det child will launch.
 
 **Native's candidates in slices.** Native's first step in a fresh process compiles every candidate configuration
-of every autotuned kernel in turn (about 150; 170-185 s per key on the H200's machine with 14 workers), and each
+of every autotuned kernel in turn (about 150 for Mamba-2, 170-185 s per key on the H200's machine with 14 workers;
+about 230 for Mamba-3's SISO kernels, keyed as :meth:`Shape.kernel_key` says), and each
 worker is a fresh process. So every shape gets ``k`` native tasks (``k = jobs // keys``, 2 to :data:`MAX_SLICES`),
 and task ``i`` restricts each of mamba-ssm's live autotuners *in its own throwaway process* to the candidates
 ``i, i + k, i + 2k, ...`` (:func:`restrict_native_autotuners`) before its steps. Between them the ``k`` tasks
@@ -33,6 +34,7 @@ what is missing in its warm-up, as it would without this phase. Each worker's ou
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -55,18 +57,24 @@ MAX_SLICES = 8
 SPEC_FLAG = "--_precompile-spec"
 
 
-def restrict_native_autotuners(index: int, count: int) -> int:
+#: the module of each layer's native class: importing it imports its Triton ops and their autotuners
+NATIVE_MODULES = {"mamba2": "mamba_ssm.modules.mamba2", "mamba3": "mamba_ssm.modules.mamba3"}
+
+
+def restrict_native_autotuners(index: int, count: int, layers: Sequence[str] = ("mamba2",)) -> int:
     """Restrict every live Triton autotuner of mamba-ssm's Triton ops to its candidates ``index, index + count,
     ...`` (at least the first one), each run once instead of timed (the autotuner's ``_do_bench``, where it has
     one); return how many autotuners were restricted.
 
     **Only for a precompile worker**: it changes mamba-ssm's module state for the rest of the process, so the
-    process must measure nothing (the module docstring says why the phase does it). Imports
-    ``mamba_ssm.modules.mamba2`` (and through it the Triton ops). Raises ``ValueError`` unless
+    process must measure nothing (the module docstring says why the phase does it). Imports the native module of
+    every one of ``layers`` (``mamba_ssm.modules.mamba2``, ``...mamba3``; :data:`NATIVE_MODULES`) and through them
+    the Triton ops (Mamba-3's under ``mamba_ssm.ops.triton.mamba3``). Raises ``ValueError`` unless
     ``0 <= index < count``."""
     if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
         raise ValueError(f"slice: expected 0 <= index < count, got index {index!r} of {count!r}")
-    import mamba_ssm.modules.mamba2  # noqa: F401 - imports the Triton ops and their autotuners
+    for layer in layers:
+        importlib.import_module(NATIVE_MODULES[layer])
 
     n = 0
     for name, module in list(sys.modules.items()):
@@ -139,7 +147,7 @@ def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 
                                   "key": list(key), "shapes": [shape]})
     if "upstream-det" in modes:
         for key, group in groups.items():
-            chunk, headdim, dstate, dtype = key
+            chunk, headdim, dstate, dtype = key[:4]
             tasks.append({"name": f"upstream-det-cs{chunk}-P{headdim}-N{dstate}-{dtype}", "kind": "upstream-det",
                           "modes": ["native"], "key": list(key), "shapes": list(group)})
     return tasks
@@ -264,7 +272,8 @@ def precompile_main(spec_json: str) -> int:
            "deterministic_mode": deterministic_mode_here() if device.type == "cuda" else None,
            "slice": spec.get("slice"), "restricted_autotuners": None}
     if spec.get("slice") and "native" in spec["modes"]:
-        out["restricted_autotuners"] = restrict_native_autotuners(*spec["slice"])
+        layers = sorted({Shape(**fields).layer for fields in spec["shapes"]})
+        out["restricted_autotuners"] = restrict_native_autotuners(*spec["slice"], layers=layers)
     for fields in spec["shapes"]:
         shape = Shape(**fields)
         entry: dict = {"name": shape.name, "modes": {}, "error": None}

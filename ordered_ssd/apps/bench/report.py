@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from ..files import atomic_savefig, atomic_write_bytes
 from .requirements import BenchError
-from .shapes import MODES
+from .shapes import LAYER_NAMES, LAYERS, MODES, result_layer
 from .timing import TARGET_MEMORY, TARGET_TIME, finalize_ratios
 
 
@@ -28,8 +28,8 @@ def _targets_cell(t: Optional[dict]) -> str:
     if not t:
         return ""
     marks = {True: "✓", False: "**✗**", None: "—"}
-    cell = " · ".join(f"{label} {marks[t.get(key)]}" for label, key in (
-        ("time", "time"), ("mem", "memory"), ("det", "upstream_det")))
+    labels = [("time", "time"), ("mem", "memory")] + ([("det", "upstream_det")] if "upstream_det" in t else [])
+    cell = " · ".join(f"{label} {marks[t.get(key)]}" for label, key in labels)  # Mamba-3: no det target
     return cell + (_det_basis(t) if t.get("upstream_det") is not None else "")
 
 
@@ -45,7 +45,9 @@ def _det_basis(t: dict) -> str:
 
 def targets_summary(results: dict) -> str:
     """One line on the targets of every shape's ordered row (:func:`timing.targets`): the shapes that met all
-    three, those that missed one (with the ratios that missed), those not fully measured."""
+    three (Mamba-3: both), those that missed one (with the ratios that missed), those not fully measured; of one
+    layer's shapes (those of the first shape's layer)."""
+    layer = next((result_layer(sr) for sr in results.get("shapes", [])), "mamba2")
     met, missed, partial = [], [], []
     for shape_result in results.get("shapes", []):
         r = shape_result.get("rows", {}).get("ordered") or {}
@@ -65,8 +67,9 @@ def targets_summary(results: dict) -> str:
     total = len(met) + len(missed) + len(partial)
     if not total:
         return ""
-    line = (f"Targets (ordered / native ≤ {TARGET_TIME:.2f} step time and ≤ {TARGET_MEMORY:.2f} peak memory, ordered ≤ "
-            f"upstream-det): all met on {len(met)} of {total} shapes" + (f" ({', '.join(met)})" if met else ""))
+    det = ", ordered ≤ upstream-det" if layer == "mamba2" else ""
+    line = (f"Targets (ordered / native ≤ {TARGET_TIME:.2f} step time and ≤ {TARGET_MEMORY:.2f} peak memory{det}): "
+            f"all met on {len(met)} of {total} shapes" + (f" ({', '.join(met)})" if met else ""))
     if missed:
         line += f"; missed on {', '.join(missed)}"
     if partial:
@@ -95,14 +98,101 @@ def _precompile_text(pre: Optional[dict]) -> Optional[str]:
     return text + "."
 
 
+#: the columns of a Mamba-3 table leave out those of upstream-det (mamba-ssm has no deterministic mode for it):
+#: ``× native (child)`` and ``× upstream-det``, by their place in the Mamba-2 row
+_NO_DET_COLUMNS = (5, 6)
+_HEADER = ("shape", "dims", "mode", "ms/step", "× native", "× native (child)", "× upstream-det", "host ms", "launches",
+           "peak MiB", "× native", "bitwise", "targets")
+_ALIGN = ("---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---")
+_LEGEND = {
+    "mamba2": ("× native: to the native median measured in this process (interleaved). × native (child), "
+               "upstream-det only: to the native median measured by the same harness in a fresh process "
+               "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms "
+               "(paired, where the fresh-process native ran: ordered / native in this process over "
+               "upstream-det / native in fresh processes; same process, where the upstream-det child ran "
+               "ordered too: ordered's median over upstream-det's, interleaved there). "
+               f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
+               f"{TARGET_MEMORY:.2f}, det = ordered ≤ upstream-det, judged on the same-process ratio where "
+               "there is one, else the paired one, else the direct one, named after the marks where not the "
+               "direct one (✓ met, ✗ missed, — not measured)."),
+    "mamba3": ("× native: to the native median (mamba-ssm's Mamba3) measured in this process (interleaved). "
+               f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
+               f"{TARGET_MEMORY:.2f} (✓ met, ✗ missed, — not measured). mamba-ssm has no deterministic mode for "
+               "Mamba-3, so there is no upstream-det row; literal (OrderedMamba3 with layer.literal = True) is a "
+               "cross-check of the bits (= ordered), not a mode to train with."),
+}
+
+
+def _row(cells: Sequence[str], layer: str) -> str:
+    """A markdown table row of the Mamba-2 columns ``cells``, those of ``layer``'s table kept."""
+    keep = [c for i, c in enumerate(cells) if layer == "mamba2" or i not in _NO_DET_COLUMNS]
+    return "| " + " | ".join(keep) + " |"
+
+
+def _table_lines(shape_results: Sequence[dict], layer: str, notes: list) -> list:
+    """One layer's table (its columns, :data:`_NO_DET_COLUMNS`), its legend and its targets line; the notes of its
+    rows appended to ``notes``."""
+    lines = ["", _row(_HEADER, layer), _row(_ALIGN, layer).replace(" ", "")]
+    for shape_result in shape_results:
+        for m in MODES:
+            r = shape_result.get("rows", {}).get(m)
+            if r is None:
+                continue
+            if r.get("error"):
+                # the targets cell of an error row is one space wide
+                lines.append(_row([shape_result["name"], shape_result["dims"], m] + ["—"] * 8 + ["error¹"], layer)
+                             + " |")
+                notes.append(f"{shape_result['name']} {m}: {r['error']}")
+                continue
+            child = ""
+            if m == "upstream-det":
+                child = _f(r.get("ratio_ms_child"), ".3f")
+                if r.get("ratio_mem_child") is not None:
+                    child += f" (mem {_f(r.get('ratio_mem_child'), '.3f')})"
+            det = _f(r.get("ratio_ms_det"), ".3f") if m == "ordered" else ""
+            if m == "ordered" and r.get("ratio_ms_det_paired") is not None:
+                det += f" (paired {_f(r['ratio_ms_det_paired'], '.3f')})"
+            if m == "ordered" and r.get("ratio_ms_det_same_process") is not None:
+                det += f" (same process {_f(r['ratio_ms_det_same_process'], '.3f')})"
+            same = (r.get("in_det_process") or {}) if m == "ordered" else {}
+            if same.get("same_bits") is False:
+                notes.append(f"{shape_result['name']} ordered: different bits in the upstream-det process")
+            elif same.get("bitwise") is False:
+                notes.append(f"{shape_result['name']} ordered: not repeatable in the upstream-det process")
+            elif same.get("error"):
+                notes.append(f"{shape_result['name']} ordered in the upstream-det process: {same['error']}")
+            bits = _bits_cell(r)
+            if m == "upstream-det" and r.get("deterministic_mode") is False:
+                bits += " (child NOT in deterministic mode!)"
+            if m == "literal" and r.get("same_bits_as_ordered") is not None:
+                bits += ", = ordered" if r["same_bits_as_ordered"] else ", **≠ ordered**"
+            host = _f(r.get("host_ms"), ".2f") if "host_steps" in r else "—"  # older files: enqueue time, not this
+            if r.get("launches_error"):
+                notes.append(f"{shape_result['name']} {m} launches: {r['launches_error']}")
+            lines.append(_row([shape_result["name"], shape_result["dims"], m, _f(r.get("ms"), ".3f"),
+                               _f(r.get("ratio_ms"), ".3f"), child, det, host, _f(r.get("launches"), "g"),
+                               _f(r.get("peak_mib"), ".0f"), _f(r.get("ratio_mem"), ".3f"), bits,
+                               _targets_cell(r.get("targets")) if m == "ordered" else ""], layer))
+    lines += ["", _LEGEND[layer]]
+    summary = targets_summary({"shapes": list(shape_results)})
+    if summary:
+        lines += ["", summary]
+    return lines
+
+
 def format_table(results: dict, heading: bool = True) -> str:
     """The markdown report of ``results`` (the ``bench.json`` structure): a header with the machine, versions
-    and method (``heading``: under a ``#`` title), then one row per (shape, mode): ms/step, ratio to native
-    (and, for upstream-det, to the native of its own child process), ordered / upstream-det, host ms, GPU launches
-    per step, peak MiB, ratio, bitwise over N, and on the ordered row the targets; then a line on the targets."""
+    and method (``heading``: under a ``#`` title), then one table per layer (Mamba-2, then Mamba-3; each under a
+    ``####`` heading where there are both), one row per (shape, mode): ms/step, ratio to native (and, for
+    upstream-det, to the native of its own child process), ordered / upstream-det (these two columns for Mamba-2
+    only), host ms, GPU launches per step, peak MiB, ratio, bitwise over N, and on the ordered row the targets;
+    then a line on the targets."""
     meta = results.get("meta", {})
     versions = meta.get("versions", {})
-    lines = ["# ordered-ssd bench: one Mamba-2 layer, forward + backward", ""] if heading else []
+    shape_results = results.get("shapes", [])
+    layers = [layer for layer in LAYERS if any(result_layer(sr) == layer for sr in shape_results)] or ["mamba2"]
+    title = " / ".join(LAYER_NAMES[layer] for layer in layers)
+    lines = [f"# ordered-ssd bench: one {title} layer, forward + backward", ""] if heading else []
     lines.append(f"{meta.get('gpu') or meta.get('device', '?')} · torch {versions.get('torch')} · "
                  f"triton {versions.get('triton')} · mamba-ssm {versions.get('mamba-ssm')} · "
                  f"causal-conv1d {versions.get('causal-conv1d')} · ordered-ssd {versions.get('ordered-ssd')}"
@@ -132,63 +222,11 @@ def format_table(results: dict, heading: bool = True) -> str:
     pre = _precompile_text(results.get("precompile"))
     if pre:
         lines += ["", pre]
-    lines += ["", "| shape | dims | mode | ms/step | × native | × native (child) | × upstream-det | host ms | "
-                  "launches | peak MiB | × native | bitwise | targets |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
-    notes = []
-    for shape_result in results.get("shapes", []):
-        for m in MODES:
-            r = shape_result.get("rows", {}).get(m)
-            if r is None:
-                continue
-            if r.get("error"):
-                lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | — | — | — | — | — | — | — "
-                             f"| — | error¹ | |")
-                notes.append(f"{shape_result['name']} {m}: {r['error']}")
-                continue
-            child = ""
-            if m == "upstream-det":
-                child = _f(r.get("ratio_ms_child"), ".3f")
-                if r.get("ratio_mem_child") is not None:
-                    child += f" (mem {_f(r.get('ratio_mem_child'), '.3f')})"
-            det = _f(r.get("ratio_ms_det"), ".3f") if m == "ordered" else ""
-            if m == "ordered" and r.get("ratio_ms_det_paired") is not None:
-                det += f" (paired {_f(r['ratio_ms_det_paired'], '.3f')})"
-            if m == "ordered" and r.get("ratio_ms_det_same_process") is not None:
-                det += f" (same process {_f(r['ratio_ms_det_same_process'], '.3f')})"
-            same = (r.get("in_det_process") or {}) if m == "ordered" else {}
-            if same.get("same_bits") is False:
-                notes.append(f"{shape_result['name']} ordered: different bits in the upstream-det process")
-            elif same.get("bitwise") is False:
-                notes.append(f"{shape_result['name']} ordered: not repeatable in the upstream-det process")
-            elif same.get("error"):
-                notes.append(f"{shape_result['name']} ordered in the upstream-det process: {same['error']}")
-            bits = _bits_cell(r)
-            if m == "upstream-det" and r.get("deterministic_mode") is False:
-                bits += " (child NOT in deterministic mode!)"
-            if m == "literal" and r.get("same_bits_as_ordered") is not None:
-                bits += ", = ordered" if r["same_bits_as_ordered"] else ", **≠ ordered**"
-            host = _f(r.get("host_ms"), ".2f") if "host_steps" in r else "—"  # older files: enqueue time, not this
-            if r.get("launches_error"):
-                notes.append(f"{shape_result['name']} {m} launches: {r['launches_error']}")
-            launches = _f(r.get("launches"), "g")
-            lines.append(f"| {shape_result['name']} | {shape_result['dims']} | {m} | {_f(r.get('ms'), '.3f')} | "
-                         f"{_f(r.get('ratio_ms'), '.3f')} | {child} | {det} | {host} | {launches} | "
-                         f"{_f(r.get('peak_mib'), '.0f')} | {_f(r.get('ratio_mem'), '.3f')} | {bits} | "
-                         f"{_targets_cell(r.get('targets')) if m == 'ordered' else ''} |")
-    lines += ["", "× native: to the native median measured in this process (interleaved). × native (child), "
-                  "upstream-det only: to the native median measured by the same harness in a fresh process "
-                  "without the deterministic switches. × upstream-det, ordered only: ordered ms / upstream-det ms "
-                  "(paired, where the fresh-process native ran: ordered / native in this process over "
-                  "upstream-det / native in fresh processes; same process, where the upstream-det child ran "
-                  "ordered too: ordered's median over upstream-det's, interleaved there). "
-                  f"targets, ordered only: time = ordered / native ≤ {TARGET_TIME:.2f}, mem = peak memory ratio ≤ "
-                  f"{TARGET_MEMORY:.2f}, det = ordered ≤ upstream-det, judged on the same-process ratio where "
-                  "there is one, else the paired one, else the direct one, named after the marks where not the "
-                  "direct one (✓ met, ✗ missed, — not measured)."]
-    summary = targets_summary(results)
-    if summary:
-        lines += ["", summary]
+    notes: list = []
+    for layer in layers:
+        if len(layers) > 1:
+            lines += ["", f"#### {LAYER_NAMES[layer]}"]
+        lines += _table_lines([sr for sr in shape_results if result_layer(sr) == layer], layer, notes)
     if notes:
         lines += ["", "¹ " + "; ".join(notes)]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""What the bench needs (a CUDA device, the native extras, OrderedMamba2's CUDA path) and the error it raises."""
+"""What the bench needs (a CUDA device, the native extras, the ordered layers' CUDA path) and the error it raises."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,9 +18,10 @@ class BenchError(AppError):
 
 def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: Optional[bool] = None,
                          find_spec: Callable = importlib.util.find_spec,
-                         cuda_path: Optional[Callable] = None) -> Optional[str]:
-    """``None`` if ``modes`` can run on ``device`` here, else a one-line message naming what is missing and the
-    install command. ``cuda_available`` / ``find_spec`` / ``cuda_path`` override the probes (for tests)."""
+                         cuda_path: Optional[Callable] = None, layer: str = "mamba2") -> Optional[str]:
+    """``None`` if ``modes`` of ``layer`` (``"mamba2"``, ``"mamba3"``) can run on ``device`` here, else a one-line
+    message naming what is missing and the install command. ``cuda_available`` / ``find_spec`` / ``cuda_path``
+    override the probes (for tests)."""
     try:
         dev_type = torch.device(device).type
     except (RuntimeError, TypeError):
@@ -50,5 +51,6 @@ def missing_requirements(device: str, modes: Sequence[str], *, cuda_available: O
             from ...modules import cuda_path_available as cuda_path
         ok, why = cuda_path()
         if not ok:
-            return f"OrderedMamba2's CUDA path is unavailable here ({why}); {INSTALL}"
+            cls = "OrderedMamba3" if layer == "mamba3" else "OrderedMamba2"
+            return f"{cls}'s CUDA path is unavailable here ({why}); {INSTALL}"
     return None

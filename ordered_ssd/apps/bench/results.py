@@ -41,7 +41,7 @@ from typing import List, Optional
 from ..files import atomic_write_bytes
 from .report import format_table, measured
 from .requirements import BenchError
-from .shapes import NAMED
+from .shapes import ALL_NAMED, LAYER_NAMES, LAYERS, result_layer
 from .timing import finalize_ratios
 
 RESULTS_FORMAT = "ordered-ssd bench results v2"
@@ -68,11 +68,11 @@ def compact_run(results: dict) -> dict:
     return run
 
 
-_NAMED_ORDER = {name: i for i, name in enumerate(NAMED)}
+_NAMED_ORDER = {name: i for i, name in enumerate(ALL_NAMED)}
 
 
 def _order(name: str):
-    """Sort key of a shape name: S1-S5, G1-G13 in their order, then any other by name."""
+    """Sort key of a shape name: S1-S5, G1-G13, M1-M6 in their order, then any other by name."""
     return (0, _NAMED_ORDER[name], "") if name in _NAMED_ORDER else (1, 0, name)
 
 
@@ -220,13 +220,17 @@ def render_run(run: dict) -> str:
     ``docs/performance.md``: a ``###`` heading with the GPU, the date and the commit (of several runs: the newest
     one's), the pinned fingerprint (or, when the runs differ in it, a line saying so; each run's is under "Merged
     from"), then :func:`report.format_table` without its title. Ratios and targets are those of the current rules
-    (:func:`~ordered_ssd.apps.bench.timing.finalize_ratios` on a copy: the run is not changed)."""
+    (:func:`~ordered_ssd.apps.bench.timing.finalize_ratios` on a copy: the run is not changed). A run of Mamba-3
+    rows only has ``Mamba-3:`` in its heading (the Mamba-2 heading is as it always was)."""
     run = copy.deepcopy(run)
     for shape_result in run.get("shapes", []):
         finalize_ratios(shape_result)
     meta = run.get("meta", {})
     gpu = (meta.get("gpu") or meta.get("device") or "?").split(" (")[0]
-    title = f"### {gpu}, {meta.get('date', '?')}" + (f" (commit {meta['commit']})" if meta.get("commit") else "")
+    layers = {result_layer(s) for s in run.get("shapes", [])}
+    layer = f"{LAYER_NAMES['mamba3']}: " if layers == {"mamba3"} else ""
+    title = (f"### {layer}{gpu}, {meta.get('date', '?')}"
+             + (f" (commit {meta['commit']})" if meta.get("commit") else ""))
     fingerprint = meta.get("pinned_configs")
     setup = [f"Pinned table fingerprint: `{fingerprint}`."] if isinstance(fingerprint, str) else []
     if "pinned_configs" in meta.get("sources_differ_in", ()):
@@ -234,17 +238,38 @@ def render_run(run: dict) -> str:
     return "\n".join([title, ""] + setup + ([""] if setup else []) + [format_table(run, heading=False)])
 
 
-def render(path: str, index: Optional[int] = None) -> str:
+def layer_runs(runs: List[dict], layer: str) -> List[dict]:
+    """``runs`` with only their shapes of ``layer`` (:func:`~ordered_ssd.apps.bench.shapes.result_layer`; rows
+    written before Mamba-3 was benched are Mamba-2's), the runs left without shapes dropped."""
+    out = []
+    for run in runs:
+        shapes = [s for s in run["shapes"] if result_layer(s) == layer]
+        if shapes:
+            out.append(dict(run, shapes=shapes))
+    return out
+
+
+def render(path: str, index: Optional[int] = None, layer: Optional[str] = None) -> str:
     """:func:`render_run` of the current table of the results file ``path`` (every shape's current row, each
     run named with its shapes under "Merged from"), or with ``index`` of run ``index`` alone (0 the newest) with
-    the rows it holds.
+    the rows it holds: one section per layer (Mamba-2 first; its runs, provenance and rows are those of the
+    Mamba-2 rows alone, so Mamba-3 rows leave its section as it was), a blank line between; with ``layer`` only
+    that layer's.
 
     Raises:
-        BenchError: as :func:`load_runs`; the file has no run ``index``.
+        BenchError: as :func:`load_runs`; the file has no run ``index``; ``layer`` is given and the file (or run
+            ``index``) has no row of it.
     """
     runs = load_runs(path, "--render")
-    if index is None:
+    if index is not None:
+        if not 0 <= index < len(runs):
+            raise BenchError(f"--render-run: {path} has {len(runs)} run(s), no run {index}")
+        runs = runs[index:index + 1]
+    sections = [(name, layer_runs(runs, name)) for name in LAYERS if layer is None or name == layer]
+    sections = [(name, part) for name, part in sections if part]
+    if layer is not None and not sections:
+        where = f"run {index} of {path}" if index is not None else path
+        raise BenchError(f"--render: {where} has no {LAYER_NAMES[layer]} row (--layer {layer})")
+    if not sections:  # no row at all: the empty table, as before
         return render_run(current(runs))
-    if not 0 <= index < len(runs):
-        raise BenchError(f"--render-run: {path} has {len(runs)} run(s), no run {index}")
-    return render_run(current(runs[index:index + 1]))
+    return "\n".join(render_run(current(part)) for _, part in sections)

@@ -3,6 +3,7 @@ the bench shares."""
 from __future__ import annotations
 
 import gc
+import importlib
 from typing import Dict, Iterable
 
 import torch
@@ -27,28 +28,39 @@ def _share_parameters(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 class LayerRunner:
     """One shape's layers (sharing parameters) and inputs; ``step(mode)`` runs one training step.
 
-    ``mode`` is ``native`` (mamba-ssm ``Mamba2``; in an upstream-det child this is the deterministic one),
-    ``ordered`` or ``literal`` (``OrderedMamba2`` with ``literal`` False / True). On CUDA: fp32 parameters,
-    ``u``/``dout`` [B, L, d_model] in the shape's dtype (bf16 or fp16), ``torch.autocast("cuda", dtype=...)`` of
-    that dtype, the same for every mode. On the CPU: fp32 everything, no autocast (the reference path).
+    ``mode`` is ``native`` (mamba-ssm's ``Mamba2``, or ``Mamba3`` for a Mamba-3 shape; in an upstream-det child this
+    is the deterministic one), ``ordered`` or ``literal`` (``OrderedMamba2`` / ``OrderedMamba3`` with ``literal``
+    False / True). On CUDA, Mamba-2: fp32 parameters, ``u``/``dout`` [B, L, d_model] in the shape's dtype (bf16 or
+    fp16), ``torch.autocast("cuda", dtype=...)`` of that dtype; Mamba-3: the layer built in the shape's dtype (its
+    ``dt_bias``, biases and ``D`` fp32, as upstream's), ``u``/``dout`` in that dtype, no autocast
+    (``OrderedMamba3`` takes inputs of its weights' dtype only). The same for every mode. On the CPU: fp32
+    everything, no autocast (the reference path).
     """
 
     def __init__(self, shape: Shape, modes: Iterable[str], device: torch.device, seed: int):
         self.device = device
         self.cuda = device.type == "cuda"
-        layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, d_conv=4, expand=2, headdim=shape.headdim,
-                  ngroups=shape.G, chunk_size=shape.chunk)
+        self.in_dtype = torch_dtype(shape.run_dtype(self.cuda))
+        if shape.layer == "mamba3":
+            from ...modules.mamba3 import OrderedMamba3 as ordered_cls
+
+            layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, expand=2, headdim=shape.headdim,
+                                ngroups=shape.G, chunk_size=shape.chunk, device=device, dtype=self.in_dtype)
+            native_module, native_name = "mamba_ssm.modules.mamba3", "Mamba3"
+        else:
+            ordered_cls = OrderedMamba2
+            layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, d_conv=4, expand=2, headdim=shape.headdim,
+                                ngroups=shape.G, chunk_size=shape.chunk, device=device)  # fp32 parameters
+            native_module, native_name = "mamba_ssm.modules.mamba2", "Mamba2"
+        self.autocast = self.cuda and shape.layer != "mamba3"
         torch.manual_seed(seed)
-        self.ordered = OrderedMamba2(**layer_kwargs, device=device)  # fp32 parameters
+        self.ordered = ordered_cls(**layer_kwargs)
         self.layers = {"ordered": self.ordered, "literal": self.ordered}
         if "native" in modes:
-            from mamba_ssm.modules.mamba2 import Mamba2
-
-            native = Mamba2(**layer_kwargs, device=device)
+            native = getattr(importlib.import_module(native_module), native_name)(**layer_kwargs)
             _share_parameters(native, self.ordered)
             self.layers["native"] = native
         self.params = list(self.ordered.named_parameters())
-        self.in_dtype = torch_dtype(shape.run_dtype(self.cuda))
         generator = torch.Generator(device=device).manual_seed(seed + 1)
         shp = (shape.B, shape.L, shape.d_model)
         self.u = torch.randn(shp, generator=generator, device=device).to(self.in_dtype).requires_grad_(True)
@@ -68,8 +80,8 @@ class LayerRunner:
         return layer
 
     def forward(self, layer: torch.nn.Module) -> torch.Tensor:
-        """``layer(u)``, on CUDA under ``torch.autocast`` in the shape's dtype."""
-        if self.cuda:
+        """``layer(u)``; a Mamba-2 layer on CUDA under ``torch.autocast`` in the shape's dtype."""
+        if self.autocast:
             with torch.autocast("cuda", dtype=self.in_dtype):
                 return layer(self.u)
         return layer(self.u)

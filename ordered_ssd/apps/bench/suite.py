@@ -16,7 +16,7 @@ import torch
 from ...fingerprint import package_versions
 from ..errors import EXIT_OK
 from ..files import prepare_out_dir
-from .args import resolve_settings, resolve_shapes, shape_settings
+from .args import resolve_layer, resolve_settings, resolve_shapes, shape_settings
 from .breakdown import profile_breakdown, write_breakdown
 from .children import ROOT, run_child
 from .precompile import DEFAULT_JOBS_CUDA, run_precompile
@@ -24,7 +24,7 @@ from .report import format_table, merge_results, write_results
 from .requirements import DET_ENV, BenchError, missing_requirements
 from .results import load_runs, merge_run, render
 from .runner import error_text, free_memory, resolve_device
-from .shapes import IN_PROCESS_MODES, MODES, Shape, named_or_parsed_shape, torch_dtype
+from .shapes import IN_PROCESS_MODES, LAYER_MODES, Shape, named_or_parsed_shape, torch_dtype
 from .timing import bench_shape, count_launches, finalize_ratios, shape_result
 
 EXIT_INCOMPLETE = 1
@@ -70,14 +70,25 @@ def _tree(root: str = ROOT) -> Optional[str]:
         return None
 
 
-def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str) -> dict:
+#: ``meta["precision"]`` of a CUDA run, per layer (:class:`~ordered_ssd.apps.bench.runner.LayerRunner`)
+PRECISION = {
+    "mamba2": ("fp32 parameters; u/dout in the row's dtype (bf16 or fp16, shown in dims) and "
+               "torch.autocast('cuda', dtype=that dtype)"),
+    "mamba3": ("the layers built in the row's dtype (shown in dims; dt_bias, B_bias, C_bias and D fp32, as "
+               "Mamba3's), u/dout in that dtype, no autocast"),
+}
+
+
+def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str, layer: str = "mamba2") -> dict:
+    """The run's provenance and harness; ``layer`` is recorded, and a Mamba-3 run (which has no grid) records no
+    ``grid_settings``."""
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "run_id": uuid.uuid4().hex[:16], "commit": _commit(), "tree": _tree(),
             "versions": package_versions(), "device": str(device), "gpu": None, "settings": settings["default"],
-            "grid_settings": settings["grid"], "command": " ".join([prog] + list(argv)),
-            "precision": ("fp32 parameters; u/dout in the row's dtype (bf16 or fp16, shown in dims) and "
-                          "torch.autocast('cuda', dtype=that dtype)"
-                          if device.type == "cuda" else "fp32 parameters and inputs (CPU reference path)"),
+            "grid_settings": settings["grid"] if layer == "mamba2" else None, "layer": layer,
+            "command": " ".join([prog] + list(argv)),
+            "precision": (PRECISION[layer] if device.type == "cuda"
+                          else "fp32 parameters and inputs (CPU reference path)"),
             "timer": "torch.cuda.Event per step" if device.type == "cuda" else "time.perf_counter per step",
             "parent_env": {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING", "TRITON_CACHE_DIR")},
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
@@ -95,7 +106,10 @@ def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str) 
 
 
 def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
-    if device.type != "cuda":
+    """The configurations ``csrc_bindings.describe_launch`` resolves for ``shape``'s kernels (Mamba-2's), with
+    their source and speed rule; None off CUDA and for Mamba-3 (no describer for its kernels yet: they launch at
+    the ``mincost-v1`` rule, the run's ``meta["pinned_configs"]`` names the tables)."""
+    if device.type != "cuda" or shape.layer != "mamba2":
         return None
     try:
         import csrc_bindings
@@ -124,10 +138,10 @@ def _fold_variants(shape: Shape) -> list:
                   key=lambda r: (r["M"], r["N"]))
 
 
-def _check_environment(modes: Sequence[str], args, device: torch.device) -> None:
+def _check_environment(modes: Sequence[str], args, device: torch.device, layer: str = "mamba2") -> None:
     if device.type == "cpu" and not args.shape and not args.shapes:
-        raise BenchError("--device cpu: give a small --shape (S1-S5 and the grid are GPU sizes)")
-    missing = missing_requirements(args.device, modes)
+        raise BenchError("--device cpu: give a small --shape (S1-S5, the grid and M1-M6 are GPU sizes)")
+    missing = missing_requirements(args.device, modes, layer=layer)
     if missing:
         raise BenchError(missing)
     if "native" in modes and any(os.environ.get(k) for k in DET_ENV):
@@ -141,7 +155,7 @@ def _check_environment(modes: Sequence[str], args, device: torch.device) -> None
 def _measure_only(args) -> Optional[int]:
     """``--render`` / ``--merge``: measure nothing; None when neither is given."""
     if args.render:
-        sys.stdout.write(render(args.render, args.render_run))
+        sys.stdout.write(render(args.render, args.render_run, getattr(args, "layer", None)))
         return EXIT_OK
     if args.merge:
         out = prepare_out_dir(args.out)
@@ -167,9 +181,10 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
     t_start = time.monotonic()
     deadline = None if args.time_budget is None else t_start + args.time_budget
     device = resolve_device(args.device)
-    modes = args.modes or (list(MODES) if device.type == "cuda" else ["ordered"])
+    layer = resolve_layer(args)  # the options that do not go with the layer: refused here, one line
+    modes = args.modes or (list(LAYER_MODES[layer]) if device.type == "cuda" else ["ordered"])
     shapes = resolve_shapes(args)
-    _check_environment(modes, args, device)
+    _check_environment(modes, args, device, layer)
     breakdown_shape = None
     if args.breakdown:
         name = args.breakdown_shape.strip()
@@ -186,7 +201,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
         torch.cuda.set_device(device)
     out = prepare_out_dir(args.out)
     settings = resolve_settings(args)
-    results = {"meta": _meta(device, settings, argv, prog), "modes": modes, "children": {},
+    results = {"meta": _meta(device, settings, argv, prog, layer), "modes": modes, "children": {},
                "shapes": [dict(shape_result(s, device), pinned=_pinned(s, device)) for s in shapes]}
     by_name = {sr["name"]: sr for sr in results["shapes"]}
     in_modes = [m for m in modes if m in IN_PROCESS_MODES]

@@ -114,7 +114,7 @@ def test_time_budget_keeps_a_share_for_the_upstream_det_child(tmp_path, monkeypa
                                              **({"ordered": ordered} if extra_modes else {})}} for s in shapes}}
 
     monkeypatch.setattr(suite, "time", Clock)
-    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes, **kw: None)
     monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
     monkeypatch.setattr(suite, "run_child", fake_run_child)
     rc = bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--shape", "3,64,32,16,1", "--modes", "ordered,upstream-det",
@@ -157,7 +157,7 @@ def test_both_children_run_ordered_beside_their_native_layer(tmp_path, monkeypat
                                                             "ordered": {"mode": "ordered", "ms": 1.0}}}
                                           for s in shapes}}
 
-    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes, **kw: None)
     monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
     monkeypatch.setattr(suite, "run_child", fake_run_child)
     bench.main([*SMOKE, "--shape", "1,64,32,16,1", "--modes", "ordered,upstream-det", "--out", str(tmp_path)])
@@ -196,7 +196,7 @@ def test_precompile_gets_its_own_share_of_the_budget(tmp_path, monkeypatch):
             return 0.0
 
     monkeypatch.setattr(suite, "time", Clock)
-    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes: None)
+    monkeypatch.setattr(suite, "missing_requirements", lambda device, modes, **kw: None)
     monkeypatch.setattr(suite, "run_precompile", fake_precompile)
     monkeypatch.setattr(suite, "bench_shape", fake_bench_shape)
     monkeypatch.setattr(suite, "run_child", fake_run_child)

@@ -71,3 +71,32 @@ def test_gpu_fp16_row_and_results_file(tmp_path):
     (run,) = bench.load_runs(str(results_json))
     assert run["meta"]["run_id"] == res["meta"]["run_id"]
     assert "| X1 | B2 L512 d256 N32 G2 P32 cs128 fp16 | ordered |" in bench.render(str(results_json))
+
+
+def test_gpu_mamba3_smoke(tmp_path):
+    """``--layer mamba3`` on one small shape (GPU only; no timing assertions): native Mamba3, OrderedMamba3 and its
+    literal mode measured in bf16 without autocast, the precompile workers' slices of native's candidates succeed,
+    the ordered and literal gradients repeatable and equal, native's rows with a peak memory, the targets time and
+    memory only, the table the Mamba-3 one."""
+    small = "2,256,256,32,1,32,32"
+    runner = bench.LayerRunner(bench.parse_shape(small, name="T", layer="mamba3"), ["native", "ordered"],
+                               torch.device("cuda"), 0)
+    for m in ("native", "ordered"):
+        runner.step(m)
+        assert runner.u.dtype == torch.bfloat16 and runner.u.grad.dtype == torch.bfloat16, m
+        assert runner.layers[m].in_proj.weight.dtype == torch.bfloat16 and runner.autocast is False, m
+    del runner
+    rc = bench.main(["--layer", "mamba3", "--shape", small, "--repeats", "3", "--warmup", "2", "--bit-repeats", "3",
+                     "--precompile-jobs", "2", "--quiet", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "bench.json").read_text())
+    sr = res["shapes"][0]
+    rows = sr["rows"]
+    assert rc == 0, {m: r.get("error") for m, r in rows.items()}
+    assert res["meta"]["layer"] == "mamba3" and sr["layer"] == "mamba3" and sr["name"] == "MX1"
+    assert res["precompile"]["failed"] == 0, res["precompile"]
+    assert sorted(rows) == ["literal", "native", "ordered"]
+    for m, r in rows.items():
+        assert r["ms"] > 0 and r["peak_mib"] > 0 and r["host_ms"] > 0 and r["launches"] > 0, m
+    assert rows["ordered"]["bitwise"] and rows["literal"]["bitwise"] and rows["literal"]["same_bits_as_ordered"]
+    assert set(rows["ordered"]["targets"]) == {"time", "memory", "met"}
+    assert "| MX1 | B2 L256 d256 N32 G1 P32 cs32 bf16 | ordered |" in (tmp_path / "bench.md").read_text()
