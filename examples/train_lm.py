@@ -6,6 +6,7 @@
 
     python examples/train_lm.py            # one run (CUDA if available, else the CPU)
     python examples/train_lm.py --check    # two runs in this process; asserts the same bits: "same bits: True"
+    python examples/train_lm.py --check --layer mamba3   # the same with OrderedMamba3 layers (docs/mamba3.md)
 
 The rest of the model must be deterministic too (docs/convert.md). On the CPU and in eager CUDA, ``nn.Embedding``'s
 backward, the matmuls, RMSNorm and the cross-entropy repeat bit for bit, so no global flag is set here; under
@@ -21,19 +22,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ordered_ssd import OrderedMamba2
+from ordered_ssd import OrderedMamba2, OrderedMamba3
 from ordered_ssd.digest import tensor_sha256
 
 
 class ByteLM(nn.Module):
     """Byte-level LM: ``forward(tokens [B, L] int64, inference_params=None) -> logits [B, L, 256]``."""
 
-    def __init__(self, d_model=64, n_layers=2, device=None):
+    def __init__(self, d_model=64, n_layers=2, device=None, layer="mamba2"):
         super().__init__()
+        mixer = OrderedMamba3 if layer == "mamba3" else OrderedMamba2  # the same constructor arguments here
         self.embedding = nn.Embedding(256, d_model, device=device)
         self.norms = nn.ModuleList(nn.RMSNorm(d_model, eps=1e-5, device=device) for _ in range(n_layers))
-        self.mixers = nn.ModuleList(OrderedMamba2(d_model, d_state=16, headdim=16, chunk_size=32, layer_idx=i,
-                                                  device=device) for i in range(n_layers))
+        self.mixers = nn.ModuleList(mixer(d_model, d_state=16, headdim=16, chunk_size=32, layer_idx=i,
+                                          device=device) for i in range(n_layers))
         self.norm_f = nn.RMSNorm(d_model, eps=1e-5, device=device)
         self.lm_head = nn.Linear(d_model, 256, bias=False, device=device)
 
@@ -55,10 +57,10 @@ def digest(tensors):
     return hashlib.sha256("".join(tensor_sha256(t) for t in tensors).encode()).hexdigest()
 
 
-def train(device, steps=4, B=4, L=64, seed=0, verbose=True):
+def train(device, steps=4, B=4, L=64, seed=0, verbose=True, layer="mamba2"):
     """``steps`` AdamW steps from ``seed``; returns (model, per-step gradient digests, final parameter digest)."""
     torch.manual_seed(seed)  # before building the model: the initial weights come from it
-    model = ByteLM(device=device)
+    model = ByteLM(device=device, layer=layer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = corpus(device)
     batches = torch.Generator().manual_seed(seed)  # the data order, its own generator
@@ -81,11 +83,12 @@ def train(device, steps=4, B=4, L=64, seed=0, verbose=True):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="train twice and assert the same bits")
-    check = parser.parse_args().check
+    parser.add_argument("--layer", choices=("mamba2", "mamba3"), default="mamba2", help="the mixer (default mamba2)")
+    args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    _, grads, params = train(device)
+    _, grads, params = train(device, layer=args.layer)
     print(f"final params sha256 {params}")
-    if check:
-        same = train(device, verbose=False)[1:] == (grads, params)
+    if args.check:
+        same = train(device, verbose=False, layer=args.layer)[1:] == (grads, params)
         print(f"same bits: {same}")
         assert same, "two runs gave different bits"

@@ -1,6 +1,7 @@
 """The scripts of ``examples/`` run, each in a fresh process on the CPU, and print what they claim.
 
-* ``train_lm.py --check``: two trainings in one process give the same bits, and a third in another process too;
+* ``train_lm.py --check``: two trainings in one process give the same bits, and a third in another process too
+  (with ``OrderedMamba2`` layers, and with ``--layer mamba3``, ``OrderedMamba3`` layers);
 * ``generate.py``: the cached greedy generation gives the tokens of the full forward on the growing sequence;
 * ``tree_accumulator_ddp.py`` under torchrun with 1 and 2 processes (splits 1 x 4 and 2 x 2 of one global batch):
   the same gradient and parameter digests (split invariance);
@@ -57,6 +58,19 @@ def test_train_lm_repeats_bit_for_bit_in_and_across_processes():
     final = re.findall(rf"^final params sha256 ({HEX})$", first + second, re.M)
     assert len(final) == 2 and final[0] == final[1]
     assert re.findall(r"^step .*$", second, re.M) == re.findall(r"^step .*$", first, re.M)
+
+
+def test_train_lm_with_mamba3_layers_repeats_bit_for_bit_in_and_across_processes():
+    first = run("train_lm.py", "--check", "--layer", "mamba3")
+    steps = re.findall(r"^step (\d+): loss ([0-9.]+) grad sha256 ([0-9a-f]{16})$", first, re.M)
+    assert [int(s) for s, _, _ in steps] == [0, 1, 2, 3] and float(steps[-1][1]) < float(steps[0][1])
+    assert re.search(r"^same bits: True$", first, re.M)
+    second = run("train_lm.py", "--layer", "mamba3")
+    assert re.findall(r"^step .*$", second, re.M) == re.findall(r"^step .*$", first, re.M)
+    finals = re.findall(rf"^final params sha256 ({HEX})$", first + second, re.M)
+    assert len(finals) == 2 and finals[0] == finals[1]
+    mamba2 = run("train_lm.py")  # another layer: other bits
+    assert re.findall(rf"^final params sha256 ({HEX})$", mamba2, re.M)[0] != finals[0]
 
 
 def test_generate_cached_equals_full_forward():
