@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from typing import List, Optional, Tuple
 
 from .errors import CheckError, plural, writing
@@ -155,6 +156,8 @@ class Launcher:
 
     def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int], threads: Optional[int] = None):
         self.runs_dir, self.progress, self.nproc, self.threads = runs_dir, progress, nproc, threads
+        #: ``{name: seconds}``: the wall time of each run launched, its processes' start-up included
+        self.wall_s: dict = {}
 
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
@@ -162,6 +165,13 @@ class Launcher:
     def __call__(self, spec_path: str, name: str, label: str, extra: List[str], nproc: Optional[int] = None,
                  max_restarts: int = 0) -> None:
         nproc = self.nproc if nproc is None else nproc
+        t0 = time.perf_counter()
+        try:
+            self._launch(spec_path, name, label, extra, nproc, max_restarts)
+        finally:
+            self.wall_s[name] = time.perf_counter() - t0
+
+    def _launch(self, spec_path, name, label, extra, nproc, max_restarts) -> None:
         if nproc is not None:
             run_torchrun(spec_path, self.record(name), label, extra, self.progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)

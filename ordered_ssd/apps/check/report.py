@@ -24,6 +24,10 @@ def merge_restart(first: dict, second: dict) -> dict:
     merged["steps"] = first["steps"] + second["steps"]
     merged["train_s"] = first["train_s"] + second["train_s"]
     merged["s_per_step"] = merged["train_s"] / max(len(merged["steps"]), 1)
+    if "timings" in first and "timings" in second:  # the two processes' times, each part summed where both have it
+        merged["timings"] = {k: (None if first["timings"].get(k) is None and second["timings"].get(k) is None else
+                                 (first["timings"].get(k) or 0.0) + (second["timings"].get(k) or 0.0))
+                             for k in second["timings"]}
     merged["label"] = "c"
     if "rank_train_s" in first and "rank_train_s" in second:  # data-parallel runs
         merged["rank_train_s"] = [a + b for a, b in zip(first["rank_train_s"], second["rank_train_s"])]
@@ -282,7 +286,8 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
                "model": _model_summary(spec), "first_module_diff": first_module,
                "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},
                "runs": {lab: {"mixer": rec["mixer"], "s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"],
-                              "losses": [s["loss"] for s in rec["steps"]], "final": rec["final"]}
+                              "losses": [s["loss"] for s in rec["steps"]], "final": rec["final"],
+                              "timings": rec.get("timings"), "wall_s": rec.get("wall_s")}
                         for lab, rec in runs.items()},
                "module_names": runs["a"].get("module_names"),
                "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"], "modules": s.get("modules")}

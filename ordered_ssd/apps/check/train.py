@@ -210,7 +210,9 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     before clipping and ``params``, the SHA-256 of every parameter after the step; ``grad_norms`` and
     ``param_norms``, their float64 L2 norms as ``float.hex``, for the picture's magnitudes),
     ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
-    ``val_loss``, timings and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
+    ``val_loss``, timings (``train_s``; ``timings``: ``setup_s`` from the call to the first step (data, model,
+    checkpoint), ``first_step_s`` (the first step, synchronised: compiles and first-launch timings),
+    ``train_s``, ``val_s``) and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
     ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
     bits).
 
@@ -230,6 +232,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             :mod:`ordered_ssd.checkpoint`) or does not match (format, world size, fingerprint, the model's
             parameters); the record or checkpoint path is a directory (found before training) or cannot be written.
     """
+    t_enter = time.perf_counter()
     sharded_ckpt = spec.get("split") is not None  # split-invariance runs: ordered_ssd.checkpoint, any world size
     for what, path in (("run record", record_path), ("checkpoint", None if sharded_ckpt else ckpt_path)):
         if path is not None and os.path.isdir(path):  # found before training, not after
@@ -280,6 +283,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
         world.rank == world.world_size - 1
     digests = StepDigests(device)
     t0 = time.perf_counter()
+    setup_s, first_step_s = t0 - t_enter, None
     for step in range(start, end):
         optimizer.zero_grad(set_to_none=True)
         losses = []
@@ -307,6 +311,10 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             steps[-1]["outputs"] = outputs.take()
         steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()}, norms=True)
         bar.update(step, value)
+        if first_step_s is None:  # compiles and first-launch timings happen here: one synchronisation, once
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_step_s = time.perf_counter() - t0
         done = step + 1
         if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
             _resolve(digests, steps, names)
@@ -336,14 +344,18 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
                     "fingerprint_info": json.dumps(fingerprint_info, sort_keys=True),
                     "spec": json.dumps(spec, sort_keys=True), **world.checkpoint_fields(every)})
     # validation: on rank 0, and with FSDP2 on every rank (its forward all-gathers the parameters: a collective)
+    t_val = time.perf_counter()
     val_loss = (_val_loss(model, data, spec["batch"], device, logits, spec.get("val_windows"), label,
                           progress and world.rank == 0)
                 if final is not None and (world.rank == 0 or world.sharded) else None)
+    timings = {"setup_s": setup_s, "first_step_s": first_step_s, "train_s": train_s,
+               "val_s": time.perf_counter() - t_val if val_loss is not None else None}
     record = None
     if world.rank == 0:
         record = {"label": label, "spec": spec, "fingerprint": fingerprint, "fingerprint_info": fingerprint_info,
                   "start": start, "restarts": restarts,
-                  "steps": steps, "train_s": train_s, "param_names": names, "module_names": modules, "final": final,
+                  "steps": steps, "train_s": train_s, "timings": timings, "param_names": names,
+                  "module_names": modules, "final": final,
                   "val_loss": val_loss,
                   "mixer": spec["mixer"], "native": spec["mixer"] == "native",
                   **world.record_fields(every, len(steps) - recorded_before)}

@@ -45,6 +45,16 @@ def test_check_is_reproducible_and_reports(check_run):
         assert pair["loss"] == pair["grads"] == pair["params"] == ["identical bits"] * 6
     assert (out / "runs" / "checkpoint-step3.pt").exists()
     assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]
+    # where each run's time went: set-up, first step, training, validation, and the run's wall time (a fresh
+    # process's start-up included); c sums its two processes
+    for label, run in runs.items():
+        t = run["timings"]
+        assert set(t) == {"setup_s", "first_step_s", "train_s", "val_s"}, label
+        assert all(v is not None and v >= 0 for v in t.values()), label
+        assert t["first_step_s"] <= t["train_s"] <= run["wall_s"], label
+        assert t["setup_s"] + t["train_s"] + t["val_s"] <= run["wall_s"], label
+    assert runs["b"]["wall_s"] > runs["b"]["timings"]["train_s"] + runs["b"]["timings"]["setup_s"]  # start-up
+    assert report["wall_s"] >= sum(run["wall_s"] for run in runs.values()) * 0.999
 
 
 def test_check_on_a_user_directory(tmp_path):
