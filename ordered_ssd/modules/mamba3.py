@@ -51,6 +51,8 @@ class OrderedMamba3(nn.Module):
     ``layer.backend = "reference"`` asks for it: the pure-PyTorch reference (:mod:`ordered_ssd.reference.mamba3`;
     fp32 or fp64). Never a silent fallback. The CUDA path does not take ``cu_seqlens`` yet (``NotImplementedError``).
     Set ``layer.literal = True`` to run the CUDA backward's kernels once per example (same bits, slower).
+    ``torch.compile`` traces the reference path without a graph break (a ``torch.library`` custom op) and gives the
+    eager bits; it refuses the CUDA path (``NotImplementedError``).
 
     Determinism: every parameter gradient is a fp32 (fp64 for fp64 parameters) lexical fold of per-example
     partials (example 0 first, :class:`ordered_ssd.fold.LexicalFold`), so two runs with the same inputs give the
@@ -298,6 +300,11 @@ class OrderedMamba3(nn.Module):
         (a prefill) also the states after the last position, from a forward of the kernels without backward."""
         from .. import ops
         from ..ops.mamba3_siso import ordered_dt_softplus, ordered_mamba3_siso_combined, ordered_mamba3_siso_fwd
+
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("OrderedMamba3: torch.compile of the CUDA path is not supported yet (its "
+                                      "kernels are not custom ops); compile the rest of the model and leave this "
+                                      "layer eager (torch.compiler.disable), or use the reference path")
 
         Bsz, L, _ = u.shape
         H, P, G, N, S = self.nheads, self.headdim, self.num_bc_heads, self.d_state, self.num_rope_angles

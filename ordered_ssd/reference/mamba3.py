@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..fold import LexicalFold
 from .naive import reference_gated_rmsnorm
+from .ordered import _NAMESPACE, OP_TAGS, _autograd_inside_custom_op
 
 __all__ = ["Mamba3Dims", "Mamba3Params", "Mamba3States", "reference_mamba3_rotary", "reference_mamba3_recurrence",
            "reference_mamba3_scan", "reference_mamba3_layer", "reference_mamba3_step", "ordered_reference_mamba3",
@@ -364,26 +365,83 @@ def ordered_reference_mamba3_bwd(dout: torch.Tensor, u: torch.Tensor, params: Ma
     return du, Mamba3Params(*folded), partials
 
 
-class _OrderedReferenceMamba3(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, u, cu_seqlens, dims, *params):
-        ctx.save_for_backward(u, cu_seqlens, *params)
-        ctx.dims = dims
-        with torch.no_grad():
-            return reference_mamba3_layer(u, Mamba3Params(*params), dims, cu_seqlens=cu_seqlens)
+# ------------------------------------------------------------------------------------------------ custom op
+# As the Mamba-2 reference (:mod:`.ordered`): custom ops opaque to ``torch.compile``, so that a compiled model runs
+# exactly the eager computation (inductor would otherwise fuse the reference's arithmetic and give other bits).
+def _dims_args(dims: Mamba3Dims) -> tuple:
+    return (dims.d_model, dims.d_inner, dims.headdim, dims.ngroups, dims.d_state, dims.num_rope_angles,
+            dims.chunk_size, float(dims.A_floor), bool(dims.is_outproj_norm), float(dims.B_norm_eps),
+            float(dims.C_norm_eps), float(dims.norm_eps))
 
-    @staticmethod
-    def backward(ctx, dout):
-        u, cu_seqlens, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        du, grads, _ = ordered_reference_mamba3_bwd(
-            dout.contiguous(), u, Mamba3Params(*params), ctx.dims, cu_seqlens=cu_seqlens,
-            needs_input_grad=needs[0], needs_param_grad=tuple(bool(n) for n in needs[3:]))
-        return (du, None, None, *grads)
+
+def _dims_of(*args) -> Mamba3Dims:
+    return Mamba3Dims(*args)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::reference_mamba3", mutates_args=(), tags=OP_TAGS)
+def _reference_mamba3(u: torch.Tensor, cu_seqlens: Optional[torch.Tensor], in_proj_weight: torch.Tensor,
+                      dt_bias: torch.Tensor, B_bias: torch.Tensor, C_bias: torch.Tensor, B_norm_weight: torch.Tensor,
+                      C_norm_weight: torch.Tensor, D: torch.Tensor, norm_weight: Optional[torch.Tensor],
+                      out_proj_weight: torch.Tensor, d_model: int, d_inner: int, headdim: int, ngroups: int,
+                      d_state: int, num_rope_angles: int, chunk_size: int, A_floor: float, is_outproj_norm: bool,
+                      B_norm_eps: float, C_norm_eps: float, norm_eps: float) -> torch.Tensor:
+    params = Mamba3Params(in_proj_weight, dt_bias, B_bias, C_bias, B_norm_weight, C_norm_weight, D, norm_weight,
+                          out_proj_weight)
+    dims = _dims_of(d_model, d_inner, headdim, ngroups, d_state, num_rope_angles, chunk_size, A_floor,
+                    is_outproj_norm, B_norm_eps, C_norm_eps, norm_eps)
+    with torch.no_grad(), torch.autocast(u.device.type, enabled=False):
+        return reference_mamba3_layer(u, params, dims, cu_seqlens=cu_seqlens).contiguous()
+
+
+@_reference_mamba3.register_fake
+def _(u, cu_seqlens, in_proj_weight, *rest):
+    return u.new_empty((*u.shape[:-1], rest[7].shape[0]))  # rest[7]: out_proj_weight [d_model, d_inner]
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::reference_mamba3_backward", mutates_args=(), tags=OP_TAGS)
+def _reference_mamba3_backward(dout: torch.Tensor, u: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
+                               params: List[Optional[torch.Tensor]], needs_grad: List[bool], d_model: int,
+                               d_inner: int, headdim: int, ngroups: int, d_state: int, num_rope_angles: int,
+                               chunk_size: int, A_floor: float, is_outproj_norm: bool, B_norm_eps: float,
+                               C_norm_eps: float, norm_eps: float) -> List[torch.Tensor]:
+    """``[du, *grads]`` (the nine fields of :class:`Mamba3Params`); an empty tensor where not computed."""
+    dims = _dims_of(d_model, d_inner, headdim, ngroups, d_state, num_rope_angles, chunk_size, A_floor,
+                    is_outproj_norm, B_norm_eps, C_norm_eps, norm_eps)
+    with _autograd_inside_custom_op(), torch.autocast(u.device.type, enabled=False):
+        du, grads, _ = ordered_reference_mamba3_bwd(dout.contiguous(), u, Mamba3Params(*params), dims,
+                                                    cu_seqlens=cu_seqlens, needs_input_grad=needs_grad[0],
+                                                    needs_param_grad=tuple(needs_grad[1:]))
+    return [g.contiguous() if g is not None else u.new_empty((0,)) for g in (du, *grads)]
+
+
+@_reference_mamba3_backward.register_fake
+def _(dout, u, cu_seqlens, params, needs_grad, *dims):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and need else u.new_empty((0,))
+            for t, need in zip((u, *params), needs_grad)]
+
+
+def _setup_context(ctx, inputs, output):
+    u, cu_seqlens, *rest = inputs
+    ctx.save_for_backward(u, cu_seqlens, *rest[:9])
+    ctx.dims = rest[9:]
+
+
+def _backward(ctx, dout):
+    u, cu_seqlens, *params = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    needs_grad = [needs[0]] + [bool(n) and p is not None for n, p in zip(needs[2:11], params)]
+    grads = _reference_mamba3_backward(dout, u, cu_seqlens, params, needs_grad, *ctx.dims)
+    return (grads[0] if needs_grad[0] else None, None,
+            *(g if need else None for g, need in zip(grads[1:], needs_grad[1:])), *([None] * len(ctx.dims)))
+
+
+_reference_mamba3.register_autograd(_backward, setup_context=_setup_context)
 
 
 def ordered_reference_mamba3(u: torch.Tensor, params: Mamba3Params, dims: Mamba3Dims,
                              cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Differentiable :func:`reference_mamba3_layer` whose backward is :func:`ordered_reference_mamba3_bwd`
-    (an eager ``torch.autograd.Function``). No argument checking here; ``OrderedMamba3`` validates its inputs."""
-    return _OrderedReferenceMamba3.apply(u, cu_seqlens, dims, *params)
+    """Differentiable :func:`reference_mamba3_layer` whose backward is :func:`ordered_reference_mamba3_bwd`: the
+    custom op ``ordered_ssd::reference_mamba3`` (``torch.compile`` traces it without a graph break and runs it as
+    in eager mode, so a compiled model gets the eager bits). No argument checking here; ``OrderedMamba3`` validates
+    its inputs."""
+    return _reference_mamba3(u, cu_seqlens, *params, *_dims_args(dims))

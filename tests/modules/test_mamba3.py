@@ -359,3 +359,29 @@ def test_the_cuda_path_sizes_are_checked_by_name(kwargs, name):
         layer._check_cuda_sizes()
     assert layer(torch.randn(1, 5, 32)).shape == (1, 5, 32)
     OrderedMamba3(d_model=32, d_state=16, headdim=16, chunk_size=16)._check_cuda_sizes()  # accepted
+
+
+def test_the_reference_op_passes_opcheck_and_a_compiled_layer_gives_the_eager_bits():
+    """``ordered_ssd::reference_mamba3`` (the reference path as a custom op): ``torch.library.opcheck`` (schema,
+    fake, autograd registration), and ``torch.compile(fullgraph=True)`` of the layer gives eager's bits, output and
+    every gradient (inductor cannot fuse the opaque op's arithmetic)."""
+    from ordered_ssd.reference.mamba3 import _dims_args, _reference_mamba3
+
+    layer = make(seed=5, dtype=F32, **CFG2)
+    u = torch.randn(2, 11, 16)
+    args = (u.clone().requires_grad_(True), None, *[p.detach().clone().requires_grad_(True) if p is not None else None
+                                                    for p in layer.layer_params()], *_dims_args(layer.dims))
+    torch.library.opcheck(_reference_mamba3, args, test_utils=("test_schema", "test_faketensor",
+                                                               "test_autograd_registration"))
+
+    def step(fn):
+        layer.zero_grad(set_to_none=True)
+        x = u.clone().requires_grad_(True)
+        out = fn(x)
+        out.square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+    eager = step(layer)
+    compiled = step(torch.compile(layer, fullgraph=True))
+    assert len(eager) == 2 + len(list(layer.parameters()))
+    for a, b in zip(eager, compiled):
+        assert bits_equal(a, b)
