@@ -181,6 +181,18 @@ class OrderedMamba3(nn.Module):
     def _reference_params(self, dtype: torch.dtype) -> Mamba3Params:
         return Mamba3Params(*(p if p is None or p.dtype == dtype else p.to(dtype) for p in self.layer_params()))
 
+    def _step_params(self, dtype: torch.dtype) -> Mamba3Params:
+        """:meth:`_reference_params` for decoding steps, cast once and kept until a parameter changes (its object,
+        storage or in-place version: an optimizer step, ``load_state_dict``): a bf16 layer's steps on CUDA then do
+        not copy ``in_proj`` at every token."""
+        params = self.layer_params()
+        key = (dtype, tuple(None if p is None else (id(p), p.data_ptr(), p._version) for p in params))
+        cached = getattr(self, "_step_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, self._reference_params(dtype))
+            self._step_cache = cached
+        return cached[1]
+
     def backend_for(self, u: torch.Tensor) -> str:
         """The compute path for ``u``: ``layer.backend`` when set (``"cuda"`` or ``"reference"``), else ``"cuda"``
         (:mod:`ordered_ssd.ops.mamba3_siso` on mamba-ssm's Triton kernels) for CUDA tensors of dtype fp32/bf16/fp16
@@ -351,10 +363,10 @@ class OrderedMamba3(nn.Module):
         ssm_state, k_state, v_state)``, ``out`` of ``u``'s shape, the four states updated in place and returned.
 
         States as :meth:`allocate_inference_cache` makes them. Computed by
-        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (in fp32 on CUDA, the parameters cast at every
-        step; upstream's CuTe-DSL step kernel is not used); runs without autograd. A step continues the forward over
-        the same tokens: a prefill of ``L`` tokens then steps gives the outputs of one forward over all of them (up
-        to rounding). Bitwise repeatable: the step has no sum across examples.
+        :func:`ordered_ssd.reference.mamba3.reference_mamba3_step` (in fp32 on CUDA, the parameters cast once and
+        kept while they do not change; upstream's CuTe-DSL step kernel is not used); runs without autograd. A step
+        continues the forward over the same tokens: a prefill of ``L`` tokens then steps gives the outputs of one
+        forward over all of them (up to rounding). Bitwise repeatable: the step has no sum across examples.
 
         Raises:
             TypeError / ValueError (naming the argument): ``u`` not [B, d_model] / [B, 1, d_model] of the layer's
@@ -370,7 +382,7 @@ class OrderedMamba3(nn.Module):
         cd = u.dtype if backend == "reference" else torch.float32  # the CUDA step: the reference's math in fp32
         with torch.no_grad():
             states = Mamba3States(angle_state.to(cd), ssm_state.to(cd), k_state[:, 0].to(cd), v_state.to(cd))
-            out, nxt = reference_mamba3_step(u3[:, 0].to(cd), self._reference_params(cd), self.dims, states)
+            out, nxt = reference_mamba3_step(u3[:, 0].to(cd), self._step_params(cd), self.dims, states)
             out = out.to(u.dtype)
             angle_state.copy_(nxt.angle)
             ssm_state.copy_(nxt.ssm)

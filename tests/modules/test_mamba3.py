@@ -385,3 +385,18 @@ def test_the_reference_op_passes_opcheck_and_a_compiled_layer_gives_the_eager_bi
     assert len(eager) == 2 + len(list(layer.parameters()))
     for a, b in zip(eager, compiled):
         assert bits_equal(a, b)
+
+
+def test_step_parameters_are_cast_once_and_again_after_a_change():
+    """A step's parameters in another dtype (fp32 for a bf16 layer on CUDA) are cast once and kept, and cast again
+    after an in-place update or a new parameter object; the same dtype is never copied."""
+    layer = make(dtype=F32)
+    first = layer._step_params(F64)
+    assert layer._step_params(F64) is first and first.in_proj_weight.dtype == F64
+    with torch.no_grad():
+        layer.D.add_(1.0)  # an optimizer step: the in-place version changes
+    second = layer._step_params(F64)
+    assert second is not first and torch.equal(second.D, layer.D.double())
+    layer.load_state_dict({k: v.clone() for k, v in layer.state_dict().items()})
+    assert layer._step_params(F64) is not second
+    assert layer._step_params(F32).in_proj_weight is layer.in_proj.weight
