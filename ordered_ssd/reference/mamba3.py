@@ -36,9 +36,9 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..fold import LexicalFold
 from .naive import reference_gated_rmsnorm
-from .ordered import _NAMESPACE, OP_TAGS, _autograd_inside_custom_op
+from .ordered import (_NAMESPACE, OP_TAGS, _autograd_inside_custom_op, backward_op_fake, per_example_ordered_bwd,
+                      register_reference_autograd)
 
 __all__ = ["Mamba3Dims", "Mamba3Params", "Mamba3States", "reference_mamba3_rotary", "reference_mamba3_recurrence",
            "reference_mamba3_scan", "reference_mamba3_layer", "reference_mamba3_step", "ordered_reference_mamba3",
@@ -339,30 +339,9 @@ def ordered_reference_mamba3_bwd(dout: torch.Tensor, u: torch.Tensor, params: Ma
     Returns:
         ``(du or None, Mamba3Params of folded gradients (None where not asked), per-example partials or None)``.
     """
-    if needs_param_grad is None:
-        needs_param_grad = tuple(p is not None for p in params)
-    wanted = [i for i, (p, need) in enumerate(zip(params, needs_param_grad)) if need and p is not None]
-    folds = {i: LexicalFold(params[i].dtype) for i in wanted}
-    du = torch.empty_like(u) if needs_input_grad else None
-    partials: Optional[List[Mamba3Params]] = [] if return_partials else None
-    for b in range(u.shape[0]):
-        with torch.enable_grad():
-            u_b = u[b:b + 1].detach().requires_grad_(needs_input_grad)
-            leaves = [p.detach().requires_grad_(i in folds) if p is not None else None for i, p in enumerate(params)]
-            out_b = reference_mamba3_layer(u_b, Mamba3Params(*leaves), dims, cu_seqlens=cu_seqlens)
-            inputs = ([u_b] if needs_input_grad else []) + [leaves[i] for i in wanted]
-            grads = list(torch.autograd.grad(out_b, inputs, dout[b:b + 1], allow_unused=True)) if inputs else []
-        if needs_input_grad:
-            du[b:b + 1] = grads.pop(0)
-        per_example: list = [None] * len(params)
-        for i, g in zip(wanted, grads):
-            g = torch.zeros_like(params[i]) if g is None else g
-            folds[i].add(g)
-            per_example[i] = g
-        if partials is not None:
-            partials.append(Mamba3Params(*per_example))
-    folded = [folds[i].result(like=params[i]) if i in folds else None for i in range(len(params))]
-    return du, Mamba3Params(*folded), partials
+    return per_example_ordered_bwd(
+        lambda b, u_b, leaves: reference_mamba3_layer(u_b, Mamba3Params(*leaves), dims, cu_seqlens=cu_seqlens),
+        dout, u, params, needs_input_grad, needs_param_grad, return_partials)
 
 
 # ------------------------------------------------------------------------------------------------ custom op
@@ -414,28 +393,8 @@ def _reference_mamba3_backward(dout: torch.Tensor, u: torch.Tensor, cu_seqlens: 
     return [g.contiguous() if g is not None else u.new_empty((0,)) for g in (du, *grads)]
 
 
-@_reference_mamba3_backward.register_fake
-def _(dout, u, cu_seqlens, params, needs_grad, *dims):
-    return [torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and need else u.new_empty((0,))
-            for t, need in zip((u, *params), needs_grad)]
-
-
-def _setup_context(ctx, inputs, output):
-    u, cu_seqlens, *rest = inputs
-    ctx.save_for_backward(u, cu_seqlens, *rest[:9])
-    ctx.dims = rest[9:]
-
-
-def _backward(ctx, dout):
-    u, cu_seqlens, *params = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    needs_grad = [needs[0]] + [bool(n) and p is not None for n, p in zip(needs[2:11], params)]
-    grads = _reference_mamba3_backward(dout, u, cu_seqlens, params, needs_grad, *ctx.dims)
-    return (grads[0] if needs_grad[0] else None, None,
-            *(g if need else None for g, need in zip(grads[1:], needs_grad[1:])), *([None] * len(ctx.dims)))
-
-
-_reference_mamba3.register_autograd(_backward, setup_context=_setup_context)
+_reference_mamba3_backward.register_fake(backward_op_fake)
+register_reference_autograd(_reference_mamba3, _reference_mamba3_backward, len(Mamba3Params._fields))
 
 
 def ordered_reference_mamba3(u: torch.Tensor, params: Mamba3Params, dims: Mamba3Dims,

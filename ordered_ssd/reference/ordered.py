@@ -27,6 +27,7 @@ from ..fold import LexicalFold
 from .naive import Mamba2Dims, Mamba2Params, reference_mamba2_layer
 
 __all__ = [
+    "per_example_ordered_bwd",
     "ordered_reference_mamba2_fwd",
     "ordered_reference_mamba2_bwd",
     "ordered_reference_mamba2",
@@ -61,38 +62,53 @@ def ordered_reference_mamba2_bwd(
         :class:`Mamba2Params` of folded gradients (dtype of each parameter, None where not
         requested); ``partials`` or None.
     """
+    return per_example_ordered_bwd(
+        lambda b, u_b, leaves: reference_mamba2_layer(u_b, Mamba2Params(*leaves), dims,
+                                                      None if seq_idx is None else seq_idx[b:b + 1]),
+        dout, u, params, needs_input_grad, needs_param_grad, return_partials)
+
+
+def per_example_ordered_bwd(layer_of_example, dout: torch.Tensor, u: torch.Tensor, params: tuple,
+                            needs_input_grad: bool = True, needs_param_grad: Optional[Tuple[bool, ...]] = None,
+                            return_partials: bool = False):
+    """The ordered backward of a reference layer (Mamba-2's and Mamba-3's): for each example ``b`` alone,
+    ``torch.autograd.grad`` of ``layer_of_example(b, u[b:b+1], leaves)`` (``leaves``: ``params`` detached, the
+    wanted ones requiring grad) against ``dout[b:b+1]``; ``du[b]`` written in place, each parameter's gradient
+    added to a :class:`~ordered_ssd.fold.LexicalFold` (example 0 first, cast once).
+
+    Args:
+        params: a NamedTuple of parameters (None for an absent one); the results use its type.
+        needs_param_grad: one flag per field (default: every parameter that is not None).
+    Returns:
+        ``(du or None, params' type of folded gradients (None where not asked), per-example partials or None)``.
+    """
+    cls = type(params)
     if needs_param_grad is None:
         needs_param_grad = tuple(p is not None for p in params)
     wanted = [i for i, (p, need) in enumerate(zip(params, needs_param_grad)) if need and p is not None]
     folds = {i: LexicalFold(params[i].dtype) for i in wanted}
     du = torch.empty_like(u) if needs_input_grad else None
-    partials: Optional[List[Mamba2Params]] = [] if return_partials else None
-    Bsz = u.shape[0]
-    for b in range(Bsz):
+    partials: Optional[list] = [] if return_partials else None
+    for b in range(u.shape[0]):
         with torch.enable_grad():
             u_b = u[b:b + 1].detach().requires_grad_(needs_input_grad)
             leaves = [p.detach().requires_grad_(i in folds) if p is not None else None
                       for i, p in enumerate(params)]
-            out_b = reference_mamba2_layer(u_b, Mamba2Params(*leaves), dims,
-                                           None if seq_idx is None else seq_idx[b:b + 1])
+            out_b = layer_of_example(b, u_b, leaves)
             inputs = ([u_b] if needs_input_grad else []) + [leaves[i] for i in wanted]
-            if inputs:
-                grads = torch.autograd.grad(out_b, inputs, dout[b:b + 1], allow_unused=True)
-            else:
-                grads = []
+            grads = list(torch.autograd.grad(out_b, inputs, dout[b:b + 1], allow_unused=True)) if inputs else []
         if needs_input_grad:
-            du[b:b + 1] = grads[0]
-            grads = grads[1:]
+            du[b:b + 1] = grads.pop(0)
         per_example = [None] * len(params)
         for i, g in zip(wanted, grads):
-            if g is None:  # parameter does not reach the output (cannot happen for Mamba-2's parameters)
+            if g is None:  # a parameter that does not reach the output
                 g = torch.zeros_like(params[i])
             folds[i].add(g)
             per_example[i] = g
         if partials is not None:
-            partials.append(Mamba2Params(*per_example))
+            partials.append(cls(*per_example))
     folded = [folds[i].result(like=params[i]) if i in folds else None for i in range(len(params))]
-    return du, Mamba2Params(*folded), partials
+    return du, cls(*folded), partials
 
 
 # --------------------------------------------------------------------------------------------- custom op
@@ -169,28 +185,34 @@ def _reference_mamba2_backward(dout: torch.Tensor, u: torch.Tensor, seq_idx: Opt
     return [g.contiguous() if g is not None else u.new_empty((0,)) for g in (du, *grads)]
 
 
-@_reference_mamba2_backward.register_fake
-def _(dout, u, seq_idx, params, needs_grad, *dims):
+def backward_op_fake(dout, u, extra, params, needs_grad, *dims):
+    """The fake of a reference layer's backward op (``[du, *grads]``, an empty tensor where not computed)."""
     return [torch.empty_like(t, memory_format=torch.contiguous_format) if t is not None and need else u.new_empty((0,))
             for t, need in zip((u, *params), needs_grad)]
 
 
-def _reference_setup_context(ctx, inputs, output):
-    u, seq_idx, *rest = inputs
-    ctx.save_for_backward(u, seq_idx, *rest[:10])
-    ctx.dims = rest[10:]
+def register_reference_autograd(op, backward_op, n_params: int) -> None:
+    """Register ``op``'s autograd (``op(u, extra, *n_params parameters, *dims)``, ``extra`` a tensor or None that
+    takes no gradient: ``seq_idx``, ``cu_seqlens``) through ``backward_op(dout, u, extra, params, needs_grad,
+    *dims)``, which returns ``[du, *grads]``."""
+    def setup_context(ctx, inputs, output):
+        u, extra, *rest = inputs
+        ctx.save_for_backward(u, extra, *rest[:n_params])
+        ctx.dims = rest[n_params:]
+
+    def backward(ctx, dout):
+        u, extra, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        needs_grad = [needs[0]] + [bool(n) and p is not None for n, p in zip(needs[2:2 + n_params], params)]
+        grads = backward_op(dout, u, extra, params, needs_grad, *ctx.dims)
+        return (grads[0] if needs_grad[0] else None, None,
+                *(g if need else None for g, need in zip(grads[1:], needs_grad[1:])), *([None] * len(ctx.dims)))
+
+    op.register_autograd(backward, setup_context=setup_context)
 
 
-def _reference_bwd(ctx, dout):
-    u, seq_idx, *params = ctx.saved_tensors
-    needs = ctx.needs_input_grad
-    needs_grad = [needs[0]] + [bool(n) and p is not None for n, p in zip(needs[2:12], params)]
-    grads = _reference_mamba2_backward(dout, u, seq_idx, params, needs_grad, *ctx.dims)
-    return (grads[0] if needs_grad[0] else None, None,
-            *(g if need else None for g, need in zip(grads[1:], needs_grad[1:])), *([None] * len(ctx.dims)))
-
-
-_reference_mamba2.register_autograd(_reference_bwd, setup_context=_reference_setup_context)
+_reference_mamba2_backward.register_fake(backward_op_fake)
+register_reference_autograd(_reference_mamba2, _reference_mamba2_backward, len(Mamba2Params._fields))
 
 
 def ordered_reference_mamba2(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
