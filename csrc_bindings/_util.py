@@ -35,6 +35,19 @@ def strides(names: str, t: torch.Tensor | None, dims) -> dict:
     return dict(zip(keys, map(t.stride().__getitem__, dims)))
 
 
+@functools.lru_cache(maxsize=None)
+def _prefixed(prefix: str, dims: str) -> str:
+    return " ".join(f"{prefix}_{d}" for d in dims.split())
+
+
+def prefixed_strides(prefix: str, dims: str, t: torch.Tensor | None) -> dict:
+    """:func:`strides` of every dimension of ``t`` under the names ``{prefix}_{dim}`` for the space-separated
+    ``dims`` (``prefixed_strides("stride_q", "batch seqlen", q)`` -> ``{"stride_q_batch": .., "stride_q_seqlen":
+    ..}``); all zeros when ``t`` is None."""
+    names = _prefixed(prefix, dims)
+    return strides(names, t, range(len(_names(names))))
+
+
 def check(cond: bool, msg: str) -> None:
     """Raise ``ValueError(msg)`` unless ``cond``; ``msg`` names the argument, what was expected and what came."""
     if not cond:

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-__all__ = ["UPSTREAM", "import_kernels", "allocator"]
+__all__ = ["UPSTREAM", "import_kernels", "allocator", "launch_kernel"]
 
 #: the upstream modules mirrored here
 UPSTREAM = ("mamba_ssm.ops.triton.mamba3.angle_dt", "mamba_ssm.ops.triton.mamba3.mamba3_siso_fwd",
@@ -83,3 +83,17 @@ def allocator():
             yield
         finally:
             alloc._allocator = var
+
+
+def launch_kernel(spec, grid, args: dict, ref: torch.Tensor, config=None) -> None:
+    """One launch of a Mamba-3 kernel: upstream's modules imported (:func:`import_kernels`), the pinned (or given)
+    configuration (:func:`csrc_bindings._configs.launch_config`), :func:`csrc_bindings._native.launch` under
+    :func:`allocator`."""
+    from .._configs import launch_config
+    from .._native import launch
+
+    import_kernels()
+    cfg = launch_config(spec, args, ref, config)
+    with allocator():
+        launch(spec, grid, args, cfg, ref)
+

@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from .._configs import launch_config
-from .._native import launch
 from .._spec import KernelSpec
-from .._util import check_shape, next_pow2
-from ._runtime import allocator, import_kernels
+from .._util import check_shape, next_pow2, prefixed_strides
+from ._runtime import launch_kernel
 
 MODULE = "mamba_ssm.ops.triton.mamba3.angle_dt"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
-
-
-def _launch(spec, grid, args, ref, config):
-    import_kernels()
-    cfg = launch_config(spec, args, ref, config)
-    with allocator():
-        launch(spec, grid, args, cfg, ref)
 
 
 def launch_angle_dt_fwd(angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, return_output_state: bool = False,
@@ -43,18 +34,15 @@ def launch_angle_dt_fwd(angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, 
     check_shape("dt", dt, (batch, nheads, seqlen), "[B, H, L]")
     out = torch.empty(angle.shape, device=angle.device, dtype=angle.dtype)
     state = torch.empty(batch, nheads, dim, device=angle.device, dtype=angle.dtype) if return_output_state else None
-    so = state.stride() if state is not None else (0, 0, 0)
     args = dict(OUT=out, OUTPUT_STATE=state if state is not None else out, ANGLE=angle, DT=dt, INIT_STATE=angle,
-                CU_SEQLENS=angle,
-                stride_out_batch=out.stride(0), stride_out_seq=out.stride(1), stride_out_head=out.stride(2),
-                stride_out_dim=out.stride(3), stride_output_state_seq=so[0], stride_output_state_head=so[1],
-                stride_output_state_dim=so[2], stride_angle_batch=angle.stride(0), stride_angle_seq=angle.stride(1),
-                stride_angle_head=angle.stride(2), stride_angle_dim=angle.stride(3), stride_dt_batch=dt.stride(0),
-                stride_dt_head=dt.stride(1), stride_dt_seq=dt.stride(2), stride_init_seq=0, stride_init_head=0,
-                stride_init_dim=0, stride_cu_seqlen=0, seqlen=seqlen, dim=dim, CHUNK_SIZE=chunk_size,
-                BLOCK_D=next_pow2(dim), HAS_INIT_STATE=False, RETURN_OUTPUT_STATE=bool(return_output_state),
-                IS_VARLEN=False)
-    _launch(ANGLE_DT_FWD, (nheads, batch), args, angle, config)
+                CU_SEQLENS=angle, **prefixed_strides("stride_out", "batch seq head dim", out),
+                **prefixed_strides("stride_output_state", "seq head dim", state),
+                **prefixed_strides("stride_angle", "batch seq head dim", angle),
+                **prefixed_strides("stride_dt", "batch head seq", dt),
+                **prefixed_strides("stride_init", "seq head dim", None), stride_cu_seqlen=0, seqlen=seqlen,
+                dim=dim, CHUNK_SIZE=chunk_size, BLOCK_D=next_pow2(dim), HAS_INIT_STATE=False,
+                RETURN_OUTPUT_STATE=bool(return_output_state), IS_VARLEN=False)
+    launch_kernel(ANGLE_DT_FWD, (nheads, batch), args, angle, config)
     return out, state
 
 
@@ -85,19 +73,16 @@ def launch_angle_dt_bwd(grad_theta: torch.Tensor, angle: torch.Tensor, dt: torch
     d_dt = torch.empty(dt.shape, device=dt.device, dtype=dt.dtype)
     args = dict(GRAD_ANGLE=d_angle, GRAD_DT=d_dt, GRAD_INIT_STATE=d_angle, GRAD_OUT=grad_theta,
                 GRAD_OUTPUT_STATE=d_angle, ANGLE=angle, DT=dt, CU_SEQLENS=angle,
-                stride_grad_angle_batch=d_angle.stride(0), stride_grad_angle_seq=d_angle.stride(1),
-                stride_grad_angle_head=d_angle.stride(2), stride_grad_angle_dim=d_angle.stride(3),
-                stride_grad_dt_batch=d_dt.stride(0), stride_grad_dt_head=d_dt.stride(1),
-                stride_grad_dt_seq=d_dt.stride(2), stride_grad_init_seq=0, stride_grad_init_head=0,
-                stride_grad_init_dim=0, stride_grad_out_batch=grad_theta.stride(0),
-                stride_grad_out_seq=grad_theta.stride(1), stride_grad_out_head=grad_theta.stride(2),
-                stride_grad_out_dim=grad_theta.stride(3), stride_grad_output_state_seq=0,
-                stride_grad_output_state_head=0, stride_grad_output_state_dim=0, stride_angle_batch=angle.stride(0),
-                stride_angle_seq=angle.stride(1), stride_angle_head=angle.stride(2), stride_angle_dim=angle.stride(3),
-                stride_dt_batch=dt.stride(0), stride_dt_head=dt.stride(1), stride_dt_seq=dt.stride(2),
-                stride_cu_seqlen=0, seqlen=seqlen, dim=dim, CHUNK_SIZE=chunk_size, BLOCK_D=next_pow2(dim),
-                HAS_INIT_STATE=False, HAS_GRAD_OUTPUT_STATE=False, IS_VARLEN=False)
-    _launch(ANGLE_DT_BWD, (nheads, batch), args, angle, config)
+                **prefixed_strides("stride_grad_angle", "batch seq head dim", d_angle),
+                **prefixed_strides("stride_grad_dt", "batch head seq", d_dt),
+                **prefixed_strides("stride_grad_init", "seq head dim", None),
+                **prefixed_strides("stride_grad_out", "batch seq head dim", grad_theta),
+                **prefixed_strides("stride_grad_output_state", "seq head dim", None),
+                **prefixed_strides("stride_angle", "batch seq head dim", angle),
+                **prefixed_strides("stride_dt", "batch head seq", dt), stride_cu_seqlen=0, seqlen=seqlen, dim=dim,
+                CHUNK_SIZE=chunk_size, BLOCK_D=next_pow2(dim), HAS_INIT_STATE=False, HAS_GRAD_OUTPUT_STATE=False,
+                IS_VARLEN=False)
+    launch_kernel(ANGLE_DT_BWD, (nheads, batch), args, angle, config)
     return d_angle, d_dt
 
 

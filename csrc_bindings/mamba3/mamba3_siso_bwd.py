@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from .._spec import KernelSpec
-from .._util import cdiv, check, check_shape, next_pow2
-from .angle_dt import _launch
-from .mamba3_siso_fwd import _strides
+from .._util import cdiv, check, check_shape, next_pow2, prefixed_strides
+from ._runtime import launch_kernel
 
 MODULE = "mamba_ssm.ops.triton.mamba3.mamba3_siso_bwd"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
@@ -39,16 +38,16 @@ def launch_dzdo(dout, Z, out_v, *, config=None):
     dz = torch.empty(Z.shape, device=Z.device, dtype=dout.dtype)
     do_scaled = torch.empty_like(dout)
     args = dict(DO=dout, Z=Z, O=out_v, Dz=dz, DO_scaled=do_scaled,
-                **_strides("stride_do", "batch seqlen head vdim", dout),
-                **_strides("stride_z", "batch seqlen head vdim", Z),
-                **_strides("stride_o", "batch seqlen head vdim", out_v),
-                **_strides("stride_dz", "batch seqlen head vdim", dz),
-                **_strides("stride_do_scaled", "batch seqlen head vdim", do_scaled),
+                **prefixed_strides("stride_do", "batch seqlen head vdim", dout),
+                **prefixed_strides("stride_z", "batch seqlen head vdim", Z),
+                **prefixed_strides("stride_o", "batch seqlen head vdim", out_v),
+                **prefixed_strides("stride_dz", "batch seqlen head vdim", dz),
+                **prefixed_strides("stride_do_scaled", "batch seqlen head vdim", do_scaled),
                 seqlen=seqlen, headdim_v=p, HEADDIM_V=next_pow2(p))
 
     def grid(meta):
         return (cdiv(seqlen, meta["CHUNK_SIZE"]), nheads, batch)
-    _launch(DZDO, grid, args, dout, config)
+    launch_kernel(DZDO, grid, args, dout, config)
     return dz, do_scaled
 
 
@@ -94,26 +93,27 @@ def launch_dqkv(q_rot, k_scaled, V, da_cs, da_cs_sum, qk_dot, ssm_states, dout, 
     args = dict(Q=q_rot, K=k_scaled, V=V, DA_CS=da_cs, DA_CS_SUM=da_cs_sum, QK_Dot=qk_dot, D=D, SSM_States=ssm_states,
                 dO=dout, d_OSSM_State=None, Cu_Seqlens=None, dQ=res["dq"], dK=res["dk"], dV=res["dv"],
                 dADT=res["dadt"], dQK_Dot=res["dqk"], dD=res["dD"], d_ISSM_State=None,
-                **_strides("stride_q", "batch seqlen head qkdim", q_rot),
-                **_strides("stride_k", "batch seqlen head qkdim", k_scaled),
-                **_strides("stride_v", "batch seqlen head vdim", V),
-                **_strides("stride_da_cs", "batch head seqlen", da_cs),
-                **_strides("stride_da_cs_sum", "batch head seqlen", da_cs_sum),
-                **_strides("stride_qk_dot", "batch head seqlen", qk_dot), **_strides("stride_d", "head", D),
-                **_strides("stride_ssm_states", "batch head vdim qkdim", ssm_states),
-                **_strides("stride_do", "batch seqlen head vdim", dout),
-                **_strides("stride_d_ossm_state", "batch head vdim qkdim", None), stride_cu_seqlen=0,
-                **_strides("stride_dq", "batch seqlen head qkdim", res["dq"]),
-                **_strides("stride_dk", "batch seqlen head qkdim", res["dk"]),
-                **_strides("stride_dv", "batch seqlen head vdim", res["dv"]),
-                **_strides("stride_dadt", "batch head seqlen", res["dadt"]),
-                **_strides("stride_dQK_dot", "batch head seqlen", res["dqk"]),
-                **_strides("stride_dd", "batch head", res["dD"]),
-                **_strides("stride_d_issm_state", "batch head vdim qkdim", None),
+                **prefixed_strides("stride_q", "batch seqlen head qkdim", q_rot),
+                **prefixed_strides("stride_k", "batch seqlen head qkdim", k_scaled),
+                **prefixed_strides("stride_v", "batch seqlen head vdim", V),
+                **prefixed_strides("stride_da_cs", "batch head seqlen", da_cs),
+                **prefixed_strides("stride_da_cs_sum", "batch head seqlen", da_cs_sum),
+                **prefixed_strides("stride_qk_dot", "batch head seqlen", qk_dot),
+                **prefixed_strides("stride_d", "head", D),
+                **prefixed_strides("stride_ssm_states", "batch head vdim qkdim", ssm_states),
+                **prefixed_strides("stride_do", "batch seqlen head vdim", dout),
+                **prefixed_strides("stride_d_ossm_state", "batch head vdim qkdim", None), stride_cu_seqlen=0,
+                **prefixed_strides("stride_dq", "batch seqlen head qkdim", res["dq"]),
+                **prefixed_strides("stride_dk", "batch seqlen head qkdim", res["dk"]),
+                **prefixed_strides("stride_dv", "batch seqlen head vdim", res["dv"]),
+                **prefixed_strides("stride_dadt", "batch head seqlen", res["dadt"]),
+                **prefixed_strides("stride_dQK_dot", "batch head seqlen", res["dqk"]),
+                **prefixed_strides("stride_dd", "batch head", res["dD"]),
+                **prefixed_strides("stride_d_issm_state", "batch head vdim qkdim", None),
                 seqlen=seqlen, nheads_qk=nheads, headdim_qk=n, headdim_v=p, CHUNK_SIZE=chunk_size,
                 HEADDIM_QK=next_pow2(n), HEADDIM_V=next_pow2(p), RECOMPUTE_MASK=False, HAS_D_OSSM_STATE=False,
                 RETURN_D_ISSM_STATE=False, IS_VARLEN=False)
-    _launch(DQKV, (nheads, batch), args, q_rot, config)
+    launch_kernel(DQKV, (nheads, batch), args, q_rot, config)
     return res
 
 
@@ -173,25 +173,26 @@ def launch_rotary_bias_angles(Q, K, scale, gamma, Q_bias, K_bias, theta, dq_mid,
     args = dict(Q=Q, K=K, Scale=scale, Gamma=gamma, Q_bias=Q_bias, K_bias=K_bias, Angles=theta, dQ_in=dq_mid,
                 dK_in=dk_mid, dQK=dqk, dQ=res["dq"], dK=res["dk"], dAngles=res["dtheta"], dScale=res["dscale"],
                 dGamma=res["dgamma"], dQ_bias=res["dq_bias"], dK_bias=res["dk_bias"],
-                **_strides("stride_q", "batch seqlen head qkdim", Q),
-                **_strides("stride_k", "batch seqlen head qkdim", K),
-                **_strides("stride_scale", "batch head seqlen", scale),
-                **_strides("stride_gamma", "batch head seqlen", gamma),
-                **_strides("stride_q_bias", "head qkdim", Q_bias), **_strides("stride_k_bias", "head qkdim", K_bias),
-                **_strides("stride_angles", "batch seqlen head qkdim", theta),
-                **_strides("stride_dq_in", "batch seqlen head qkdim", dq_mid),
-                **_strides("stride_dk_in", "batch seqlen head qkdim", dk_mid),
-                **_strides("stride_dqk", "batch head seqlen", dqk),
-                **_strides("stride_dq", "batch seqlen head qkdim", res["dq"]),
-                **_strides("stride_dk", "batch seqlen head qkdim", res["dk"]),
-                **_strides("stride_dangles", "batch seqlen head qkdim", res["dtheta"]),
-                **_strides("stride_dscale", "batch head nqkchunks seqlen", res["dscale"]),
-                **_strides("stride_dgamma", "batch head nqkchunks seqlen", res["dgamma"]),
-                **_strides("stride_dq_bias", "batch nchunks head qkdim", res["dq_bias"]),
-                **_strides("stride_dk_bias", "batch nchunks head qkdim", res["dk_bias"]),
+                **prefixed_strides("stride_q", "batch seqlen head qkdim", Q),
+                **prefixed_strides("stride_k", "batch seqlen head qkdim", K),
+                **prefixed_strides("stride_scale", "batch head seqlen", scale),
+                **prefixed_strides("stride_gamma", "batch head seqlen", gamma),
+                **prefixed_strides("stride_q_bias", "head qkdim", Q_bias),
+                **prefixed_strides("stride_k_bias", "head qkdim", K_bias),
+                **prefixed_strides("stride_angles", "batch seqlen head qkdim", theta),
+                **prefixed_strides("stride_dq_in", "batch seqlen head qkdim", dq_mid),
+                **prefixed_strides("stride_dk_in", "batch seqlen head qkdim", dk_mid),
+                **prefixed_strides("stride_dqk", "batch head seqlen", dqk),
+                **prefixed_strides("stride_dq", "batch seqlen head qkdim", res["dq"]),
+                **prefixed_strides("stride_dk", "batch seqlen head qkdim", res["dk"]),
+                **prefixed_strides("stride_dangles", "batch seqlen head qkdim", res["dtheta"]),
+                **prefixed_strides("stride_dscale", "batch head nqkchunks seqlen", res["dscale"]),
+                **prefixed_strides("stride_dgamma", "batch head nqkchunks seqlen", res["dgamma"]),
+                **prefixed_strides("stride_dq_bias", "batch nchunks head qkdim", res["dq_bias"]),
+                **prefixed_strides("stride_dk_bias", "batch nchunks head qkdim", res["dk_bias"]),
                 seqlen=seqlen, nheads_qk=ngroups, nheads=nheads, headdim_qk=n, headdim_angles=s,
                 CHUNK_SIZE=chunk_size, HEADDIM_QK=hq, BLOCK_HEADDIM_QK=block, GQA_RATIO=nheads // ngroups)
-    _launch(ROTARY_BIAS_ANGLES, (nchunks, batch), args, Q, config)
+    launch_kernel(ROTARY_BIAS_ANGLES, (nchunks, batch), args, Q, config)
     return res
 
 
@@ -231,20 +232,21 @@ def launch_ddt_dtrap(dscale, dgamma, DT, trap, *, config=None):
     args = dict(dScale=dscale, dGamma=dgamma, DT=DT, Trap=trap, d_ISSM_State=dscale, Input_K_State=dscale,
                 Input_V_State=dscale, Cu_Seqlens=None, dDT=ddt, dTrap=dtrap, dInput_SSM_State=ddt,
                 dInput_K_State=ddt, dInput_V_State=ddt,
-                **_strides("stride_dscale", "batch head seqlen", dscale),
-                **_strides("stride_dgamma", "batch head seqlen", dgamma),
-                **_strides("stride_dt", "batch head seqlen", DT), **_strides("stride_trap", "batch head seqlen", trap),
-                **_strides("stride_d_issm_state", "batch head vdim qkdim", None),
-                **_strides("stride_input_k_state", "batch head qkdim", None),
-                **_strides("stride_input_v_state", "batch head vdim", None), stride_cu_seqlen=0,
-                **_strides("stride_ddt", "batch head seqlen", ddt),
-                **_strides("stride_dtrap", "batch head seqlen", dtrap),
-                **_strides("stride_dinput_ssm_state", "batch head vdim qkdim", None),
-                **_strides("stride_dinput_k_state", "batch head qkdim", None),
-                **_strides("stride_dinput_v_state", "batch head vdim", None),
+                **prefixed_strides("stride_dscale", "batch head seqlen", dscale),
+                **prefixed_strides("stride_dgamma", "batch head seqlen", dgamma),
+                **prefixed_strides("stride_dt", "batch head seqlen", DT),
+                **prefixed_strides("stride_trap", "batch head seqlen", trap),
+                **prefixed_strides("stride_d_issm_state", "batch head vdim qkdim", None),
+                **prefixed_strides("stride_input_k_state", "batch head qkdim", None),
+                **prefixed_strides("stride_input_v_state", "batch head vdim", None), stride_cu_seqlen=0,
+                **prefixed_strides("stride_ddt", "batch head seqlen", ddt),
+                **prefixed_strides("stride_dtrap", "batch head seqlen", dtrap),
+                **prefixed_strides("stride_dinput_ssm_state", "batch head vdim qkdim", None),
+                **prefixed_strides("stride_dinput_k_state", "batch head qkdim", None),
+                **prefixed_strides("stride_dinput_v_state", "batch head vdim", None),
                 seqlen=seqlen, headdim_v=64, headdim_qk=128, HEADDIM_V=64, HEADDIM_QK=128, HAS_INPUT_STATE=False,
                 IS_VARLEN=False)
-    _launch(DDT_DTRAP, (nheads, batch), args, dscale, config)
+    launch_kernel(DDT_DTRAP, (nheads, batch), args, dscale, config)
     return ddt, dtrap
 
 

@@ -11,15 +11,11 @@ from __future__ import annotations
 import torch
 
 from .._spec import KernelSpec
-from .._util import cdiv, check, check_shape, next_pow2
-from .angle_dt import _launch
+from .._util import cdiv, check, check_shape, next_pow2, prefixed_strides
+from ._runtime import launch_kernel
 
 MODULE = "mamba_ssm.ops.triton.mamba3.mamba3_siso_fwd"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
-
-
-def _strides(prefix: str, names: str, t):
-    return {f"{prefix}_{n}": (t.stride(i) if t is not None else 0) for i, n in enumerate(names.split())}
 
 
 def launch_mamba3_siso_fwd(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None, *, chunk_size: int,
@@ -83,34 +79,38 @@ def launch_mamba3_siso_fwd(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=Non
                 Out_v=g("out_v"), SSM_States=g("ssm_states"), DA_CS_Store=g("da_cs"), DA_CS_SUM_Store=g("da_cs_sum"),
                 Q_store=res["q_rot"], K_store=res["k_scaled"], QK_store=res["qk_dot"], Scale_store=res["scale"],
                 Gamma_store=res["gamma"], Final_SSM_State=final_ssm, Final_K_State=final_k)
-    args.update(_strides("stride_q", "batch seqlen head qkdim", Q),
-                **_strides("stride_k", "batch seqlen head qkdim", K),
-                **_strides("stride_v", "batch seqlen head vdim", V), **_strides("stride_adt", "batch head seqlen", ADT),
-                **_strides("stride_dt", "batch head seqlen", DT), **_strides("stride_trap", "batch head seqlen", Trap),
-                **_strides("stride_q_bias", "head qkdim", Q_bias), **_strides("stride_k_bias", "head qkdim", K_bias),
-                **_strides("stride_angles", "batch seqlen head qkdim", Angles), **_strides("stride_d", "head", D),
-                **_strides("stride_z", "batch seqlen head vdim", Z),
-                **_strides("stride_init_ssm_state", "seq head vdim qkdim", None),
-                **_strides("stride_init_k_state", "seq head qkdim", None),
-                **_strides("stride_init_v_state", "seq head vdim", None), stride_cu_seqlen=0,
-                **_strides("stride_o", "batch seqlen head vdim", out),
-                **_strides("stride_o_v", "batch seqlen head vdim", g("out_v")),
-                **_strides("stride_ssm_states", "batch head vdim qkdim", g("ssm_states")),
-                **_strides("stride_da_cs_store", "batch head seqlen", g("da_cs")),
-                **_strides("stride_da_cs_sum_store", "batch head seqlen", g("da_cs_sum")),
-                **_strides("stride_q_store", "batch seqlen head qkdim", res["q_rot"]),
-                **_strides("stride_k_store", "batch seqlen head qkdim", res["k_scaled"]),
-                **_strides("stride_qk_store", "batch head seqlen", res["qk_dot"]),
-                **_strides("stride_scale_store", "batch head seqlen", res["scale"]),
-                **_strides("stride_gamma_store", "batch head seqlen", res["gamma"]),
-                **_strides("stride_final_ssm_state", "seq head vdim qkdim", final_ssm),
-                **_strides("stride_final_k_state", "seq head chunk qkdim", final_k),
+    args.update(prefixed_strides("stride_q", "batch seqlen head qkdim", Q),
+                **prefixed_strides("stride_k", "batch seqlen head qkdim", K),
+                **prefixed_strides("stride_v", "batch seqlen head vdim", V),
+                **prefixed_strides("stride_adt", "batch head seqlen", ADT),
+                **prefixed_strides("stride_dt", "batch head seqlen", DT),
+                **prefixed_strides("stride_trap", "batch head seqlen", Trap),
+                **prefixed_strides("stride_q_bias", "head qkdim", Q_bias),
+                **prefixed_strides("stride_k_bias", "head qkdim", K_bias),
+                **prefixed_strides("stride_angles", "batch seqlen head qkdim", Angles),
+                **prefixed_strides("stride_d", "head", D),
+                **prefixed_strides("stride_z", "batch seqlen head vdim", Z),
+                **prefixed_strides("stride_init_ssm_state", "seq head vdim qkdim", None),
+                **prefixed_strides("stride_init_k_state", "seq head qkdim", None),
+                **prefixed_strides("stride_init_v_state", "seq head vdim", None), stride_cu_seqlen=0,
+                **prefixed_strides("stride_o", "batch seqlen head vdim", out),
+                **prefixed_strides("stride_o_v", "batch seqlen head vdim", g("out_v")),
+                **prefixed_strides("stride_ssm_states", "batch head vdim qkdim", g("ssm_states")),
+                **prefixed_strides("stride_da_cs_store", "batch head seqlen", g("da_cs")),
+                **prefixed_strides("stride_da_cs_sum_store", "batch head seqlen", g("da_cs_sum")),
+                **prefixed_strides("stride_q_store", "batch seqlen head qkdim", res["q_rot"]),
+                **prefixed_strides("stride_k_store", "batch seqlen head qkdim", res["k_scaled"]),
+                **prefixed_strides("stride_qk_store", "batch head seqlen", res["qk_dot"]),
+                **prefixed_strides("stride_scale_store", "batch head seqlen", res["scale"]),
+                **prefixed_strides("stride_gamma_store", "batch head seqlen", res["gamma"]),
+                **prefixed_strides("stride_final_ssm_state", "seq head vdim qkdim", final_ssm),
+                **prefixed_strides("stride_final_k_state", "seq head chunk qkdim", final_k),
                 seqlen=seqlen, nheads_qk=ngroups, headdim_qk=n, headdim_v=p, headdim_angles=s,
                 CHUNK_SIZE=chunk_size, HEADDIM_QK=next_pow2(n), HEADDIM_V=next_pow2(p),
                 STORE_SSM_STATES_ADT_OUTV=bool(store_for_backward), HAS_INITIAL_STATES=False,
                 RETURN_FINAL_STATES=bool(return_final_states), HAS_D=D is not None, HAS_Z=Z is not None,
                 IS_VARLEN=False)
-    _launch(MAMBA3_SISO_FWD, (nheads, batch), args, Q, config)
+    launch_kernel(MAMBA3_SISO_FWD, (nheads, batch), args, Q, config)
     if return_final_states:
         res.update(final_ssm=final_ssm, final_k=final_k[:, :, (seqlen - 1) % chunk_size, :], final_v=V[:, -1])
     return res
