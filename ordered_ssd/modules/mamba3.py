@@ -311,7 +311,8 @@ class OrderedMamba3(nn.Module):
         """The layer on :mod:`ordered_ssd.ops` (as ``Mamba3.forward``, single-input single-output); with ``cache``
         (a prefill) also the states after the last position, from a forward of the kernels without backward."""
         from .. import ops
-        from ..ops.mamba3_siso import ordered_dt_softplus, ordered_mamba3_siso_combined, ordered_mamba3_siso_fwd
+        from ..ops.mamba3_siso import (kernel_inputs, ordered_dt_softplus, ordered_mamba3_siso_combined,
+                                       ordered_mamba3_siso_fwd)
 
         if torch.compiler.is_compiling():
             raise NotImplementedError("OrderedMamba3: torch.compile of the CUDA path is not supported yet (its "
@@ -339,11 +340,8 @@ class OrderedMamba3(nn.Module):
             y = ordered_mamba3_siso_combined(*args, gate, self.chunk_size, literal=self.literal)
         if cache is not None or not torch.is_grad_enabled():  # one forward of the kernels, nothing stored for a
             with torch.no_grad():                              # backward; with a cache, the final states too
-                casts = [t.detach().to(torch.bfloat16).contiguous() if i in (0, 1, 2, 5, 8) else t.detach().contiguous()
-                         for i, t in enumerate(args)]
-                res = ordered_mamba3_siso_fwd(*casts, None if gate is None else gate.detach().to(torch.bfloat16)
-                                              .contiguous(), chunk_size=self.chunk_size, store_for_backward=False,
-                                              return_final_states=cache is not None)
+                res = ordered_mamba3_siso_fwd(*kernel_inputs(*args, gate), chunk_size=self.chunk_size,
+                                              store_for_backward=False, return_final_states=cache is not None)
             if not torch.is_grad_enabled():
                 y = res["out"]
             if cache is not None:

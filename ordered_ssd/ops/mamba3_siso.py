@@ -30,11 +30,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import _checks
 from ..fold import fold_dims, fold_example_sums, lexical_fold
 from .common import require_cuda
 
 __all__ = ["ordered_mamba3_siso_fwd", "ordered_mamba3_siso_bwd", "ordered_mamba3_siso_combined",
-           "ordered_dt_softplus", "REDUCTION", "mamba3_fingerprint"]
+           "ordered_dt_softplus", "kernel_inputs", "REDUCTION", "mamba3_fingerprint"]
 
 #: the name of the order of this file's sums (``docs/native.md``, "Mamba-3")
 REDUCTION = "mamba3-v1"
@@ -155,12 +156,22 @@ class _OrderedMamba3Siso(torch.autograd.Function):
 
 
 def _check(name, t, shape, dims):
-    if t is None:
-        return
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {dims} = {tuple(shape)}, got {tuple(t.shape)}")
+    if t is not None:
+        _checks.check_tensor(name, t)
+        _checks.check_shape(name, t, shape, dims)
+
+
+def kernel_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None) -> tuple:
+    """The arguments as the kernels take them, in this order: ``Q``, ``K``, ``V``, ``Trap``, ``Angles``, ``Z`` cast
+    to bf16 (as upstream's ``mamba3_siso_combined`` casts them), every tensor contiguous (the TMA descriptors);
+    None stays None."""
+    def bf16(t):
+        return None if t is None else t.to(torch.bfloat16).contiguous()
+
+    def plain(t):
+        return None if t is None else t.contiguous()
+    return (bf16(Q), bf16(K), bf16(V), plain(ADT), plain(DT), bf16(Trap), plain(Q_bias), plain(K_bias), bf16(Angles),
+            plain(D), bf16(Z))
 
 
 def ordered_mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None, chunk_size=64, *,
@@ -210,12 +221,8 @@ def ordered_mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles,
                     ("K_bias", K_bias), ("Angles", Angles), ("D", D), ("Z", Z)):
         if t is not None:
             require_cuda(name, t)
-
-    def bf16(t):
-        return None if t is None else t.to(torch.bfloat16).contiguous()
-    return _OrderedMamba3Siso.apply(bf16(Q), bf16(K), bf16(V), ADT.contiguous(), DT.contiguous(), bf16(Trap),
-                                    Q_bias.contiguous(), K_bias.contiguous(), bf16(Angles),
-                                    None if D is None else D.contiguous(), bf16(Z), int(chunk_size), bool(literal))
+    return _OrderedMamba3Siso.apply(*kernel_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z),
+                                    int(chunk_size), bool(literal))
 
 
 # ------------------------------------------------------------------------------------------------ dt
