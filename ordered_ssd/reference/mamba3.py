@@ -149,6 +149,23 @@ def _check_scan_inputs(C, Bm, x, dt, a, trap, angle):
         raise ValueError(f"angle: expected [B, L, S] with 0 < 2 S <= N={C.shape[3]}, got {tuple(angle.shape)}")
 
 
+def _prepare(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, initial_states):
+    """What both forms of the scan start from: the checks, ``theta`` [B, L, H, S], the rotated ``q``, ``k``
+    [B, L, H, N], ``lam = sigmoid(trap)``, and the state before the first position (``[B, H, P, N]`` and the
+    previous position's ``k`` [B, H, N], ``v`` [B, H, P]; zeros without ``initial_states``)."""
+    _check_scan_inputs(C, Bm, x, dt, a, trap, angle)
+    batch, _, heads, hdim = x.shape
+    n = C.shape[-1]
+    theta = _angles(angle, dt, None if initial_states is None else initial_states.angle)
+    q, k = _qk(C, Bm, C_bias, B_bias, theta)
+    if initial_states is None:
+        state = x.new_zeros(batch, heads, hdim, n)
+        k_prev, v_prev = x.new_zeros(batch, heads, n), x.new_zeros(batch, heads, hdim)
+    else:
+        state, k_prev, v_prev = initial_states.ssm.to(x.dtype), initial_states.k, initial_states.v
+    return theta, q, k, torch.sigmoid(trap), state, k_prev, v_prev
+
+
 def reference_mamba3_recurrence(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, D=None, z=None,
                                 initial_states: Optional[Mamba3States] = None):
     """The Mamba-3 SISO recurrence one position at a time (the module docstring's equations): the oracle.
@@ -160,17 +177,8 @@ def reference_mamba3_recurrence(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, D=
     Returns:
         ``(y [B, L, H, P], final :class:`Mamba3States`)``.
     """
-    _check_scan_inputs(C, Bm, x, dt, a, trap, angle)
-    batch, seqlen, heads, hdim = x.shape
-    n = C.shape[-1]
-    theta = _angles(angle, dt, None if initial_states is None else initial_states.angle)
-    q, k = _qk(C, Bm, C_bias, B_bias, theta)
-    lam = torch.sigmoid(trap)
-    if initial_states is None:
-        state = x.new_zeros(batch, heads, hdim, n)
-        k_prev, v_prev = x.new_zeros(batch, heads, n), x.new_zeros(batch, heads, hdim)
-    else:
-        state, k_prev, v_prev = initial_states.ssm.to(x.dtype), initial_states.k, initial_states.v
+    theta, q, k, lam, state, k_prev, v_prev = _prepare(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, initial_states)
+    seqlen = x.shape[1]
     ys = []
     for t in range(seqlen):
         alpha = torch.exp(a[:, t])
@@ -195,19 +203,10 @@ def reference_mamba3_scan(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, D=None, 
     chunk as the native kernels do (SSD form): within a chunk of positions ``t >= s``,
     ``y_t += exp(a_s+1 + ... + a_t) (lam_s dt_s + [s < t] (1 - lam_s+1) dt_s+1) (q_t . k_s) v_s``; across chunks
     an ``[H, P, N]`` state and the last position's ``(k, v)``, whose trapezoid term belongs to the next chunk."""
-    _check_scan_inputs(C, Bm, x, dt, a, trap, angle)
-    batch, seqlen, heads, hdim = x.shape
-    n = C.shape[-1]
-    theta = _angles(angle, dt, None if initial_states is None else initial_states.angle)
-    q, k = _qk(C, Bm, C_bias, B_bias, theta)
-    lam = torch.sigmoid(trap)
+    theta, q, k, lam, state, k_prev, v_prev = _prepare(C, Bm, x, dt, a, trap, C_bias, B_bias, angle, initial_states)
+    seqlen = x.shape[1]
     gamma = lam * dt                  # the current position's weight
     shifted = (1 - lam) * dt          # shifted[t]: the weight of position t - 1's k v^T at t (before exp(a_t))
-    if initial_states is None:
-        state = x.new_zeros(batch, heads, hdim, n)
-        k_prev, v_prev = x.new_zeros(batch, heads, n), x.new_zeros(batch, heads, hdim)
-    else:
-        state, k_prev, v_prev = initial_states.ssm.to(x.dtype), initial_states.k, initial_states.v
     ys = []
     for start in range(0, seqlen, chunk_size):
         sl = slice(start, min(seqlen, start + chunk_size))
