@@ -1,4 +1,5 @@
-"""Decoding for :class:`~ordered_ssd.modules.mamba2.OrderedMamba2`: the cache, its checks, and the one-token step.
+"""Decoding for :class:`~ordered_ssd.modules.mamba2.OrderedMamba2`: the cache, its checks, and the one-token step
+(:func:`cached_states`, :func:`check_states` and :func:`check_inference_params` serve ``OrderedMamba3`` too).
 
 What mamba-ssm 2.3.2.post1's ``Mamba2`` does in ``allocate_inference_cache``, ``_get_states_from_cache`` and ``step``,
 with the same cache layout: ``conv_state`` [B, conv_dim, d_conv] (a transposed view of a contiguous
@@ -37,40 +38,62 @@ def check_inference_params(inference_params) -> int:
     return offset
 
 
-def check_cache(layer, conv_state, ssm_state, batch: int, device) -> None:
-    """The cache of ``batch`` examples: ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N], floating
-    tensors on ``device``."""
-    want = {"conv_state": (batch, layer.conv1d.weight.shape[0], layer.d_conv),
-            "ssm_state": (batch, layer.nheads, layer.headdim, layer.d_state)}
-    for name, t in (("conv_state", conv_state), ("ssm_state", ssm_state)):
+def check_states(states, shapes: dict, device) -> None:
+    """Cached states: ``states[i]`` (named by the ``i``-th key of ``shapes``) a floating tensor of shape
+    ``shapes[name]`` on ``device``."""
+    for (name, shape), t in zip(shapes.items(), states):
         _checks.check_tensor(name, t)
-        if tuple(t.shape) != want[name]:
-            raise ValueError(f"{name}: expected shape {want[name]}, got {tuple(t.shape)}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
         if t.device != device:
             raise ValueError(f"{name}: expected device {device}, got {t.device}")
 
 
+def check_cache(layer, conv_state, ssm_state, batch: int, device) -> None:
+    """The cache of ``batch`` examples: ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N], floating
+    tensors on ``device``."""
+    check_states((conv_state, ssm_state), {"conv_state": (batch, layer.conv1d.weight.shape[0], layer.d_conv),
+                                           "ssm_state": (batch, layer.nheads, layer.headdim, layer.d_state)}, device)
+
+
 def states_from_cache(layer, inference_params, batch_size, initialize_states=False):
     """``Mamba2._get_states_from_cache``: this layer's ``(conv_state, ssm_state)`` in
     ``inference_params.key_value_memory_dict[layer.layer_idx]``, created (zeros, on the device and in the dtype of
     the parameters) on first use, zeroed when ``initialize_states``."""
+    def check(states):
+        conv_state, ssm_state = states
+        check_cache(layer, conv_state, ssm_state, batch_size, layer.in_proj.weight.device)
+
+    conv_state, ssm_state = cached_states(
+        layer, inference_params, batch_size, initialize_states, check=check,
+        allocate=lambda: new_cache(layer, batch_size, layer.conv1d.weight.device, layer.conv1d.weight.dtype,
+                                   layer.in_proj.weight.dtype))
+    return conv_state, ssm_state
+
+
+def cached_states(layer, inference_params, batch_size, initialize_states, *, allocate, check) -> tuple:
+    """A layer's states in ``inference_params.key_value_memory_dict[layer.layer_idx]`` (``_get_states_from_cache``
+    of mamba-ssm's layers): ``allocate()`` on first use, else ``check(states)`` and, with ``initialize_states``,
+    zeroed in place.
+
+    Raises:
+        ValueError: ``layer.layer_idx`` is None (and what ``check`` raises). TypeError: ``inference_params`` without
+        ``key_value_memory_dict`` / ``seqlen_offset``.
+    """
     if layer.layer_idx is None:
         raise ValueError("layer_idx: expected an int (the key of this layer's cache in inference_params), got None")
     check_inference_params(inference_params)
     memory = inference_params.key_value_memory_dict
     if layer.layer_idx not in memory:
-        conv_state, ssm_state = new_cache(layer, batch_size, layer.conv1d.weight.device, layer.conv1d.weight.dtype,
-                                          layer.in_proj.weight.dtype)
-        memory[layer.layer_idx] = (conv_state, ssm_state)
+        memory[layer.layer_idx] = allocate()
     else:
-        conv_state, ssm_state = memory[layer.layer_idx]
-        check_cache(layer, conv_state, ssm_state, batch_size, layer.in_proj.weight.device)
+        check(memory[layer.layer_idx])
         if initialize_states:
-            conv_state.zero_()
-            ssm_state.zero_()
-    return conv_state, ssm_state
+            for t in memory[layer.layer_idx]:
+                t.zero_()
+    return memory[layer.layer_idx]
 
 
 def step(layer, u, conv_state, ssm_state):

@@ -394,14 +394,7 @@ class OrderedMamba3(nn.Module):
                 "v_state": (batch, H, P)}
 
     def _check_cache(self, states, batch: int, device) -> None:
-        for (name, shape), t in zip(self._state_shapes(batch).items(), states):
-            _checks.check_tensor(name, t)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-            if not t.is_floating_point():
-                raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
-            if t.device != device:
-                raise ValueError(f"{name}: expected device {device}, got {t.device}")
+        _decode.check_states(states, self._state_shapes(batch), device)
 
     def allocate_inference_cache(self, batch_size, max_seqlen, device=None, dtype=None, inplace_state=None, **kwargs):
         """``(angle_state [B, H, S], ssm_state [B, H, P, N], k_state [B, 1, H, N], v_state [B, H, P])``, zeros on
@@ -430,16 +423,7 @@ class OrderedMamba3(nn.Module):
             ValueError: ``layer_idx`` is None; a cached state of another batch size. TypeError: ``inference_params``
             without ``key_value_memory_dict`` / ``seqlen_offset``.
         """
-        if self.layer_idx is None:
-            raise ValueError("layer_idx: expected an int (the key of this layer's cache in inference_params), "
-                             "got None")
-        _decode.check_inference_params(inference_params)
-        memory = inference_params.key_value_memory_dict
-        if self.layer_idx not in memory:
-            memory[self.layer_idx] = self.allocate_inference_cache(batch_size, 0)
-        else:
-            self._check_cache(memory[self.layer_idx], batch_size, self.in_proj.weight.device)
-            if initialize_states:
-                for t in memory[self.layer_idx]:
-                    t.zero_()
-        return memory[self.layer_idx]
+        return _decode.cached_states(
+            self, inference_params, batch_size, initialize_states,
+            allocate=lambda: self.allocate_inference_cache(batch_size, 0),
+            check=lambda states: self._check_cache(states, batch_size, self.in_proj.weight.device))
