@@ -250,14 +250,20 @@ def _nearest_key(key: Mapping, tkey: str, keys, along=None) -> str | None:
     return None if best is None else best[1]
 
 
+@functools.lru_cache(maxsize=None)
 def _neutral() -> dict:
+    from .pinned.mamba3_params import NEUTRAL as MAMBA3
     from .pinned.neutral_params import NEUTRAL
-    return NEUTRAL
+    return {**NEUTRAL, **MAMBA3}
 
 
+@functools.lru_cache(maxsize=None)
 def _proof() -> tuple:
-    from .pinned import neutral_params
-    return neutral_params.ARCH, neutral_params.PROVEN
+    """``(arch, PROVEN)`` of the Mamba-2 kernels' proof, with the Mamba-3 kernels' (:mod:`.pinned.mamba3_params`)
+    when it ran on the same arch (else they have no speed choice)."""
+    from .pinned import mamba3_params, neutral_params
+    extra = mamba3_params.PROVEN if mamba3_params.ARCH == neutral_params.ARCH else {}
+    return neutral_params.ARCH, {**neutral_params.PROVEN, **extra}
 
 
 def _proven(kernel: str, key: Mapping, arch: str) -> bool:
@@ -279,9 +285,11 @@ def _proven(kernel: str, key: Mapping, arch: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def _speed() -> dict:
+    from .pinned.mamba3_params import SPEED as MAMBA3
     from .pinned.speed_table import SPEED
-    return SPEED
+    return {**SPEED, **MAMBA3}
 
 
 def _parse_key(text: str) -> dict:

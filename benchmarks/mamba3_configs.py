@@ -1,0 +1,355 @@
+"""Which launch parameters of the Mamba-3 SISO kernels leave every bit unchanged (the proof), which values of them
+are fastest (the timing), and the generated module that the launchers read (``csrc_bindings/pinned/mamba3_params.py``).
+
+Usage::
+
+    python benchmarks/mamba3_configs.py --prove [--jobs 12] [--time] --report mamba3_configs.json   # on the GPU
+    python benchmarks/mamba3_configs.py --write mamba3_configs.json                                # anywhere
+
+**The proof** (the method of :mod:`csrc_bindings.pinned.neutral`, at the layer instead of a synthetic problem): per
+case (one shape of :data:`SHAPES`, one kernel of :data:`csrc_bindings.mamba3.MAMBA3_SPECS`), an ``OrderedMamba3``
+(bf16, seed 0) runs a training step on ``B`` 2 and ``L`` 4.5 chunks (a partial last chunk) with the kernel launched
+at each of upstream's candidate configurations in turn, every other kernel at its pinned one; the SHA-256 of every
+tensor argument of the kernel after its launch (its inputs and outputs) is recorded, twice per configuration
+(repeatability). The verdict per kernel is :func:`csrc_bindings.pinned.neutral.neutral_params` over the cases:
+a parameter is neutral when every two configurations that differ in it alone give the same digest. Cases run in
+``--jobs`` worker processes (compilation dominates).
+
+**The timing** (``--time``, one process, after the proof so that Triton's cache holds every configuration): per
+shape of :data:`SHAPES` at its own ``B`` and ``L``, one training step captures each kernel's launch arguments, then
+each candidate configuration that varies only neutral parameters relaunches the kernel: best of 3 trials of 10
+launches, CUDA events. Per kernel and autotune key, the candidate with the smallest sum over the key's shapes of its
+time relative to the pinned configuration's is the speed entry.
+
+``--write`` turns a report into ``csrc_bindings/pinned/mamba3_params.py`` (``NEUTRAL``, ``PROVEN``, ``SPEED``,
+``META``), which :mod:`csrc_bindings._configs` merges with the Mamba-2 kernels' tables: the speed choice never
+changes a bit (it moves only proven-neutral parameters, on the proof's arch and within its key range).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pprint
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: name -> (d_model, d_state, headdim, chunk_size, ngroups, B, L): bench's M1-M6 and the check's CUDA default model
+SHAPES = {
+    "M1": (512, 32, 32, 32, 1, 8, 1024),
+    "M2": (1024, 32, 32, 32, 2, 2, 4096),
+    "M3": (1024, 64, 64, 64, 1, 4, 2048),
+    "M4": (2048, 64, 64, 64, 2, 16, 1024),
+    "M5": (1024, 128, 64, 64, 1, 8, 2048),
+    "M6": (2048, 128, 64, 64, 2, 1, 4096),
+    "check": (512, 64, 64, 128, 1, 8, 512),
+}
+#: the proof's problem around a shape: 2 examples, 4.5 chunks
+PROOF_BATCH, PROOF_CHUNKS = 2, 4.5
+OUT_MODULE = ROOT / "csrc_bindings" / "pinned" / "mamba3_params.py"
+
+
+def _specs():
+    from csrc_bindings.mamba3 import MAMBA3_SPECS
+    return {s.name: s for s in MAMBA3_SPECS}
+
+
+def _cfg(cand) -> dict:
+    return {**cand[0], "num_warps": cand[1], "num_stages": cand[2]}
+
+
+@contextlib.contextmanager
+def launches(kernel: str, config=None, sink=None):
+    """Within the block: ``kernel`` launches at ``config`` (a dict; None: pinned), and each of its launches appends
+    ``(spec, grid, args, ref, key)`` to ``sink`` (a list) after it ran."""
+    from csrc_bindings import _configs, _native
+    from csrc_bindings._spec import key_of
+
+    orig_cfg, orig_launch = _configs.launch_config, _native.launch
+
+    def launch_config(spec, args, ref, cfg=None):
+        if spec.name == kernel and config is not None:
+            cfg = config
+        return orig_cfg(spec, args, ref, cfg)
+
+    def launch(spec, grid, args, cfg, ref):
+        orig_launch(spec, grid, args, cfg, ref)
+        if spec.name == kernel and sink is not None:
+            sink.append((spec, grid, args, ref, key_of(spec, args)))
+    _configs.launch_config, _native.launch = launch_config, launch
+    try:
+        yield
+    finally:
+        _configs.launch_config, _native.launch = orig_cfg, orig_launch
+
+
+def build(shape, batch=None, seqlen=None):
+    """An ``OrderedMamba3`` (bf16, CUDA, seed 0) of ``shape`` and a step's ``u``, ``dout`` (seed 1)."""
+    import torch
+
+    from ordered_ssd.modules.mamba3 import OrderedMamba3
+
+    d_model, d_state, headdim, chunk, ngroups, B, L = shape
+    B = B if batch is None else batch
+    L = L if seqlen is None else seqlen
+    torch.manual_seed(0)
+    layer = OrderedMamba3(d_model=d_model, d_state=d_state, headdim=headdim, chunk_size=chunk, ngroups=ngroups,
+                          device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u = torch.randn(B, L, d_model, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(B, L, d_model, device="cuda", dtype=torch.bfloat16, generator=g)
+    return layer, u, dout
+
+
+def step(layer, u, dout):
+    x = u.detach().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    layer(x).backward(dout)
+    return x
+
+
+def _arg_digest(spec, args) -> str:
+    import torch
+
+    from csrc_bindings.pinned.neutral import _digest
+    return _digest([args[n] for n in spec.arg_names if isinstance(args.get(n), torch.Tensor)])
+
+
+def run_case(shape_name: str, kernel: str) -> list:
+    """Rows ``{"config", "digest" | "error"}`` of one proof case: the kernel's candidates, each run twice."""
+    spec = _specs()[kernel]
+    shape = SHAPES[shape_name]
+    layer, u, dout = build(shape, PROOF_BATCH, int(PROOF_CHUNKS * shape[3]))
+    rows = []
+    for cand in spec.candidates:
+        cfg = _cfg(cand)
+        try:
+            digests = []
+            for _ in range(2):
+                sink = []
+                with launches(kernel, cfg, sink):
+                    step(layer, u, dout)
+                digests.append("+".join(_arg_digest(s, a) for s, _, a, _, _ in sink))
+            row = {"config": cfg, "digest": digests[0]} if digests[0] == digests[1] else \
+                {"config": cfg, "error": f"not repeatable: {digests[0]} then {digests[1]}"}
+        except Exception as exc:  # noqa: BLE001 - a configuration that does not compile or fit is left out
+            row = {"config": cfg, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+        rows.append(row)
+    sink = []
+    with launches(kernel, None, sink):
+        step(layer, u, dout)
+    key = sink[0][4]
+    return [{"shape": shape_name, "kernel": kernel, "key": key, "rows": rows}]
+
+
+def _worker(tasks_file: str, out_file: str) -> None:
+    out = []
+    for shape_name, kernel in json.loads(Path(tasks_file).read_text()):
+        out += run_case(shape_name, kernel)
+        Path(out_file).write_text(json.dumps(out))
+
+
+def prove(shapes, jobs: int) -> list:
+    tasks = [(s, k) for s in shapes for k in _specs()]
+    # the heaviest kernels first, spread round-robin over the workers
+    heavy = {"mamba3_siso_fwd": 0, "mamba3_siso_bwd_dqkv": 1, "mamba3_siso_bwd_rotary_bias_angles": 2}
+    tasks.sort(key=lambda t: heavy.get(t[1], 9))
+    groups = [tasks[i::jobs] for i in range(jobs)]
+    cases, procs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, group in enumerate(g for g in groups if g):
+            tf, of = Path(tmp, f"t{i}.json"), Path(tmp, f"o{i}.json")
+            tf.write_text(json.dumps(group))
+            procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(tf), str(of)]), of))
+        for p, of in procs:
+            rc = p.wait()
+            got = json.loads(of.read_text()) if of.exists() else []
+            if rc:
+                print(f"worker exited {rc} after {len(got)} cases", file=sys.stderr)
+            cases += got
+    return cases
+
+
+def verdicts(cases) -> dict:
+    from csrc_bindings.pinned.neutral import neutral_params, proven_keys
+    out = {}
+    specs = _specs()
+    for kernel, spec in specs.items():
+        mine = [c for c in cases if c["kernel"] == kernel]
+        if not mine:
+            continue
+        v = neutral_params(spec, [c["rows"] for c in mine])
+        v["proven_keys"] = proven_keys([c["key"] for c in mine])
+        v["cases"] = len(mine)
+        v["errors"] = sum(1 for c in mine for r in c["rows"] if "error" in r)
+        out[kernel] = v
+    return out
+
+
+def _time_launch(spec, grid, args, ref, cfg) -> float:
+    import torch
+
+    from csrc_bindings._configs import config_from_dict
+    from csrc_bindings._native import launch
+    from csrc_bindings.mamba3._runtime import allocator
+
+    kc = config_from_dict(spec, cfg, "explicit")
+    with allocator():
+        launch(spec, grid, args, kc, ref)
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(10):
+                launch(spec, grid, args, kc, ref)
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 10)
+    return best
+
+
+def time_shapes(shapes, neutral: dict) -> list:
+    """Per (shape, kernel): the pinned configuration's time and every neutral-only variant's (ms per launch)."""
+    import torch
+
+    from csrc_bindings._configs import device_arch, order_of
+    rows = []
+    for name in shapes:
+        layer, u, dout = build(SHAPES[name])
+        for kernel, spec in _specs().items():
+            sink = []
+            with launches(kernel, None, sink):
+                step(layer, u, dout)
+            s, grid, args, ref, key = sink[0]
+            base = order_of(spec, key, ref.dtype, device_arch(ref.device))
+            base_cfg = {**dict(base.meta), "num_warps": base.num_warps, "num_stages": base.num_stages}
+            free = set(neutral.get(kernel, ()))
+            times = []
+            for cand in spec.candidates:
+                cfg = _cfg(cand)
+                if any(cfg[n] != base_cfg[n] for n in cfg if n not in free):
+                    continue
+                try:
+                    times.append({"config": cfg, "ms": _time_launch(s, grid, args, ref, cfg)})
+                except Exception as exc:  # noqa: BLE001
+                    times.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            rows.append({"shape": name, "kernel": kernel, "key": key, "pinned": base_cfg, "times": times})
+            print(f"{name} {kernel}: pinned "
+                  f"{next((t['ms'] for t in times if t['config'] == base_cfg), float('nan')):.4f} ms, best "
+                  f"{min((t['ms'] for t in times if 'ms' in t), default=float('nan')):.4f} ms", flush=True)
+        del layer, u, dout
+        torch.cuda.empty_cache()
+    return rows
+
+
+def speed_entries(timing: list, arch: str, dtype) -> dict:
+    """``{table key: neutral parameter values}``: per kernel and key, the fastest by the summed relative time."""
+    from csrc_bindings._configs import table_key_of
+    specs = _specs()
+    by_key = {}
+    for r in timing:
+        spec = specs[r["kernel"]]
+        tk = table_key_of(spec, arch, dtype, r["key"])
+        base_ms = next((t["ms"] for t in r["times"] if t["config"] == r["pinned"] and "ms" in t), None)
+        if base_ms is None:
+            continue
+        for t in r["times"]:
+            if "ms" in t:
+                by_key.setdefault(tk, {}).setdefault(json.dumps(t["config"], sort_keys=True), []).append(
+                    t["ms"] / base_ms)
+    out = {}
+    for tk, cands in sorted(by_key.items()):
+        n = max(len(v) for v in cands.values())
+        full = {c: sum(v) for c, v in cands.items() if len(v) == n}
+        out[tk] = json.loads(min(full, key=lambda c: (full[c], c)))
+    return out
+
+
+def write_module(report: dict, path: Path = OUT_MODULE) -> None:
+    import torch
+
+    v = report["verdicts"]
+    neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
+    proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
+    speed = {}
+    if report.get("timing"):
+        for tk, cfg in speed_entries(report["timing"], report["arch"], torch.bfloat16).items():
+            kernel = tk.split("/")[2]
+            speed[tk] = {n: cfg[n] for n in neutral.get(kernel, ())}
+    meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
+    meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
+    meta["shapes"] = {n: "d_model,d_state,headdim,chunk_size,ngroups,B,L = " + ",".join(map(str, SHAPES[n]))
+                      for n in report["shapes"]}
+    meta["timing"] = "best of 3 trials x 10 launches, CUDA events, at each shape's own B and L"
+    text = ('"""The Mamba-3 SISO kernels\' bit-neutral launch parameters and their speed choices (generated by\n'
+            '``python benchmarks/mamba3_configs.py --write REPORT``; do not edit by hand).\n\n'
+            '``NEUTRAL[kernel]``: the parameters proven, on the GPU of ``META``, to leave every output bit unchanged; '
+            '``PROVEN``:\nthe key range the proof covered; ``SPEED``: per table key, the fastest values of those '
+            'parameters (timed).\n:mod:`csrc_bindings._configs` merges them with the Mamba-2 kernels\' tables.\n"""\n\n'
+            f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof ran on (no speed choice "
+            f"on another)\nARCH = {report['arch']!r}\n\nNEUTRAL = {pprint.pformat(neutral, width=116)}\n\n"
+            f"PROVEN = {pprint.pformat(proven, width=116)}\n\nSPEED = {pprint.pformat(speed, width=116)}\n")
+    path.write_text(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--prove", action="store_true")
+    p.add_argument("--time", action="store_true")
+    p.add_argument("--jobs", type=int, default=12)
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--report", help="write the report JSON here")
+    p.add_argument("--write", metavar="REPORT", help="generate csrc_bindings/pinned/mamba3_params.py from REPORT")
+    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:
+        _worker(*a.worker)
+        return 0
+    if a.write:
+        write_module(json.loads(Path(a.write).read_text()))
+        print(f"wrote {OUT_MODULE}")
+        return 0
+    import torch
+
+    import mamba_ssm
+    import triton
+
+    from csrc_bindings._configs import device_arch
+    shapes = [s for s in a.shapes.split(",") if s]
+    report = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+              "arch": device_arch(torch.device("cuda")), "shapes": shapes,
+              "versions": {"mamba_ssm": mamba_ssm.__version__, "torch": torch.__version__,
+                           "triton": triton.__version__},
+              "generated_by": "python benchmarks/mamba3_configs.py"}
+    t0 = time.time()
+    if a.prove:
+        report["cases"] = prove(shapes, a.jobs)
+        report["verdicts"] = verdicts(report["cases"])
+        report["prove_s"] = round(time.time() - t0, 1)
+        for k, v in report["verdicts"].items():
+            print(f"{k}: neutral {v['neutral']} order {v['order']} ({v['cases']} cases, {v['errors']} errors, "
+                  f"violations {list(v['violations'])})", flush=True)
+    if a.time:
+        neutral = {k: v["neutral"] for k, v in report.get("verdicts", {}).items()}
+        t1 = time.time()
+        report["timing"] = time_shapes(shapes, neutral)
+        report["time_s"] = round(time.time() - t1, 1)
+    if a.report:
+        Path(a.report).write_text(json.dumps(report, indent=1))
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
