@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="SSD chunk length" + _per_device("chunk_size"))
     check.add_argument("--layer", choices=("mamba2", "mamba3"), default="mamba2",
                        help="the mixer of every block: mamba2 (OrderedMamba2) or mamba3 (OrderedMamba3, Mamba-3 "
-                            "single-input single-output, on its pure-PyTorch reference path: the CPU only for now, "
-                            "which --device auto picks; --d-state at least 4) (default: mamba2)")
+                            "single-input single-output; --d-state at least 4, and on CUDA --d-state, --headdim and "
+                            "--chunk-size powers of two >= 16) (default: mamba2)")
     check.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate" + _per_device("lr"))
     check.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the batches (default: 0)")
     check.add_argument("--hf-config", default=None, metavar="PATH",

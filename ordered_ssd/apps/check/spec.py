@@ -39,12 +39,12 @@ def rope_angles(d_state: int) -> int:
     return (split - split % 2) // 2
 
 
-def resolve_device(name: str, layer: str = DEFAULT_LAYER) -> torch.device:
+def resolve_device(name: str) -> torch.device:
     """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else, a missing GPU, or a
-    GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions; for ``layer``
-    ``mamba3`` any GPU: the check runs OrderedMamba3 on the CPU only for now, and ``auto`` is then the CPU)."""
+    GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions; the same for
+    ``--layer mamba2`` and ``mamba3``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() and layer != "mamba3" else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -53,9 +53,6 @@ def resolve_device(name: str, layer: str = DEFAULT_LAYER) -> torch.device:
         raise DataError(f"--device: expected a device that is available here, got {name} (no CUDA device)")
     if device.type not in ("cpu", "cuda"):
         raise DataError(f"--device: expected cpu or cuda, got {name!r}")
-    if device.type == "cuda" and layer == "mamba3":  # the layer's CUDA path is not yet checked in a training run
-        raise DataError(f"--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got "
-                        f"--device {name})")
     if device.type == "cuda":
         from ...modules import cuda_path_available
 
@@ -71,7 +68,7 @@ def spec_from_args(args) -> dict:
     not given. Raises DataError (one line) for an impossible combination."""
     hf_config = getattr(args, "hf_config", None)
     layer = getattr(args, "layer", DEFAULT_LAYER)
-    device = resolve_device(args.device, DEFAULT_LAYER if hf_config is not None else layer)
+    device = resolve_device(args.device)
     defaults = DEFAULTS[device.type]
     pick = lambda value, key: defaults[key] if value is None else value  # noqa: E731
     if hf_config is not None:
@@ -92,6 +89,12 @@ def spec_from_args(args) -> dict:
     if layer == "mamba3" and rope_angles(model["d_state"]) < 1:
         raise DataError(f"--d-state: expected at least 4 with --layer mamba3 (Mamba-3 rotates d_state / 2 channels, "
                         f"rounded down to even, in pairs: at least one rotary angle), got {model['d_state']}")
+    if layer == "mamba3" and device.type == "cuda":  # OrderedMamba3's CUDA path (mamba-ssm's Mamba-3 kernels)
+        for flag, key in (("--d-state", "d_state"), ("--headdim", "headdim"), ("--chunk-size", "chunk_size")):
+            value = model[key]
+            if value < 16 or value & (value - 1):
+                raise DataError(f"{flag}: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's "
+                                f"Mamba-3 kernels), got {value}")
     _check_data_native_nproc(args, device, pick, layer)
     return {**_run_fields(args, device, pick), "model": model}
 

@@ -737,12 +737,15 @@ def test_a_read_only_out_is_one_line_and_keeps_the_earlier_run(unprivileged, tmp
 
 # ------------------------------------------------------------------------------- 7. --layer mamba3 where it cannot run
 LAYER_MISUSE = [  # (id, arguments after `check` (--out added), CUDA faked present, the message after "error: ")
-    ("--layer mamba3 on cuda", ["--layer", "mamba3", "--device", "cuda"], True,
-     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda)"),
-    ("--layer mamba3 on cuda:1", [*TINY, "--layer", "mamba3", "--device", "cuda:1"], True,
-     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda:1)"),
-    ("--layer mamba3 --nproc on cuda", [*TINY, "--layer", "mamba3", "--device", "cuda", "--nproc", "2"], True,
-     "--layer mamba3: the check does not run OrderedMamba3 on CUDA yet; pass --device cpu (got --device cuda)"),
+    ("--d-state 24 with --layer mamba3 on cuda", [*TINY, "--layer", "mamba3", "--device", "cuda", "--d-state", "24"],
+     True, "--d-state: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 24"),
+    ("--headdim 8 with --layer mamba3 on cuda:1", [*TINY, "--layer", "mamba3", "--device", "cuda:1", "--headdim", "8",
+                                                  "--d-state", "16", "--chunk-size", "16"], True,
+     "--headdim: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 8"),
+    ("--chunk-size 48 with --layer mamba3 --nproc on cuda",
+     [*TINY, "--layer", "mamba3", "--device", "cuda", "--nproc", "2", "--d-state", "16", "--headdim", "16",
+      "--chunk-size", "48"], True,
+     "--chunk-size: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 48"),
     ("--layer with --hf-config", ["--device", "cpu", "--layer", "mamba3", "--hf-config", "config.json"], False,
      "--layer: not with --hf-config (the config gives the model)"),
     ("--d-state 3 with --layer mamba3", [*TINY, "--layer", "mamba3", "--d-state", "3"], False,
@@ -758,18 +761,22 @@ def test_layer_misuse_is_one_line_and_writes_nothing(tmp_path, monkeypatch, caps
     from ordered_ssd.apps.cli import main
 
     if cuda:  # the refusal comes before anything asks the (absent) GPU more than whether there is one
+        import ordered_ssd.modules as modules
+
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(modules, "cuda_path_available", lambda: (True, ""))
     out = tmp_path / "out"
     assert main(["check", *args, "--out", str(out)]) == 2
     assert capsys.readouterr().err == f"ordered-ssd check: error: {message}\n"
     assert not out.exists()
 
 
-def test_auto_is_the_cpu_for_mamba3_layers(monkeypatch):
+def test_auto_is_the_gpu_where_there_is_one_and_rope_angles(monkeypatch):
     from ordered_ssd.apps.check.spec import resolve_device, rope_angles
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_device("auto", "mamba3") == torch.device("cpu")
-    assert resolve_device("auto") == resolve_device("auto", "mamba2") == torch.device("cuda")
+    assert resolve_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
     assert [rope_angles(n) for n in (1, 3, 4, 7, 8, 12, 16, 64)] == [0, 0, 1, 1, 2, 3, 4, 16]
