@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import pprint
 import subprocess
 import sys
