@@ -7,8 +7,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import List, Optional, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, List, Optional, Tuple
 
 from .errors import CheckError, plural, writing
 
@@ -64,10 +66,12 @@ def failure_reason(lines: List[str], returncode: int) -> str:
     return rest[-1][:REASON_CHARS] if rest else "it printed nothing"
 
 
-def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dict] = None) -> Tuple[int, List[str]]:
+def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dict] = None,
+                started: Optional[Callable] = None) -> Tuple[int, List[str]]:
     """Run ``cmd`` with its stdout and stderr written to ``log_path`` (and kept), its progress lines forwarded to
     this process's stderr when ``progress``; ``(exit status, output lines)``. An interrupt (or any error here)
-    terminates the child (torchrun forwards SIGTERM to its ranks) and is raised again.
+    terminates the child (torchrun forwards SIGTERM to its ranks) and is raised again. ``started(proc)`` is called
+    with the child's ``Popen`` once it runs, and ``started(None)`` when it has ended.
 
     Raises:
         CheckError: the log cannot be written (``log_path`` names a directory, no permission).
@@ -78,6 +82,8 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
     with log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 text=True, env=env, bufsize=1, errors="replace")
+        if started is not None:
+            started(proc)
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -94,11 +100,14 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
                 proc.kill()
                 proc.wait()
             raise
+        finally:
+            if started is not None:
+                started(None)
     return returncode, lines
 
 
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
-                      log_path: str) -> None:
+                      log_path: str, started: Optional[Callable] = None) -> None:
     """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to stderr.
 
     Raises:
@@ -106,7 +115,7 @@ def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[
             (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    returncode, lines = _run_logged(cmd, log_path, progress)
+    returncode, lines = _run_logged(cmd, log_path, progress, started=started)
     if returncode != 0:
         raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
@@ -152,12 +161,17 @@ class Launcher:
     """Starts the runs of one check: ``launch(spec_path, name, label, extra)`` trains in fresh processes (one, or
     ``nproc`` under torchrun), writing the record ``runs/<name>.json`` and the run's output ``runs/<name>.log``.
     ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads of
-    every rank under torchrun when OMP_NUM_THREADS is unset."""
+    every rank under torchrun when OMP_NUM_THREADS is unset.
+
+    :meth:`alongside` starts chains of single-process runs in the background instead (their progress lines stay
+    in their logs), to overlap them with work in this process; :meth:`stop` terminates every child still running."""
 
     def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int], threads: Optional[int] = None):
         self.runs_dir, self.progress, self.nproc, self.threads = runs_dir, progress, nproc, threads
         #: ``{name: seconds}``: the wall time of each run launched, its processes' start-up included
         self.wall_s: dict = {}
+        self._children: dict = {}  # the running children of background runs, by run name
+        self._lock = threading.Lock()
 
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
@@ -171,10 +185,46 @@ class Launcher:
         finally:
             self.wall_s[name] = time.perf_counter() - t0
 
-    def _launch(self, spec_path, name, label, extra, nproc, max_restarts) -> None:
+    def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None) -> None:
+        progress = self.progress if progress is None else progress
         if nproc is not None:
-            run_torchrun(spec_path, self.record(name), label, extra, self.progress, nproc,
+            run_torchrun(spec_path, self.record(name), label, extra, progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
-            run_fresh_process(spec_path, self.record(name), label, extra, self.progress,
-                              os.path.join(self.runs_dir, f"{name}.log"))
+            run_fresh_process(spec_path, self.record(name), label, extra, progress,
+                              os.path.join(self.runs_dir, f"{name}.log"), started=started)
+
+    def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]]) -> List[Future]:
+        """Start each chain of runs ``[(spec_path, name, label, extra), ...]`` (one fresh process per run, the
+        chain's runs one after another) in a background thread; a future per chain, whose ``result()`` raises the
+        chain's first failure (CheckError), after which the chain's later runs are not started."""
+        pool = ThreadPoolExecutor(max_workers=max(1, len(chains)), thread_name_prefix="check-run")
+        futures = [pool.submit(self._chain, chain) for chain in chains]
+        pool.shutdown(wait=False)
+        return futures
+
+    def _chain(self, chain) -> None:
+        for spec_path, name, label, extra in chain:
+            def started(proc, name=name):
+                with self._lock:
+                    if proc is None:
+                        self._children.pop(name, None)
+                    else:
+                        self._children[name] = proc
+            t0 = time.perf_counter()
+            try:
+                self._launch(spec_path, name, label, extra, None, 0, progress=False, started=started)
+            finally:
+                self.wall_s[name] = time.perf_counter() - t0
+
+    def stop(self) -> None:
+        """Terminate every background run's child still running (then kill it after 30 s)."""
+        with self._lock:
+            procs = list(self._children.values())
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

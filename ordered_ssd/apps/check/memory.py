@@ -207,24 +207,24 @@ def _size_flags(spec: dict, rows: int, processes: int) -> str:
 
 
 def check_memory(spec: dict, *, rows: int, processes: int, corpus_bytes: int,
-                 available: Optional[Tuple[Optional[int], str]] = None) -> str:
+                 available: Optional[Tuple[Optional[int], str]] = None, one_gpu: bool = False) -> str:
     """Refuse a run whose training would not fit (:class:`DataError`, one line naming the options, the estimate and
     the memory available) before anything is trained; return the line the check prints about it.
 
     ``rows``: the examples one process trains on at once; ``processes``: how many train at once; ``available``:
     ``(bytes, source)`` (default: :func:`device_available`). On the CPU the processes share the host's memory; on
-    CUDA each has its GPU.
+    CUDA each has its GPU, or with ``one_gpu`` they all share the spec's GPU.
     """
     device = torch.device(spec["device"])
     est = training_bytes(spec, rows, corpus_bytes)
-    free, how = available if available is not None else device_available(device, processes)
-    shared = device.type != "cuda"
+    free, how = available if available is not None else device_available(device, 1 if one_gpu else processes)
+    shared = device.type != "cuda" or one_gpu
     need = est["total"] * processes if shared else est["total"]
     per = (f"{_size(est['total'])} per process x {processes}" if shared and processes > 1
            else _size(est["total"]) + (" per GPU" if not shared and processes > 1 else ""))
     parts = (f"{est['n_params'] / 1e6:.2f}M parameters: {_size(est['states'])} of parameters, gradients and AdamW "
              f"states, {_size(est['activations'])} of activations in one step, {_size(est['corpus'])} of corpus")
-    where = "on the GPU" if not shared else "on the host"
+    where = "on the GPU" if device.type == "cuda" else "on the host"
     if free is None:
         return f"memory: estimated {per} ({parts}); not compared: the memory available is unknown ({how})"
     if need > free:

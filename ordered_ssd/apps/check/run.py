@@ -42,7 +42,8 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
 
     Run ``a`` trains in this process, ``b`` in a fresh process, ``c`` in a fresh process stopped after
     ``stop_at`` steps and resumed from its checkpoint in another; with ``native``, ``native-1`` and ``native-2``
-    train mamba-ssm's ``Mamba2`` in two fresh processes. With ``nproc`` (an int >= 1), every run (a included) is
+    train mamba-ssm's ``Mamba2`` in two fresh processes. On a GPU the fresh runs start alongside ``a``
+    (:func:`concurrent_runs`); on the CPU they follow it, one after another. With ``nproc`` (an int >= 1), every run (a included) is
     a data-parallel run of ``nproc`` processes launched through ``python -m torch.distributed.run`` (gloo on the
     CPU, nccl on CUDA with one GPU per rank), and the verdict also requires every rank of every run to agree bit
     for bit.
@@ -56,7 +57,10 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     if nproc is not None:
         _check_nproc(spec, nproc)
     rows, processes = (spec["batch"], 1) if nproc is None else (spec["batch"] // nproc, nproc)
-    with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes) as run:
+    one_gpu = nproc is None and concurrent_runs(spec)
+    if one_gpu:  # a, b, c (c1 then c2) and the native control's two runs train at once on the GPU
+        processes = 5 if native else 3
+    with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes, one_gpu=one_gpu) as run:
         return _run_check(spec, run.out_dir, run.data, run.source, stop_at=stop_at, native=native,
                           progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes)
 
@@ -71,11 +75,12 @@ class PreparedRun(NamedTuple):
 
 
 @contextlib.contextmanager
-def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes: int) -> Iterator[PreparedRun]:
+def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes: int,
+                 one_gpu: bool = False) -> Iterator[PreparedRun]:
     """Every check of the run before it is accepted, then its start. First, with nothing written: ``--steps`` and
     ``--stop-at`` checked, the corpus read (refused where it would not fit in memory: :func:`load_corpus`), the
     training's memory estimated and refused where it would not fit (:func:`.memory.check_memory`; ``rows`` examples
-    per forward in each of ``processes`` processes training at once). Then ``--out`` created if needed and locked
+    per forward in each of ``processes`` processes training at once, on one GPU with ``one_gpu``). Then ``--out`` created if needed and locked
     for the run (a second run into the same ``--out`` would compare the first one's records), and what an earlier run
     left there checked (:func:`.outdir.check_earlier_results`). Only then is the run accepted: the earlier run's files
     are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is made. Shared by :func:`run_check` and
@@ -94,7 +99,7 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
     corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"], memory=host)
     data = ByteData(corpus, spec["seq_len"], cut=cut)
     del corpus  # ByteData holds its own copy
-    notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes)]
+    notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes, one_gpu=one_gpu)]
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):
         check_earlier_results(out_dir)
@@ -104,6 +109,19 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
         with writing("runs folder", os.path.join(out_dir, RUNS)):
             os.makedirs(os.path.join(out_dir, RUNS))
         yield PreparedRun(out_dir, data, source, notes)
+
+
+def concurrent_runs(spec: dict) -> bool:
+    """Whether the fresh runs (b, c and the native control) start alongside run a, for a run without ``--nproc``:
+    on a GPU (the runs share nothing but the GPU, and each run's bits are its own). On the CPU they run one after
+    another (each would take the cores the others use)."""
+    return torch.device(spec["device"]).type == "cuda"
+
+
+def _run_chains(launch: Launcher, chains) -> None:
+    for chain in chains:
+        for spec_path, name, label, extra in chain:
+            launch(spec_path, name, label, extra)
 
 
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
@@ -141,24 +159,37 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     launch = Launcher(runs_dir, progress, nproc)
     ckpt = os.path.join(runs_dir, f"checkpoint-step{stop_at}.pt")
 
-    t0 = time.perf_counter()
-    if ddp:
-        launch(spec_path, "a", "a", [])
-        runs = {"a": load_record(launch.record("a"))}
-    else:
-        runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
-        runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
-    launch(spec_path, "b", "b", [])
-    runs["b"] = load_record(launch.record("b"))
-    launch(spec_path, "c1", "c:1", ["--stop-at", str(stop_at), "--ckpt", ckpt])
-    launch(spec_path, "c2", "c:2", ["--resume", ckpt])
-    runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
+    fresh = [[(spec_path, "b", "b", [])],
+             [(spec_path, "c1", "c:1", ["--stop-at", str(stop_at), "--ckpt", ckpt]),
+              (spec_path, "c2", "c:2", ["--resume", ckpt])]]
     if native:
         native_spec_path = os.path.join(runs_dir, "spec-native.json")
         with writing("spec", native_spec_path):
             atomic_write_json(native_spec_path, dict(spec, mixer="native"))
+        fresh += [[(native_spec_path, name, name, [])] for name in ("native-1", "native-2")]
+    t0 = time.perf_counter()
+    if ddp:
+        launch(spec_path, "a", "a", [])
+        runs = {"a": load_record(launch.record("a"))}
+        _run_chains(launch, fresh)
+    elif not concurrent_runs(spec):  # the CPU
+        runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
+        runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
+        _run_chains(launch, fresh)
+    else:  # on one GPU: the fresh runs start alongside run a, which trains in this process
+        futures = launch.alongside(fresh)
+        try:
+            runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
+            runs["a"]["wall_s"] = time.perf_counter() - t0
+            for future in futures:
+                future.result()
+        except BaseException:
+            launch.stop()
+            raise
+    runs["b"] = load_record(launch.record("b"))
+    runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
+    if native:
         for name in ("native-1", "native-2"):
-            launch(native_spec_path, name, name, [])
             runs[name] = load_record(launch.record(name))
     wall = time.perf_counter() - t0
     for name, seconds in launch.wall_s.items():  # a fresh run's wall time, its process start-up included

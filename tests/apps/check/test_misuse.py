@@ -552,6 +552,13 @@ def test_the_estimate_refuses_the_users_model_and_passes_the_defaults():
     with pytest.raises(Refused, match=r"\(4 processes of 1 row\): expected a training that fits in the .* got an "
                                       r"estimated [\d.]+ MiB per process x 4 = "):
         check_memory(s, rows=1, processes=4, corpus_bytes=0, available=(4 * one - 1, "test"))
+    g = dict(s, device="cuda")  # the runs alongside one another on one GPU share it: three estimates
+    check_memory(g, rows=1, processes=3, corpus_bytes=0, available=(3 * one, "test"), one_gpu=True)
+    assert check_memory(g, rows=1, processes=3, corpus_bytes=0, available=(one, "test")).endswith(
+        "available on the GPU")  # each rank of --nproc 3 has its own GPU
+    with pytest.raises(Refused, match=r"\(3 processes of 1 row\): expected a training that fits in the .* available on "
+                                      r"the GPU \(test\), got an estimated [\d.]+ MiB per process x 3 = "):
+        check_memory(g, rows=1, processes=3, corpus_bytes=0, available=(3 * one - 1, "test"), one_gpu=True)
 
 
 def test_the_estimate_of_mamba3_layers_names_the_layer_and_grows_with_the_model():

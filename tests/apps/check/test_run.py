@@ -122,3 +122,52 @@ def test_run_check_rejects_uneven_batch_before_writing(tmp_path):
     with pytest.raises(CheckError, match=r"--batch: the global batch 4 is not divisible by --nproc 3"):
         run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, nproc=3)
     assert not (tmp_path / "o").exists()
+
+
+def _concurrent(monkeypatch):
+    """The GPU's schedule on the CPU: the fresh runs start alongside run a (``concurrent_runs`` True); returns the
+    list the chains that were started are appended to."""
+    from ordered_ssd.apps.check import run as run_mod
+    from ordered_ssd.apps.check.launch import Launcher
+
+    started = []
+    alongside = Launcher.alongside
+
+    def spy(self, chains):
+        started.extend([name for _, name, _, _ in chain] for chain in chains)
+        return alongside(self, chains)
+    monkeypatch.setattr(run_mod, "concurrent_runs", lambda spec: True)
+    monkeypatch.setattr(Launcher, "alongside", spy)
+    return started
+
+
+def test_fresh_runs_alongside_a_give_the_same_verdict(tmp_path, monkeypatch):
+    started = _concurrent(monkeypatch)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    lines = []
+    assert run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, print_fn=lines.append) == 0
+    assert started == [["b"], ["c1", "c2"]]
+    assert any(line.startswith("verdict: REPRODUCIBLE: 6 steps") for line in lines), lines
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    runs = report["runs"]
+    assert runs["a"]["losses"] == runs["b"]["losses"] == runs["c"]["losses"] and len(runs["a"]["losses"]) == 6
+    assert all(runs[r]["wall_s"] > 0 for r in "abc")
+    assert report["comparisons"]["c_vs_a"]["identical"] and report["comparisons"]["b_vs_a"]["identical"]
+
+
+def test_a_failed_run_alongside_a_stops_the_check_with_its_reason(tmp_path, monkeypatch):
+    from ordered_ssd.apps.check import launch as launch_mod
+
+    _concurrent(monkeypatch)
+    command = launch_mod._train_command
+
+    def broken_c1(spec_path, record_path, label, extra, progress):  # run c:1 is given an option _train refuses
+        return command(spec_path, record_path, label, extra + (["--no-such-flag"] if label == "c:1" else []),
+                       progress)
+    monkeypatch.setattr(launch_mod, "_train_command", broken_c1)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    out = tmp_path / "o"
+    with pytest.raises(CheckError, match=r"^run c:1 \(a fresh process\) failed with exit code 2: .*--no-such-flag"):
+        run_check(spec, str(out), stop_at=3, native=False, progress=False, print_fn=lambda line: None)
+    assert not (out / "runs" / "c2.json").exists() and not (out / "runs" / "c2.log").exists()  # c2 never started
+    assert not (out / "report.json").exists()
