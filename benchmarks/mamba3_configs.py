@@ -151,15 +151,29 @@ def run_case(shape_name: str, kernel: str) -> list:
     return [{"shape": shape_name, "kernel": kernel, "key": key, "rows": rows}]
 
 
-def _worker(tasks_file: str, out_file: str) -> None:
+def warm_case(shape_name: str, kernel: str) -> list:
+    """Compile every candidate configuration of ``kernel`` at ``shape_name``'s own ``L`` (two examples): Triton's
+    cache then holds what the timing launches. ``[]`` (nothing to report)."""
+    shape = SHAPES[shape_name]
+    layer, u, dout = build(shape, 2, shape[6])
+    for cand in _specs()[kernel].candidates:
+        try:
+            with launches(kernel, _cfg(cand)):
+                step(layer, u, dout)
+        except Exception:  # noqa: BLE001 - does not fit: the timing records it
+            pass
+    return []
+
+
+def _worker(tasks_file: str, out_file: str, mode: str = "prove") -> None:
     out = []
     for shape_name, kernel in json.loads(Path(tasks_file).read_text()):
-        out += run_case(shape_name, kernel)
+        out += (run_case if mode == "prove" else warm_case)(shape_name, kernel)
         Path(out_file).write_text(json.dumps(out))
 
 
-def prove(shapes, jobs: int) -> list:
-    tasks = [(s, k) for s in shapes for k in _specs()]
+def prove(shapes, jobs: int, mode: str = "prove", kernels=None) -> list:
+    tasks = [(s, k) for s in shapes for k in _specs() if kernels is None or k in kernels]
     # the heaviest kernels first, spread round-robin over the workers
     heavy = {"mamba3_siso_fwd": 0, "mamba3_siso_bwd_dqkv": 1, "mamba3_siso_bwd_rotary_bias_angles": 2}
     tasks.sort(key=lambda t: heavy.get(t[1], 9))
@@ -169,7 +183,7 @@ def prove(shapes, jobs: int) -> list:
         for i, group in enumerate(g for g in groups if g):
             tf, of = Path(tmp, f"t{i}.json"), Path(tmp, f"o{i}.json")
             tf.write_text(json.dumps(group))
-            procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(tf), str(of)]), of))
+            procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(tf), str(of), mode]), of))
         for p, of in procs:
             rc = p.wait()
             got = json.loads(of.read_text()) if of.exists() else []
@@ -218,8 +232,9 @@ def _time_launch(spec, grid, args, ref, cfg) -> float:
     return best
 
 
-def time_shapes(shapes, neutral: dict) -> list:
-    """Per (shape, kernel): the pinned configuration's time and every neutral-only variant's (ms per launch)."""
+def time_shapes(shapes, neutral: dict, every: bool = False, kernels=None) -> list:
+    """Per (shape, kernel): the pinned configuration's time and every neutral-only variant's (ms per launch); with
+    ``every``, every candidate's."""
     import torch
 
     from csrc_bindings._configs import device_arch, order_of
@@ -227,6 +242,8 @@ def time_shapes(shapes, neutral: dict) -> list:
     for name in shapes:
         layer, u, dout = build(SHAPES[name])
         for kernel, spec in _specs().items():
+            if kernels is not None and kernel not in kernels:
+                continue
             sink = []
             with launches(kernel, None, sink):
                 step(layer, u, dout)
@@ -237,7 +254,7 @@ def time_shapes(shapes, neutral: dict) -> list:
             times = []
             for cand in spec.candidates:
                 cfg = _cfg(cand)
-                if any(cfg[n] != base_cfg[n] for n in cfg if n not in free):
+                if not every and any(cfg[n] != base_cfg[n] for n in cfg if n not in free):
                     continue
                 try:
                     times.append({"config": cfg, "ms": _time_launch(s, grid, args, ref, cfg)})
@@ -252,8 +269,31 @@ def time_shapes(shapes, neutral: dict) -> list:
     return rows
 
 
+#: the forward kernels' boolean key values that the layer's modes differ in (training, no-grad, prefill): every
+#: combination takes the training forward's entry, so that a forward gives the same bits in every mode
+SAME_ENTRY = {"mamba3_siso_fwd": ("STORE_SSM_STATES_ADT_OUTV", "RETURN_FINAL_STATES"),
+              "mamba3_angle_dt_fwd": ("RETURN_OUTPUT_STATE",)}
+
+
+def _with_modes(entries: dict) -> dict:
+    """``entries`` plus, for the kernels of :data:`SAME_ENTRY`, the same entry at every combination of those keys."""
+    import itertools
+    out = dict(entries)
+    for tk, cfg in entries.items():
+        prefix, key = tk.rsplit("/", 1)
+        names = SAME_ENTRY.get(prefix.split("/")[2], ())
+        for values in itertools.product((True, False), repeat=len(names)):
+            parts = []
+            for part in key.split(","):
+                n, v = part.split("=")
+                parts.append(f"{n}={values[names.index(n)]}" if n in names else part)
+            out.setdefault(f"{prefix}/{','.join(parts)}", cfg)
+    return dict(sorted(out.items()))
+
+
 def speed_entries(timing: list, arch: str, dtype) -> dict:
-    """``{table key: neutral parameter values}``: per kernel and key, the fastest by the summed relative time."""
+    """``{table key: parameter values}``: per kernel and key, the fastest by the summed relative time (among the
+    configurations timed at every shape of the key)."""
     from csrc_bindings._configs import table_key_of
     specs = _specs()
     by_key = {}
@@ -281,11 +321,15 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
     v = report["verdicts"]
     neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
     proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
+    order = {}
+    if report.get("timing_all"):
+        order = _with_modes(speed_entries(report["timing_all"], report["arch"], torch.bfloat16))
     speed = {}
     if report.get("timing"):
         for tk, cfg in speed_entries(report["timing"], report["arch"], torch.bfloat16).items():
             kernel = tk.split("/")[2]
-            speed[tk] = {n: cfg[n] for n in neutral.get(kernel, ())}
+            if tk not in order and neutral.get(kernel):
+                speed[tk] = {n: cfg[n] for n in neutral[kernel]}
     meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
     meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
     meta["shapes"] = {n: "d_model,d_state,headdim,chunk_size,ngroups,B,L = " + ",".join(map(str, SHAPES[n]))
@@ -293,11 +337,16 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
     meta["timing"] = "best of 3 trials x 10 launches, CUDA events, at each shape's own B and L"
     text = ('"""The Mamba-3 SISO kernels\' bit-neutral launch parameters and their speed choices (generated by\n'
             '``python benchmarks/mamba3_configs.py --write REPORT``; do not edit by hand).\n\n'
-            '``NEUTRAL[kernel]``: the parameters proven, on the GPU of ``META``, to leave every output bit unchanged; '
-            '``PROVEN``:\nthe key range the proof covered; ``SPEED``: per table key, the fastest values of those '
-            'parameters (timed).\n:mod:`csrc_bindings._configs` merges them with the Mamba-2 kernels\' tables.\n"""\n\n'
+            '``ORDER``: per table key, the pinned configuration (every parameter, the order ones included: they decide '
+            'bits),\nthe fastest of upstream\'s candidates timed at the shapes of ``META`` (the forward kernels\' '
+            'entries repeated\nfor the no-grad and prefill keys, so a forward has the same bits in every mode); a key '
+            'without an entry takes\nthe ``mincost-v1`` rule. ``NEUTRAL[kernel]``: the parameters proven, on the GPU '
+            'of ``META``, to leave every\noutput bit unchanged; ``PROVEN``: the key range the proof covered; '
+            '``SPEED``: per key outside ``ORDER``, the\nfastest values of the neutral parameters (timed). '
+            ':mod:`csrc_bindings._configs` reads them beside the Mamba-2\nkernels\' tables.\n"""\n\n'
             f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof ran on (no speed choice "
-            f"on another)\nARCH = {report['arch']!r}\n\nNEUTRAL = {pprint.pformat(neutral, width=116)}\n\n"
+            f"on another)\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"
+            f"NEUTRAL = {pprint.pformat(neutral, width=116)}\n\n"
             f"PROVEN = {pprint.pformat(proven, width=116)}\n\nSPEED = {pprint.pformat(speed, width=116)}\n")
     path.write_text(text)
 
@@ -310,7 +359,11 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--report", help="write the report JSON here")
     p.add_argument("--write", metavar="REPORT", help="generate csrc_bindings/pinned/mamba3_params.py from REPORT")
-    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--time-all", action="store_true",
+                   help="time every candidate (order parameters too), after compiling them in --jobs workers")
+    p.add_argument("--kernels", default=None, help="comma-separated kernels (default: all seven)")
+    p.add_argument("--verdicts", help="take the proof's verdicts from this earlier report")
     a = p.parse_args(argv)
     if a.worker:
         _worker(*a.worker)
@@ -339,6 +392,16 @@ def main(argv=None) -> int:
         for k, v in report["verdicts"].items():
             print(f"{k}: neutral {v['neutral']} order {v['order']} ({v['cases']} cases, {v['errors']} errors, "
                   f"violations {list(v['violations'])})", flush=True)
+    if a.verdicts:
+        report["verdicts"] = json.loads(Path(a.verdicts).read_text())["verdicts"]
+    kernels = None if a.kernels is None else a.kernels.split(",")
+    if a.time_all:
+        t1 = time.time()
+        prove(shapes, a.jobs, mode="warm", kernels=kernels)
+        report["warm_s"] = round(time.time() - t1, 1)
+        t1 = time.time()
+        report["timing_all"] = time_shapes(shapes, {}, every=True, kernels=kernels)
+        report["time_all_s"] = round(time.time() - t1, 1)
     if a.time:
         neutral = {k: v["neutral"] for k, v in report.get("verdicts", {}).items()}
         t1 = time.time()

@@ -148,6 +148,14 @@ def _table() -> dict:
     return TABLE
 
 
+def _order_table() -> dict:
+    """The pinned configurations by table key: the Mamba-2 kernels' table (:func:`_table`, whose hash the
+    fingerprint names) and the Mamba-3 kernels' ``ORDER`` (:mod:`.pinned.mamba3_params`, whose hash
+    ``ordered_ssd.ops.mamba3_siso.mamba3_fingerprint`` names). Read where a configuration is not memoised yet."""
+    from .pinned.mamba3_params import ORDER
+    return {**_table(), **ORDER}
+
+
 def _cost(block: Mapping, num_stages: int) -> int:
     prod = 1
     for k, v in block.items():
@@ -206,7 +214,7 @@ def order_of(spec: KernelSpec, key: Mapping, dtype, arch: str) -> KernelConfig:
 @functools.lru_cache(maxsize=4096)
 def _order(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfig:
     key = {k: v for k, _, v in key_items}
-    table = _table()
+    table = _order_table()
     tkey = table_key_of(spec, arch, dtype, key)
     entry = table.get(tkey)
     if entry is not None:
@@ -322,7 +330,7 @@ def speed_entry(spec: KernelSpec, key: Mapping, dtype, arch: str):
     neutral = _neutral().get(spec.name, ())
     if not neutral or not _proven(spec.name, key, arch):
         return None, ""
-    speed, table = _speed(), _table()
+    speed, table = _speed(), _order_table()
     tkey = table_key_of(spec, arch, dtype, key)
     if tkey in speed:
         entry, source = speed[tkey], "speed-table"

@@ -11,6 +11,8 @@ META = {}
 #: the GPU architecture the proof ran on (no speed choice on another)
 ARCH = 'sm_90'
 
+ORDER = {}
+
 NEUTRAL = {}
 
 PROVEN = {}

@@ -44,13 +44,16 @@ REDUCTION = "mamba3-v1"
 def mamba3_fingerprint() -> str:
     """``"mamba3-v1 kernels=<hash>"``: this file's order (:data:`REDUCTION`) and what pins the Mamba-3 kernels'
     configurations (each kernel's name, upstream attribute, autotune key and candidate list, from which the
-    ``mincost-v1`` rule picks); the ``mamba3`` field of the determinism fingerprint. Imports nothing native."""
+    ``mincost-v1`` rule picks for a key without an entry, and the pinned entries, ``ORDER`` of
+    :mod:`csrc_bindings.pinned.mamba3_params`); the ``mamba3`` field of the determinism fingerprint. Imports nothing
+    native."""
     import hashlib
     import json
 
     from csrc_bindings.mamba3 import MAMBA3_SPECS
+    from csrc_bindings.pinned.mamba3_params import ORDER
     specs = [[s.name, s.attr, list(s.autotune_key), [[c[0], c[1], c[2]] for c in s.candidates]] for s in MAMBA3_SPECS]
-    digest = hashlib.sha256(json.dumps(specs, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([specs, ORDER], sort_keys=True).encode()).hexdigest()[:12]
     return f"{REDUCTION} kernels={digest}"
 
 
