@@ -18,8 +18,8 @@ memory (``ru_maxrss``) over two training steps, for d_state 16..100000, d_model 
 seq_len 128..1024, chunk_size 32..128; not counted: the interpreter and torch themselves (about 0.1 GiB more there).
 On CUDA (the fused kernels) the formula is not measured.
 
-With ``--layer mamba3`` (``OrderedMamba3`` on its pure-PyTorch reference path, CPU only) the parameters are counted
-exactly (:func:`mamba3_layer_params`) but the activation formula is adapted, not fitted: ``K = 2 E + 2 G N + 3 H +
+With ``--layer mamba3`` (``OrderedMamba3``; the formula follows its pure-PyTorch reference path) the parameters are
+counted exactly (:func:`mamba3_layer_params`) but the activation formula is adapted, not fitted: ``K = 2 E + 2 G N + 3 H +
 S`` with ``S`` the rotary angles here (not the scan term above), ``Q = chunk_size``, ``C = ceil(seq_len / Q)``
 chunks, ``Lp = C Q``;
 ``forward = T * (4 n_layers d + 12 V) + T * (K + 2 G N + 6 H N + 5 H S + 4 E) + 5 rows Q^2 H`` (every layer keeps
