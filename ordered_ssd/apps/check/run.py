@@ -14,7 +14,6 @@ from .errors import CheckError, plural, writing
 from .launch import Launcher
 from .memory import check_memory, device_available, n_params
 from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
-from .precompile import default_jobs, precompile
 from .report import load_record, merge_restart, report
 from .spec import layer_name
 from .train import train_run
@@ -119,12 +118,6 @@ def concurrent_runs(spec: dict) -> bool:
     return torch.device(spec["device"]).type == "cuda"
 
 
-def _has_mamba_ssm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mamba_ssm") is not None
-
-
 def _run_chains(launch: Launcher, chains) -> None:
     for chain in chains:
         for spec_path, name, label, extra in chain:
@@ -134,7 +127,7 @@ def _run_chains(launch: Launcher, chains) -> None:
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
                print_fn, nproc: Optional[int], notes: List[str] = ()) -> int:
     """:func:`run_check` in its locked output directory, on the data already read; ``notes``: lines printed after
-    the data's. On a GPU with mamba-ssm, a precompile phase (:mod:`.precompile`) comes first."""
+    the data's."""
     ddp = nproc is not None
     spec = dict(spec, data_sha256=data.sha256)
     if ddp:
@@ -174,8 +167,6 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         with writing("spec", native_spec_path):
             atomic_write_json(native_spec_path, dict(spec, mixer="native"))
         fresh += [[(native_spec_path, name, name, [])] for name in ("native-1", "native-2")]
-    precompile_jobs = (default_jobs() if concurrent_runs(spec) and spec.get("hf") is None and _has_mamba_ssm()
-                       else 0)
     t0 = time.perf_counter()
     if ddp:
         launch(spec_path, "a", "a", [])
@@ -186,12 +177,6 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
         _run_chains(launch, fresh)
     else:  # on one GPU: the fresh runs start alongside run a, which trains in this process
-        if precompile_jobs:
-            spec_paths = [spec_path] + ([native_spec_path] if native else [])
-            seconds, failures = precompile(spec_paths, runs_dir, precompile_jobs)
-            print_fn(f"precompile: {plural(precompile_jobs * len(spec_paths), 'worker')} filled Triton's cache in "
-                     f"{seconds:.1f} s" + (f"; {len(failures)} failed (the runs compile what is missing): "
-                                           f"{failures[0]}" if failures else ""))
         futures = launch.alongside(fresh)
         try:
             runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
