@@ -18,10 +18,10 @@ memory (``ru_maxrss``) over two training steps, for d_state 16..100000, d_model 
 seq_len 128..1024, chunk_size 32..128; not counted: the interpreter and torch themselves (about 0.1 GiB more there).
 On CUDA (the fused kernels) the formula is not measured.
 
-With ``--layer mamba3`` (``OrderedMamba3``; the formula follows its pure-PyTorch reference path) the parameters are
-counted exactly (:func:`mamba3_layer_params`) but the activation formula is adapted, not fitted: ``K = 2 E + 2 G N + 3 H +
-S`` with ``S`` the rotary angles here (not the scan term above), ``Q = chunk_size``, ``C = ceil(seq_len / Q)``
-chunks, ``Lp = C Q``;
+With ``--layer mamba3`` (``OrderedMamba3``; the formula follows its pure-PyTorch reference path) the parameters
+are counted exactly (:func:`mamba3_layer_params`) but the activation formula is adapted, not fitted: ``K = 2 E +
+2 G N + 3 H + S`` with ``S`` the rotary angles here (not the scan term above), ``Q = chunk_size``, ``C =
+ceil(seq_len / Q)`` chunks, ``Lp = C Q``;
 ``forward = T * (4 n_layers d + 12 V) + T * (K + 2 G N + 6 H N + 5 H S + 4 E) + 5 rows Q^2 H`` (every layer keeps
 only its input, as its autograd function saves ``u``; one layer's graph-free forward, one chunk's ``[Q, Q, H]``
 decays and scores at a time) and ``backward = T * (4 n_layers d + 12 V) + seq_len * (2 K + 4 G N + 8 H N + 5 H S +

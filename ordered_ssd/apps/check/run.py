@@ -40,13 +40,13 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
               print_fn=print, nproc: Optional[int] = None) -> int:
     """Run a, b, c (and the native control); print the table and the verdict; write report.json and loss.png.
 
-    Run ``a`` trains in this process, ``b`` in a fresh process, ``c`` in a fresh process stopped after
-    ``stop_at`` steps and resumed from its checkpoint in another; with ``native``, ``native-1`` and ``native-2``
-    train mamba-ssm's ``Mamba2`` in two fresh processes. On a GPU the fresh runs start alongside ``a``
-    (:func:`concurrent_runs`); on the CPU they follow it, one after another. With ``nproc`` (an int >= 1), every run (a included) is
-    a data-parallel run of ``nproc`` processes launched through ``python -m torch.distributed.run`` (gloo on the
-    CPU, nccl on CUDA with one GPU per rank), and the verdict also requires every rank of every run to agree bit
-    for bit.
+    Run ``a`` trains in this process, ``b`` in a fresh process, ``c`` in a fresh process stopped after ``stop_at``
+    steps and resumed from its checkpoint in another; with ``native``, ``native-1`` and ``native-2`` train
+    mamba-ssm's ``Mamba2`` in two fresh processes. On a GPU the fresh runs start alongside ``a``, once its first
+    step has compiled the kernels (:func:`concurrent_runs`); on the CPU they follow it, one after another. With
+    ``nproc`` (an int >= 1), every run (a included) is a data-parallel run of ``nproc`` processes launched through
+    ``python -m torch.distributed.run`` (gloo on the CPU, nccl on CUDA with one GPU per rank), and the verdict also
+    requires every rank of every run to agree bit for bit.
 
     Returns the exit code: 0 if a, b and c agree bit for bit, 1 otherwise.
 
@@ -80,11 +80,11 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
     """Every check of the run before it is accepted, then its start. First, with nothing written: ``--steps`` and
     ``--stop-at`` checked, the corpus read (refused where it would not fit in memory: :func:`load_corpus`), the
     training's memory estimated and refused where it would not fit (:func:`.memory.check_memory`; ``rows`` examples
-    per forward in each of ``processes`` processes training at once, on one GPU with ``one_gpu``). Then ``--out`` created if needed and locked
-    for the run (a second run into the same ``--out`` would compare the first one's records), and what an earlier run
-    left there checked (:func:`.outdir.check_earlier_results`). Only then is the run accepted: the earlier run's files
-    are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is made. Shared by :func:`run_check` and
-    :func:`~ordered_ssd.apps.check.split.run_split_check`.
+    per forward in each of ``processes`` processes training at once, on one GPU with ``one_gpu``). Then ``--out``
+    created if needed and locked for the run (a second run into the same ``--out`` would compare the first one's
+    records), and what an earlier run left there checked (:func:`.outdir.check_earlier_results`). Only then is the
+    run accepted: the earlier run's files are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is
+    made. Shared by :func:`run_check` and :func:`~ordered_ssd.apps.check.split.run_split_check`.
 
     Raises:
         CheckError / DataError: as said (one line); a refused run changes nothing in ``--out`` (it may create the
@@ -113,8 +113,9 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
 
 def concurrent_runs(spec: dict) -> bool:
     """Whether the fresh runs (b, c and the native control) start alongside run a, for a run without ``--nproc``:
-    on a GPU (the runs share nothing but the GPU, and each run's bits are its own). On the CPU they run one after
-    another (each would take the cores the others use)."""
+    on a GPU (the runs share nothing but the GPU and Triton's on-disk cache, and each run's bits are its own), once
+    a's first step has finished, so that they load the kernels it compiled instead of compiling them again. On the
+    CPU they run one after another (each would take the cores the others use)."""
     return torch.device(spec["device"]).type == "cuda"
 
 
@@ -176,11 +177,17 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
         runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
         _run_chains(launch, fresh)
-    else:  # on one GPU: the fresh runs start alongside run a, which trains in this process
-        futures = launch.alongside(fresh)
+    else:  # on one GPU: the fresh runs start once run a, in this process, has finished its first step
+        futures: list = []
+
+        def start_fresh_runs():  # a's first step compiled the kernels into Triton's cache: theirs load them
+            futures.extend(launch.alongside(fresh))
         try:
-            runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
+            runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress,
+                                   after_first_step=start_fresh_runs)}
             runs["a"]["wall_s"] = time.perf_counter() - t0
+            if not futures:
+                start_fresh_runs()
             for future in futures:
                 future.result()
         except BaseException:

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -198,7 +198,8 @@ def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=la
 def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
                ckpt_path: Optional[str] = None, resume: Optional[str] = None,
                allow_fingerprint_mismatch: bool = False, progress: bool = True, ckpt_every: Optional[int] = None,
-               resume_if_any: bool = False, kill_at: Optional[int] = None) -> Optional[dict]:
+               resume_if_any: bool = False, kill_at: Optional[int] = None,
+               after_first_step: Optional[Callable[[], None]] = None) -> Optional[dict]:
     """Train according to ``spec`` in ``world`` (:mod:`ordered_ssd.apps.check.world`); write (atomically, rank 0
     only) and return the run record (None on the other ranks).
 
@@ -224,7 +225,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     directory, resumed from its latest complete checkpoint on any number of ranks (``resume_if_any``: start from
     step 0 when it holds none), and the record then holds the steps before the restart too (``restarts`` lists
     the steps resumed from). ``kill_at`` (testing the crash restart): on the first attempt under torchrun, the
-    last rank kills itself with SIGKILL after the first block's backward of that step.
+    last rank kills itself with SIGKILL after the first block's backward of that step. ``after_first_step`` is
+    called once, when the first step (its compiles included) has finished.
 
     Raises:
         CheckError: the ranks' fingerprints differ, uneven batch, the data differs from the parent run's, or the
@@ -315,6 +317,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             first_step_s = time.perf_counter() - t0
+            if after_first_step is not None:
+                after_first_step()
         done = step + 1
         if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
             _resolve(digests, steps, names)
@@ -402,11 +406,12 @@ def _resume_sharded(root: str, model, optimizer, fingerprint_info: dict, device:
 def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int] = None,
               ckpt_path: Optional[str] = None, resume: Optional[str] = None, allow_fingerprint_mismatch: bool = False,
               progress: bool = True, ckpt_every: Optional[int] = None, resume_if_any: bool = False,
-              kill_at: Optional[int] = None) -> Optional[dict]:
+              kill_at: Optional[int] = None, after_first_step: Optional[Callable[[], None]] = None) -> Optional[dict]:
     """One run of ``spec``: in this process, or (``spec["nproc"]`` set) as one rank of a data-parallel run
     launched by torchrun. See :func:`train_loop` for the record and the errors; a data-parallel rank outside
     torchrun, or with another world size than ``spec["nproc"]``, raises :class:`CheckError`."""
     with world_of(spec) as world:
         return train_loop(world, spec, record_path, label=label, stop_at=stop_at, ckpt_path=ckpt_path,
                           resume=resume, allow_fingerprint_mismatch=allow_fingerprint_mismatch, progress=progress,
-                          ckpt_every=ckpt_every, resume_if_any=resume_if_any, kill_at=kill_at)
+                          ckpt_every=ckpt_every, resume_if_any=resume_if_any, kill_at=kill_at,
+                          after_first_step=after_first_step)

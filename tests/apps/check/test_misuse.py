@@ -745,7 +745,8 @@ def test_a_read_only_out_is_one_line_and_keeps_the_earlier_run(unprivileged, tmp
 # ------------------------------------------------------------------------------- 7. --layer mamba3 where it cannot run
 LAYER_MISUSE = [  # (id, arguments after `check` (--out added), CUDA faked present, the message after "error: ")
     ("--d-state 24 with --layer mamba3 on cuda", [*TINY, "--layer", "mamba3", "--device", "cuda", "--d-state", "24"],
-     True, "--d-state: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 24"),
+     True,
+     "--d-state: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 24"),
     ("--headdim 8 with --layer mamba3 on cuda:1", [*TINY, "--layer", "mamba3", "--device", "cuda:1", "--headdim", "8",
                                                   "--d-state", "16", "--chunk-size", "16"], True,
      "--headdim: expected a power of two >= 16 with --layer mamba3 on CUDA (mamba-ssm's Mamba-3 kernels), got 8"),

@@ -124,29 +124,42 @@ def test_run_check_rejects_uneven_batch_before_writing(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def _concurrent(monkeypatch):
+def _concurrent(monkeypatch, events=None):
     """The GPU's schedule on the CPU: the fresh runs start alongside run a (``concurrent_runs`` True); returns the
-    list the chains that were started are appended to."""
+    list the chains that were started are appended to. ``events`` (a list) gets ``"a: first step"`` when run a's
+    first step has finished and ``"fresh runs started"`` when the chains start."""
     from ordered_ssd.apps.check import run as run_mod
     from ordered_ssd.apps.check.launch import Launcher
 
     started = []
+    events = [] if events is None else events
     alongside = Launcher.alongside
+    train_run = run_mod.train_run
 
     def spy(self, chains):
+        events.append("fresh runs started")
         started.extend([name for _, name, _, _ in chain] for chain in chains)
         return alongside(self, chains)
+
+    def train_a(*args, after_first_step=None, **kwargs):
+        def first():
+            events.append("a: first step")
+            after_first_step()
+        return train_run(*args, after_first_step=first, **kwargs)
     monkeypatch.setattr(run_mod, "concurrent_runs", lambda spec: True)
+    monkeypatch.setattr(run_mod, "train_run", train_a)
     monkeypatch.setattr(Launcher, "alongside", spy)
     return started
 
 
 def test_fresh_runs_alongside_a_give_the_same_verdict(tmp_path, monkeypatch):
-    started = _concurrent(monkeypatch)
+    events = []
+    started = _concurrent(monkeypatch, events)
     spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
     lines = []
     assert run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, print_fn=lines.append) == 0
     assert started == [["b"], ["c1", "c2"]]
+    assert events == ["a: first step", "fresh runs started"]  # a's first step compiles; theirs find the cache
     assert any(line.startswith("verdict: REPRODUCIBLE: 6 steps") for line in lines), lines
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     runs = report["runs"]
