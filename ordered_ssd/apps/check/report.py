@@ -242,7 +242,8 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
         print_fn(f"c (stopped at {stop_at}, resumed) vs a:    {describe_comparison(cmp_c)}")
     if native:
         print_fn("(native columns: the loss; '*' marks a step whose loss or gradient bits differ from native-1)")
-        print_fn("native Mamba2 run 1 vs run 2 (control): " + (
+        native_layer = "Mamba3" if spec.get("model") and layer_of(spec["model"]) == "mamba3" else "Mamba2"
+        print_fn(f"native {native_layer} run 1 vs run 2 (control): " + (
             "identical" if cmp_native["identical"] else
             f"diverged: first gradient difference at step "
             f"{cmp_native['first_grad_diff']['step'] if cmp_native['first_grad_diff'] else '-'}, first loss "

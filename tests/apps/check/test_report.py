@@ -94,3 +94,29 @@ def test_output_digests_fold_every_output_on_its_device_and_name_none_for_other_
     outs.remove()
     model["pair"]((None, a))
     assert outs.take() == {}
+
+
+def test_the_native_control_line_names_the_layer(tmp_path):
+    """With ``--native`` the comparison line names the control's layer: ``Mamba3`` for a ``--layer mamba3`` run,
+    ``Mamba2`` otherwise; a control whose runs differ says where."""
+    from ordered_ssd.apps.check.report import report
+    from tests.apps.check.test_plot import _rec
+
+    def rec(mixer="ordered", **kw):
+        r = _rec([5.5, 5.25, 5.0, 4.75], mixer=mixer, **kw)
+        return dict(r, s_per_step=0.01, fingerprint="fp", fingerprint_info={})
+    for layer, name in (("mamba3", "Mamba3"), ("mamba2", "Mamba2")):
+        model = dict(d_model=32, n_layers=1, d_state=16, headdim=16, ngroups=1, chunk_size=16, expand=2)
+        if layer == "mamba3":
+            model["layer"] = layer
+        spec = {"model": model, "steps": 4, "batch": 2, "seq_len": 24, "lr": 1e-3, "device": "cpu"}
+        runs = {"a": rec(), "b": rec(), "c": rec(), "native-1": rec("native"),
+                "native-2": rec("native", grads={1: {"w": "x"}})}
+        lines = []
+        out = tmp_path / layer
+        out.mkdir()
+        assert report(runs, spec, str(out), source="test", n_params=1, stop_at=2, wall=1.0, nproc=None,
+                      print_fn=lines.append)
+        native = [line for line in lines if line.startswith("native ")]
+        assert len(native) == 1 and native[0].startswith(
+            f"native {name} run 1 vs run 2 (control): diverged: first gradient difference at step 1,"), lines
