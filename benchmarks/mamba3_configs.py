@@ -3,8 +3,9 @@ are fastest (the timing), and the generated module that the launchers read (``cs
 
 Usage::
 
-    python benchmarks/mamba3_configs.py --prove [--jobs 12] [--time] --report mamba3_configs.json   # on the GPU
-    python benchmarks/mamba3_configs.py --write mamba3_configs.json                                # anywhere
+    python benchmarks/mamba3_configs.py --prove [--jobs 12] [--time] --report proof.json   # on the GPU
+    python benchmarks/mamba3_configs.py --time-all [--jobs 15] --report timing.json        # on the GPU
+    python benchmarks/mamba3_configs.py --write docs/results/mamba3_configs.json          # anywhere
 
 **The proof** (the method of :mod:`csrc_bindings.pinned.neutral`, at the layer instead of a synthetic problem): per
 case (one shape of :data:`SHAPES`, one kernel of :data:`csrc_bindings.mamba3.MAMBA3_SPECS`), an ``OrderedMamba3``
@@ -21,9 +22,14 @@ each candidate configuration that varies only neutral parameters relaunches the 
 launches, CUDA events. Per kernel and autotune key, the candidate with the smallest sum over the key's shapes of its
 time relative to the pinned configuration's is the speed entry.
 
-``--write`` turns a report into ``csrc_bindings/pinned/mamba3_params.py`` (``NEUTRAL``, ``PROVEN``, ``SPEED``,
-``META``), which :mod:`csrc_bindings._configs` merges with the Mamba-2 kernels' tables: the speed choice never
-changes a bit (it moves only proven-neutral parameters, on the proof's arch and within its key range).
+**The pinned table** (``--time-all``): every candidate of each kernel (order parameters too), compiled first in
+``--jobs`` workers, then timed as above; per kernel and key the fastest by the same sum becomes the key's pinned
+configuration (``ORDER``). It decides bits, as the Mamba-2 kernels' table does: a new table is a new fingerprint.
+
+``--write`` turns a report (the proof's and the timings' keys in one JSON: ``docs/results/mamba3_configs.json``)
+into ``csrc_bindings/pinned/mamba3_params.py`` (``ORDER``, ``NEUTRAL``, ``PROVEN``, ``SPEED``, ``META``), which
+:mod:`csrc_bindings._configs` reads beside the Mamba-2 kernels' tables. ``SPEED`` (keys outside ``ORDER``) moves only
+proven-neutral parameters, on the proof's arch and within its key range: it never changes a bit.
 """
 from __future__ import annotations
 
