@@ -38,7 +38,17 @@ def test_bad_values_are_refused_by_name():
         with pytest.raises(ValueError, match=r"tensors\['x'\]: expected a tensor on cpu, got meta"):
             digests.submit({"x": torch.zeros(2, device="meta")})
     with pytest.raises(ValueError, match="depth, threads: expected >= 1, got 0, 4"):
-        StepDigests(torch.device("cpu"), depth=0)
+        StepDigests(torch.device("cpu"), depth=0, threads=4)
+
+
+@pytest.mark.parametrize("cores, threads", [(1, 4), (2, 4), (8, 4), (12, 6), (16, 8), (64, 8)])
+def test_default_hashing_threads_follow_the_cores(monkeypatch, cores, threads):
+    import os
+
+    from ordered_ssd.apps.check.digests import default_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert default_threads() == threads
 
 
 def test_norms_are_the_float64_norms_at_submit():
