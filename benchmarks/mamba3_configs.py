@@ -1,10 +1,12 @@
-"""Which launch parameters of the Mamba-3 SISO kernels leave every bit unchanged (the proof), which values of them
-are fastest (the timing), and the generated module that the launchers read (``csrc_bindings/pinned/mamba3_params.py``).
+"""Which launch parameters of the Mamba-3 SISO kernels leave every bit unchanged (the proof), which configuration of
+each is fastest per key (the timing), and the generated table that the launchers read
+(``csrc_bindings/pinned/mamba3_params.py``).
 
 Usage::
 
     python benchmarks/mamba3_configs.py --prove [--jobs 12] [--time] --report proof.json   # on the GPU
     python benchmarks/mamba3_configs.py --time-all [--jobs 15] --report timing.json        # on the GPU
+    python benchmarks/mamba3_configs.py --merge proof.json timing.json docs/results/mamba3_configs.json
     python benchmarks/mamba3_configs.py --write docs/results/mamba3_configs.json          # anywhere
 
 **The proof** (the method of :mod:`csrc_bindings.pinned.neutral`, at the layer instead of a synthetic problem): per
@@ -26,10 +28,12 @@ time relative to the pinned configuration's is the speed entry.
 ``--jobs`` workers, then timed as above; per kernel and key the fastest by the same sum becomes the key's pinned
 configuration (``ORDER``). It decides bits, as the Mamba-2 kernels' table does: a new table is a new fingerprint.
 
-``--write`` turns a report (the proof's and the timings' keys in one JSON: ``docs/results/mamba3_configs.json``)
-into ``csrc_bindings/pinned/mamba3_params.py`` (``ORDER``, ``NEUTRAL``, ``PROVEN``, ``SPEED``, ``META``), which
-:mod:`csrc_bindings._configs` reads beside the Mamba-2 kernels' tables. ``SPEED`` (keys outside ``ORDER``) moves only
-proven-neutral parameters, on the proof's arch and within its key range: it never changes a bit.
+``--merge`` joins a proof report and a timing report of the same GPU and versions into one (a timing row without
+the dtype of its launches gets it from :func:`launch_keys`, which also checks the row's key). ``--write`` turns
+that report (``docs/results/mamba3_configs.json``) into ``csrc_bindings/pinned/mamba3_params.py``: ``ORDER``, which
+:mod:`csrc_bindings._configs` reads beside the Mamba-2 kernels' table, and the proof's record (``NEUTRAL``,
+``PROVEN``, ``META``). The Mamba-3 kernels get no speed choice at launch: a key outside ``ORDER`` takes the
+``mincost-v1`` rule's configuration whole.
 """
 from __future__ import annotations
 
@@ -121,6 +125,49 @@ def step(layer, u, dout):
     layer.zero_grad(set_to_none=True)
     layer(x).backward(dout)
     return x
+
+
+def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: int = None) -> list:
+    """``[(kernel, autotune key, dtype name)]`` of every kernel launch of ``OrderedMamba3``'s CUDA path at
+    ``shape_name`` in ``mode`` (``"train"``: the forward storing for a backward, then the backward; ``"no_grad"``;
+    ``"prefill"``: the forward returning final states), recorded on the CPU: the composition of
+    :mod:`ordered_ssd.ops.mamba3_siso` runs on CPU tensors with every launch replaced by a recorder (nothing is
+    computed; the launchers' arguments and reference tensors are what the GPU gets). No GPU needed."""
+    import torch
+
+    from csrc_bindings._configs import dtype_name
+    from csrc_bindings._spec import key_of
+    from csrc_bindings.mamba3 import angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
+    from ordered_ssd.apps.check.spec import rope_angles
+    from ordered_ssd.ops import mamba3_siso as ops
+
+    d_model, n, p, chunk, g, _, L = SHAPES[shape_name]
+    L = L if seqlen is None else seqlen
+    h, s = 2 * d_model // p, rope_angles(n)
+    seen = []
+
+    def record(spec, grid, args, ref, config=None):
+        seen.append((spec.name, key_of(spec, args), dtype_name(ref.dtype)))
+    mods = (angle_dt, mamba3_siso_fwd, mamba3_siso_bwd)
+    saved = [m.launch_kernel for m in mods]
+    for m in mods:
+        m.launch_kernel = record
+    try:
+        def t(*shape, dtype=torch.bfloat16):
+            return torch.zeros(*shape, dtype=dtype)
+        args = ops.kernel_inputs(t(batch, L, g, n), t(batch, L, g, n), t(batch, L, h, p), t(batch, h, L, dtype=torch.float32),
+                                 t(batch, h, L, dtype=torch.float32), t(batch, h, L), t(h, n, dtype=torch.float32),
+                                 t(h, n, dtype=torch.float32), t(batch, L, h, s, dtype=torch.float32),
+                                 t(h, dtype=torch.float32), t(batch, L, h, p))
+        res = ops.ordered_mamba3_siso_fwd(*args, chunk_size=chunk, store_for_backward=mode == "train",
+                                          return_final_states=mode == "prefill")
+        if mode == "train":
+            Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z = args
+            ops._bwd_partials(t(batch, L, h, p), Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, res, chunk)
+    finally:
+        for m, f in zip(mods, saved):
+            m.launch_kernel = f
+    return seen
 
 
 def _arg_digest(spec, args) -> str:
@@ -243,7 +290,7 @@ def time_shapes(shapes, neutral: dict, every: bool = False, kernels=None) -> lis
     ``every``, every candidate's."""
     import torch
 
-    from csrc_bindings._configs import device_arch, order_of
+    from csrc_bindings._configs import device_arch, dtype_name, order_of
     rows = []
     for name in shapes:
         layer, u, dout = build(SHAPES[name])
@@ -266,7 +313,8 @@ def time_shapes(shapes, neutral: dict, every: bool = False, kernels=None) -> lis
                     times.append({"config": cfg, "ms": _time_launch(s, grid, args, ref, cfg)})
                 except Exception as exc:  # noqa: BLE001
                     times.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
-            rows.append({"shape": name, "kernel": kernel, "key": key, "pinned": base_cfg, "times": times})
+            rows.append({"shape": name, "kernel": kernel, "key": key, "dtype": dtype_name(ref.dtype),
+                         "pinned": base_cfg, "times": times})
             print(f"{name} {kernel}: pinned "
                   f"{next((t['ms'] for t in times if t['config'] == base_cfg), float('nan')):.4f} ms, best "
                   f"{min((t['ms'] for t in times if 'ms' in t), default=float('nan')):.4f} ms", flush=True)
@@ -297,15 +345,17 @@ def _with_modes(entries: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def speed_entries(timing: list, arch: str, dtype) -> dict:
-    """``{table key: parameter values}``: per kernel and key, the fastest by the summed relative time (among the
-    configurations timed at every shape of the key)."""
+def speed_entries(timing: list, arch: str) -> dict:
+    """``{table key: parameter values}``: per kernel and key (at the dtype its launches use, the row's ``dtype``),
+    the fastest by the summed relative time (among the configurations timed at every shape of the key)."""
+    import torch
+
     from csrc_bindings._configs import table_key_of
     specs = _specs()
     by_key = {}
     for r in timing:
         spec = specs[r["kernel"]]
-        tk = table_key_of(spec, arch, dtype, r["key"])
+        tk = table_key_of(spec, arch, getattr(torch, r["dtype"]), r["key"])
         base_ms = next((t["ms"] for t in r["times"] if t["config"] == r["pinned"] and "ms" in t), None)
         if base_ms is None:
             continue
@@ -322,39 +372,53 @@ def speed_entries(timing: list, arch: str, dtype) -> dict:
 
 
 def write_module(report: dict, path: Path = OUT_MODULE) -> None:
-    import torch
-
     v = report["verdicts"]
     neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
     proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
-    order = {}
-    if report.get("timing_all"):
-        order = _with_modes(speed_entries(report["timing_all"], report["arch"], torch.bfloat16))
-    speed = {}
-    if report.get("timing"):
-        for tk, cfg in speed_entries(report["timing"], report["arch"], torch.bfloat16).items():
-            kernel = tk.split("/")[2]
-            if tk not in order and neutral.get(kernel):
-                speed[tk] = {n: cfg[n] for n in neutral[kernel]}
+    order = _with_modes(speed_entries(report["timing_all"], report["arch"])) if report.get("timing_all") else {}
     meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
     meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
     meta["shapes"] = {n: "d_model,d_state,headdim,chunk_size,ngroups,B,L = " + ",".join(map(str, SHAPES[n]))
                       for n in report["shapes"]}
     meta["timing"] = "best of 3 trials x 10 launches, CUDA events, at each shape's own B and L"
-    text = ('"""The Mamba-3 SISO kernels\' bit-neutral launch parameters and their speed choices (generated by\n'
+    text = ('"""The Mamba-3 SISO kernels\' pinned launch configurations and the proof of their bit-neutral parameters\n(generated by '
             '``python benchmarks/mamba3_configs.py --write REPORT``; do not edit by hand).\n\n'
             '``ORDER``: per table key, the pinned configuration (every parameter, the order ones included: they decide '
             'bits),\nthe fastest of upstream\'s candidates timed at the shapes of ``META`` (the forward kernels\' '
-            'entries repeated\nfor the no-grad and prefill keys, so a forward has the same bits in every mode); a key '
-            'without an entry takes\nthe ``mincost-v1`` rule. ``NEUTRAL[kernel]``: the parameters proven, on the GPU '
-            'of ``META``, to leave every\noutput bit unchanged; ``PROVEN``: the key range the proof covered; '
-            '``SPEED``: per key outside ``ORDER``, the\nfastest values of the neutral parameters (timed). '
-            ':mod:`csrc_bindings._configs` reads them beside the Mamba-2\nkernels\' tables.\n"""\n\n'
-            f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof ran on (no speed choice "
-            f"on another)\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"
+            'entries repeated\nfor the no-grad and prefill keys, so a forward has the same configuration in every '
+            'mode); a key without an\nentry takes the ``mincost-v1`` rule\'s configuration whole: '
+            ':mod:`csrc_bindings._configs` reads ``ORDER`` beside the\nMamba-2 kernels\' table. ``NEUTRAL`` and '
+            '``PROVEN`` record the proof (the parameters that left every output bit\nunchanged on the GPU of '
+            '``META``, and the key range it covered); nothing reads them at launch.\n"""\n\n'
+            f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof and the timing ran on"
+            f"\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"
             f"NEUTRAL = {pprint.pformat(neutral, width=116)}\n\n"
-            f"PROVEN = {pprint.pformat(proven, width=116)}\n\nSPEED = {pprint.pformat(speed, width=116)}\n")
+            f"PROVEN = {pprint.pformat(proven, width=116)}\n")
     path.write_text(text)
+
+
+def merge(proof: dict, timing: dict) -> dict:
+    """One report of a proof report (``verdicts``, ``cases``) and a timing report (``timing_all``) of the same GPU,
+    arch and versions; each timing row gets the dtype its kernel launches with (:func:`launch_keys` at the row's
+    shape) where it has none, and must have the key recorded there. Raises ValueError otherwise."""
+    for k in ("gpu", "arch", "versions"):
+        if proof.get(k) != timing.get(k):
+            raise ValueError(f"--merge: expected the same {k} in both reports, got {proof.get(k)!r} and "
+                             f"{timing.get(k)!r}")
+    launched = {}
+    for row in timing["timing_all"]:
+        if row["shape"] not in launched:
+            launched[row["shape"]] = {k: (key, dt) for k, key, dt in launch_keys(row["shape"])}
+        key, dt = launched[row["shape"]][row["kernel"]]
+        if key != row["key"] or row.setdefault("dtype", dt) != dt:
+            raise ValueError(f"--merge: {row['shape']} {row['kernel']}: the timing ran key {row['key']} "
+                             f"{row.get('dtype')}, the launchers launch {key} {dt}")
+    out = dict(proof)
+    for k in ("timing_all", "warm_s", "time_all_s"):
+        if k in timing:
+            out[k] = timing[k]
+    out["generated_by"] = f"{proof['generated_by']} --prove; {timing['generated_by']} --time-all; --merge"
+    return out
 
 
 def main(argv=None) -> int:
@@ -370,9 +434,16 @@ def main(argv=None) -> int:
                    help="time every candidate (order parameters too), after compiling them in --jobs workers")
     p.add_argument("--kernels", default=None, help="comma-separated kernels (default: all seven)")
     p.add_argument("--verdicts", help="take the proof's verdicts from this earlier report")
+    p.add_argument("--merge", nargs=3, metavar=("PROOF", "TIMING", "OUT"),
+                   help="join a proof report and a --time-all report into OUT (no GPU needed)")
     a = p.parse_args(argv)
     if a.worker:
         _worker(*a.worker)
+        return 0
+    if a.merge:
+        proof, timing = (json.loads(Path(f).read_text()) for f in a.merge[:2])
+        Path(a.merge[2]).write_text(json.dumps(merge(proof, timing), separators=(",", ":")))
+        print(f"wrote {a.merge[2]}")
         return 0
     if a.write:
         write_module(json.loads(Path(a.write).read_text()))

@@ -151,7 +151,9 @@ def _table() -> dict:
 def _order_table() -> dict:
     """The pinned configurations by table key: the Mamba-2 kernels' table (:func:`_table`, whose hash the
     fingerprint names) and the Mamba-3 kernels' ``ORDER`` (:mod:`.pinned.mamba3_params`, whose hash
-    ``ordered_ssd.ops.mamba3_siso.mamba3_fingerprint`` names). Read where a configuration is not memoised yet."""
+    ``ordered_ssd.ops.mamba3_siso.mamba3_fingerprint`` names). Read where a configuration is not memoised yet.
+    The Mamba-3 kernels have no speed choice (their proof is not part of ``NEUTRAL``/``PROVEN``): a key outside
+    ``ORDER`` launches the ``mincost-v1`` rule's configuration whole, in every mode of the layer."""
     from .pinned.mamba3_params import ORDER
     return {**_table(), **ORDER}
 
@@ -258,20 +260,14 @@ def _nearest_key(key: Mapping, tkey: str, keys, along=None) -> str | None:
     return None if best is None else best[1]
 
 
-@functools.lru_cache(maxsize=None)
 def _neutral() -> dict:
-    from .pinned.mamba3_params import NEUTRAL as MAMBA3
     from .pinned.neutral_params import NEUTRAL
-    return {**NEUTRAL, **MAMBA3}
+    return NEUTRAL
 
 
-@functools.lru_cache(maxsize=None)
 def _proof() -> tuple:
-    """``(arch, PROVEN)`` of the Mamba-2 kernels' proof, with the Mamba-3 kernels' (:mod:`.pinned.mamba3_params`)
-    when it ran on the same arch (else they have no speed choice)."""
-    from .pinned import mamba3_params, neutral_params
-    extra = mamba3_params.PROVEN if mamba3_params.ARCH == neutral_params.ARCH else {}
-    return neutral_params.ARCH, {**neutral_params.PROVEN, **extra}
+    from .pinned import neutral_params
+    return neutral_params.ARCH, neutral_params.PROVEN
 
 
 def _proven(kernel: str, key: Mapping, arch: str) -> bool:
@@ -293,11 +289,9 @@ def _proven(kernel: str, key: Mapping, arch: str) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
 def _speed() -> dict:
-    from .pinned.mamba3_params import SPEED as MAMBA3
     from .pinned.speed_table import SPEED
-    return {**SPEED, **MAMBA3}
+    return SPEED
 
 
 def _parse_key(text: str) -> dict:

@@ -47,3 +47,18 @@ def test_the_mamba3_field_changes_with_a_pinned_candidate(monkeypatch):
     changed = dataclasses.replace(mamba3.MAMBA3_SPECS[1], candidates=mamba3.MAMBA3_SPECS[1].candidates[1:])
     monkeypatch.setattr(mamba3, "MAMBA3_SPECS", (mamba3.MAMBA3_SPECS[0], changed, *mamba3.MAMBA3_SPECS[2:]))
     assert mamba3_fingerprint() != before and before == "mamba3-v1 kernels=" + before.split("=")[1]
+
+
+def test_the_mamba3_field_changes_with_the_pinned_table(monkeypatch):
+    """The ``mamba3`` field hashes the Mamba-3 kernels' pinned table (``ORDER``), which decides their bits."""
+    from csrc_bindings.pinned import mamba3_params
+    from ordered_ssd.ops.mamba3_siso import mamba3_fingerprint
+
+    before = mamba3_fingerprint()
+    key = sorted(mamba3_params.ORDER)[0]
+    changed = dict(mamba3_params.ORDER, **{key: dict(mamba3_params.ORDER[key], num_warps=8 if
+                                                    mamba3_params.ORDER[key]["num_warps"] != 8 else 4)})
+    monkeypatch.setattr(mamba3_params, "ORDER", changed)
+    assert mamba3_fingerprint() != before
+    monkeypatch.setattr(mamba3_params, "ORDER", {k: v for k, v in changed.items() if k != key})
+    assert mamba3_fingerprint() not in (before, None)

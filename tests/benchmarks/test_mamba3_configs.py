@@ -1,8 +1,9 @@
 """``benchmarks/mamba3_configs.py`` and what it generated: ``csrc_bindings/pinned/mamba3_params.py`` is exactly what
 ``--write`` makes of the committed report (``docs/results/mamba3_configs.json``); its neutral parameters are the
 proof's verdict recomputed from the report's digests; every pinned entry is one of upstream's candidates, the
-fastest timed at its key; the launchers take those entries (order parameters from ``ORDER``, never from a speed
-choice), and a key outside it takes the ``mincost-v1`` rule. CPU only: the report holds the GPU's evidence."""
+fastest timed at its key; every launch of the timed shapes (keys and dtypes recorded on the CPU) has an entry in
+every mode; the launchers take those entries, and a key outside them the ``mincost-v1`` rule's configuration whole.
+CPU only: the report holds the GPU's evidence."""
 import json
 import os
 import sys
@@ -49,7 +50,7 @@ def test_every_pinned_entry_is_a_candidate_and_the_fastest_timed():
 
     timed = {}
     for row in report["timing_all"]:
-        tk = table_key_of(specs[row["kernel"]], report["arch"], torch.bfloat16, row["key"])
+        tk = table_key_of(specs[row["kernel"]], report["arch"], getattr(torch, row["dtype"]), row["key"])
         base = next(t["ms"] for t in row["times"] if t["config"] == row["pinned"])
         for t in row["times"]:
             if "ms" in t:
@@ -67,6 +68,30 @@ def test_every_pinned_entry_is_a_candidate_and_the_fastest_timed():
             assert json.dumps(cfg, sort_keys=True) == min(full, key=lambda c: (full[c], c)), tk
 
 
+def test_every_launch_of_the_timed_shapes_has_an_entry_in_every_mode():
+    """The keys and dtypes the launchers use (recorded on the CPU: :func:`mamba3_configs.launch_keys`) at every
+    shape of the table, in training, no-grad and prefill, each have an ``ORDER`` entry, the forward kernels the same
+    one in every mode; and the timing rows ran exactly those keys."""
+    from csrc_bindings._configs import table_key_of
+    from csrc_bindings.pinned import mamba3_params
+
+    specs = m3._specs()
+    report = _report()
+    for shape in m3.SHAPES:
+        by_mode = {mode: m3.launch_keys(shape, mode) for mode in ("train", "no_grad", "prefill")}
+        assert [k for k, _, _ in by_mode["train"]] == list(specs)  # each kernel once, in the order of MAMBA3_SPECS
+        assert [k for k, _, _ in by_mode["no_grad"]] == [k for k, _, _ in by_mode["prefill"]] == list(specs)[:2]
+        entries = {}
+        for mode, launches in by_mode.items():
+            for kernel, key, dt in launches:
+                tk = table_key_of(specs[kernel], "sm_90", getattr(torch, dt), key)
+                assert tk in mamba3_params.ORDER, (shape, mode, tk)
+                entries.setdefault(kernel, set()).add(str(mamba3_params.ORDER[tk]))
+        assert all(len(v) == 1 for v in entries.values()), entries
+        rows = {r["kernel"]: (r["key"], r["dtype"]) for r in report["timing_all"] if r["shape"] == shape}
+        assert rows == {k: (key, dt) for k, key, dt in by_mode["train"]}, shape
+
+
 def test_the_launchers_take_the_pinned_entries_and_the_rule_elsewhere():
     from csrc_bindings import _configs
     from csrc_bindings.pinned import mamba3_params
@@ -74,10 +99,16 @@ def test_the_launchers_take_the_pinned_entries_and_the_rule_elsewhere():
     specs = m3._specs()
     for tk, cfg in mamba3_params.ORDER.items():
         arch, dtype, kernel, key = tk.split("/")
-        got = _configs.pinned_of(specs[kernel], _configs._parse_key(key), torch.bfloat16, arch)
+        got = _configs.pinned_of(specs[kernel], _configs._parse_key(key), getattr(torch, dtype), arch)
         assert (got.source, got.speed, got.as_dict()) == ("table", "", cfg), tk
     dqkv = specs["mamba3_siso_bwd_dqkv"]
     other = {"CHUNK_SIZE": 256, "HEADDIM_QK": 128, "HEADDIM_V": 128, "IS_VARLEN": False}  # no entry there
     got = _configs.pinned_of(dqkv, other, torch.bfloat16, "sm_90")
     assert got.source == "rule" and (got.num_warps, got.num_stages) == (2, 1)
     assert _configs.pinned_of(dqkv, other, torch.bfloat16, "sm_80") == got  # no speed choice either
+    fwd = specs["mamba3_siso_fwd"]  # outside the table, every mode launches the rule's configuration whole
+    base = dict(CHUNK_SIZE=32, HEADDIM_QK=64, HEADDIM_V=32, HAS_D=True, HAS_Z=True, HAS_INITIAL_STATES=False,
+                IS_VARLEN=False)
+    modes = [_configs.pinned_of(fwd, dict(base, STORE_SSM_STATES_ADT_OUTV=store, RETURN_FINAL_STATES=final),
+                                torch.bfloat16, "sm_90") for store in (True, False) for final in (True, False)]
+    assert {(c.source, c.speed, c.num_warps, c.num_stages) for c in modes} == {("rule", "", 2, 1)}
