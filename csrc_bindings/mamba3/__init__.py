@@ -3,8 +3,9 @@ the mirror of ``mamba_ssm/ops/triton/mamba3/`` (``angle_dt.py``, ``mamba3_siso_f
 
 The same contract as the Mamba-2 launchers (:mod:`csrc_bindings`): each launcher takes tensors and an optional
 explicit configuration, launches the kernel's JIT function directly (never upstream's autotuner) with the pinned
-configuration of :mod:`csrc_bindings._configs` (no table entries yet for these kernels: the ``mincost-v1`` rule over
-upstream's candidates, ``maxnreg`` left at Triton's default), and returns raw outputs; cross-example partials
+configuration of :mod:`csrc_bindings._configs` (the table ``ORDER`` of :mod:`csrc_bindings.pinned.mamba3_params`,
+else the ``mincost-v1`` rule over upstream's candidates; ``maxnreg`` left at Triton's default), and returns raw
+outputs; cross-example partials
 (``dD`` per sequence, the ``B``/``C`` bias gradients per example and chunk) come back unfolded, for
 :mod:`ordered_ssd.ops.mamba3_siso` to fold in its documented order. Their specs are not part of
 :data:`csrc_bindings._registry.SPECS` (the Mamba-2 layer's kernels, their pinned table and tuner):

@@ -163,8 +163,9 @@ class Launcher:
     ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads of
     every rank under torchrun when OMP_NUM_THREADS is unset.
 
-    :meth:`alongside` starts chains of single-process runs in the background instead (their progress lines stay
-    in their logs), to overlap them with work in this process; :meth:`stop` terminates every child still running."""
+    :meth:`alongside` starts chains of single-process runs in the background instead (quiet: their output goes to
+    their logs), to overlap them with work in this process; :meth:`stop` terminates every child still running and
+    keeps any other from starting."""
 
     def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int], threads: Optional[int] = None):
         self.runs_dir, self.progress, self.nproc, self.threads = runs_dir, progress, nproc, threads
@@ -172,6 +173,7 @@ class Launcher:
         self.wall_s: dict = {}
         self._children: dict = {}  # the running children of background runs, by run name
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # set by stop(): no background child starts or keeps running after it
 
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
@@ -205,21 +207,28 @@ class Launcher:
 
     def _chain(self, chain) -> None:
         for spec_path, name, label, extra in chain:
-            def started(proc, name=name):
+            if self._stopping.is_set():
+                return
+
+            def on_child(proc, name=name):  # the child has started (proc) or ended (None)
                 with self._lock:
                     if proc is None:
                         self._children.pop(name, None)
+                    elif self._stopping.is_set():  # stop() came first: this child must not run
+                        proc.terminate()
                     else:
                         self._children[name] = proc
             t0 = time.perf_counter()
             try:
-                self._launch(spec_path, name, label, extra, None, 0, progress=False, started=started)
+                self._launch(spec_path, name, label, extra, None, 0, progress=False, started=on_child)
             finally:
                 self.wall_s[name] = time.perf_counter() - t0
 
     def stop(self) -> None:
-        """Terminate every background run's child still running (then kill it after 30 s)."""
+        """Terminate every background run's child still running (then kill it after 30 s); no background run
+        starts after this."""
         with self._lock:
+            self._stopping.set()
             procs = list(self._children.values())
         for proc in procs:
             proc.terminate()

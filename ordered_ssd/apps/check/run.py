@@ -4,12 +4,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from concurrent.futures import FIRST_EXCEPTION, wait
 from typing import Iterator, List, NamedTuple, Optional
 
 import torch
 
 from ..files import atomic_write_json, locked_out_dir, prepare_out_dir
-from ..lm import ByteData, load_corpus
+from ..lm import ByteData, DataError, load_corpus
 from .errors import CheckError, plural, writing
 from .launch import Launcher
 from .memory import check_memory, device_available, n_params
@@ -57,30 +58,32 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     if nproc is not None:
         _check_nproc(spec, nproc)
     rows, processes = (spec["batch"], 1) if nproc is None else (spec["batch"] // nproc, nproc)
-    one_gpu = nproc is None and concurrent_runs(spec)
-    if one_gpu:  # a, b, c (c1 then c2) and the native control's two runs train at once on the GPU
-        processes = 5 if native else 3
-    with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes, one_gpu=one_gpu) as run:
+    # a, b, c (c1 then c2) and the native control's two runs at once on the GPU, where they fit
+    together = (5 if native else 3) if nproc is None and concurrent_runs(spec) else 0
+    with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes, together=together) as run:
         return _run_check(spec, run.out_dir, run.data, run.source, stop_at=stop_at, native=native,
-                          progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes)
+                          progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes,
+                          alongside=run.alongside)
 
 
 class PreparedRun(NamedTuple):
-    """What :func:`prepared_run` yields: the absolute ``--out``, the data, its description, and the lines to print
-    about the memory estimate and the earlier run's files."""
+    """What :func:`prepared_run` yields: the absolute ``--out``, the data, its description, the lines to print
+    about the memory estimate and the earlier run's files, and whether the runs train at once on one GPU."""
     out_dir: str
     data: ByteData
     source: str
     notes: List[str]
+    alongside: bool = False
 
 
 @contextlib.contextmanager
 def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes: int,
-                 one_gpu: bool = False) -> Iterator[PreparedRun]:
+                 together: int = 0) -> Iterator[PreparedRun]:
     """Every check of the run before it is accepted, then its start. First, with nothing written: ``--steps`` and
     ``--stop-at`` checked, the corpus read (refused where it would not fit in memory: :func:`load_corpus`), the
     training's memory estimated and refused where it would not fit (:func:`.memory.check_memory`; ``rows`` examples
-    per forward in each of ``processes`` processes training at once, on one GPU with ``one_gpu``). Then ``--out``
+    per forward in each of ``processes`` processes training at once; with ``together`` > 0, that many runs at once
+    on the spec's GPU where they fit, else one after another, with a note). Then ``--out``
     created if needed and locked for the run (a second run into the same ``--out`` would compare the first one's
     records), and what an earlier run left there checked (:func:`.outdir.check_earlier_results`). Only then is the
     run accepted: the earlier run's files are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is
@@ -99,7 +102,16 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
     corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"], memory=host)
     data = ByteData(corpus, spec["seq_len"], cut=cut)
     del corpus  # ByteData holds its own copy
-    notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes, one_gpu=one_gpu)]
+    alongside = False
+    if together:
+        try:
+            notes = [check_memory(spec, rows=rows, processes=together, corpus_bytes=data.n_bytes, one_gpu=True)]
+            alongside = True
+        except DataError:  # one at a time may still fit (else this refuses the run): they follow one another
+            notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes),
+                     f"the runs follow one another: {together} at once would not fit in the GPU's free memory"]
+    else:
+        notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes)]
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):
         check_earlier_results(out_dir)
@@ -108,7 +120,7 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
             notes.append(moved)
         with writing("runs folder", os.path.join(out_dir, RUNS)):
             os.makedirs(os.path.join(out_dir, RUNS))
-        yield PreparedRun(out_dir, data, source, notes)
+        yield PreparedRun(out_dir, data, source, notes, alongside)
 
 
 def concurrent_runs(spec: dict) -> bool:
@@ -126,9 +138,9 @@ def _run_chains(launch: Launcher, chains) -> None:
 
 
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
-               print_fn, nproc: Optional[int], notes: List[str] = ()) -> int:
+               print_fn, nproc: Optional[int], notes: List[str] = (), alongside: bool = False) -> int:
     """:func:`run_check` in its locked output directory, on the data already read; ``notes``: lines printed after
-    the data's."""
+    the data's; ``alongside``: the fresh runs start alongside run a (:func:`prepared_run` found they fit)."""
     ddp = nproc is not None
     spec = dict(spec, data_sha256=data.sha256)
     if ddp:
@@ -173,7 +185,7 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         launch(spec_path, "a", "a", [])
         runs = {"a": load_record(launch.record("a"))}
         _run_chains(launch, fresh)
-    elif not concurrent_runs(spec):  # the CPU
+    elif not alongside:  # the CPU, or a GPU without the memory for them all at once
         runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
         runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
         _run_chains(launch, fresh)
@@ -188,6 +200,10 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
             runs["a"]["wall_s"] = time.perf_counter() - t0
             if not futures:
                 start_fresh_runs()
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)  # a failed run ends the others at once
+            for future in futures:
+                if future in done and future.exception() is not None:
+                    raise future.exception()
             for future in futures:
                 future.result()
         except BaseException:

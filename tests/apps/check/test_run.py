@@ -184,3 +184,84 @@ def test_a_failed_run_alongside_a_stops_the_check_with_its_reason(tmp_path, monk
         run_check(spec, str(out), stop_at=3, native=False, progress=False, print_fn=lambda line: None)
     assert not (out / "runs" / "c2.json").exists() and not (out / "runs" / "c2.log").exists()  # c2 never started
     assert not (out / "report.json").exists()
+
+
+def _sleeping_runs(monkeypatch, labels, seconds=60):
+    """Runs of these labels sleep for ``seconds`` instead of training (a long run); others train as usual."""
+    from ordered_ssd.apps.check import launch as launch_mod
+
+    command = launch_mod._train_command
+
+    def cmd(spec_path, record_path, label, extra, progress):
+        if label in labels:
+            return ["-c", f"import time; time.sleep({seconds})"]
+        return command(spec_path, record_path, label, extra, progress)
+    monkeypatch.setattr(launch_mod, "_train_command", cmd)
+
+
+def test_stop_ends_a_background_run_and_keeps_later_ones_from_starting(tmp_path, monkeypatch):
+    import time
+
+    from ordered_ssd.apps.check.launch import Launcher
+
+    _sleeping_runs(monkeypatch, {"b", "c:1", "c:2"})
+    launch = Launcher(str(tmp_path), False, None)
+    t0 = time.perf_counter()
+    futures = launch.alongside([[("s", "b", "b", [])], [("s", "c1", "c:1", []), ("s", "c2", "c:2", [])]])
+    time.sleep(1.0)  # b and c1 have started (or are starting): stop() must end them, and c2 must never start
+    launch.stop()
+    for future in futures:
+        err = future.exception(timeout=30)
+        assert err is None or isinstance(err, CheckError), err
+    assert time.perf_counter() - t0 < 20 and launch._children == {}
+    assert not (tmp_path / "c2.log").exists()
+    immediately = Launcher(str(tmp_path / "x"), False, None)  # stop() before the child has even started
+    (tmp_path / "x").mkdir()
+    t0 = time.perf_counter()
+    futures = immediately.alongside([[("s", "b", "b", [])]])
+    immediately.stop()
+    futures[0].exception(timeout=30)
+    assert time.perf_counter() - t0 < 20 and immediately._children == {}
+
+
+def test_a_failed_run_stops_the_runs_still_going(tmp_path, monkeypatch):
+    """c:1 fails at once while b would run for a minute: the check stops b and fails with c:1's reason as soon as
+    run a is done, not after b."""
+    import time
+
+    from ordered_ssd.apps.check import launch as launch_mod
+
+    _concurrent(monkeypatch)
+    _sleeping_runs(monkeypatch, {"b"}, seconds=120)
+    command = launch_mod._train_command
+
+    def broken_c1(spec_path, record_path, label, extra, progress):
+        return command(spec_path, record_path, label, extra + (["--no-such-flag"] if label == "c:1" else []),
+                       progress)
+    monkeypatch.setattr(launch_mod, "_train_command", broken_c1)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    t0 = time.perf_counter()
+    with pytest.raises(CheckError, match=r"^run c:1 \(a fresh process\) failed with exit code 2: "):
+        run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, print_fn=lambda line: None)
+    assert time.perf_counter() - t0 < 90
+
+
+def test_runs_that_would_not_fit_together_follow_one_another(tmp_path, monkeypatch):
+    """With room for one run but not for three at once, the runs follow one another, with a note; with room for
+    three they go together; with room for none the run is refused (the estimate's usual error)."""
+    from ordered_ssd.apps.check import memory
+    from ordered_ssd.apps.check.run import prepared_run
+    from ordered_ssd.apps.lm import DataError
+
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    one = memory.training_bytes(spec, spec["batch"], 60000)["total"]
+    for room, alongside in ((2 * one, False), (3 * one, True)):
+        monkeypatch.setattr(memory, "device_available", lambda device, processes, room=room: (room, "test"))
+        with prepared_run(spec, str(tmp_path / str(room)), 3, rows=spec["batch"], processes=1, together=3) as run:
+            assert run.alongside is alongside
+            assert (run.notes[-1] == "the runs follow one another: 3 at once would not fit in the GPU's free "
+                                     "memory") is not alongside, run.notes
+    monkeypatch.setattr(memory, "device_available", lambda device, processes: (one // 2, "test"))
+    with pytest.raises(DataError, match="expected a training that fits"):
+        with prepared_run(spec, str(tmp_path / "none"), 3, rows=spec["batch"], processes=1, together=3):
+            pass
