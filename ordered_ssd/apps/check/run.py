@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, wait
 from typing import Iterator, List, NamedTuple, Optional
@@ -131,6 +133,44 @@ def concurrent_runs(spec: dict) -> bool:
     return torch.device(spec["device"]).type == "cuda"
 
 
+@contextlib.contextmanager
+def terminated_as_interrupt():
+    """Within the block (in the main thread), SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the runs
+    started alongside are stopped before the check exits (130); the previous handler comes back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train_alongside(spec: dict, launch: Launcher, futures: list, start_fresh_runs, progress: bool, t0: float,
+                     runs: dict) -> None:
+    """Run a in this process (the fresh runs start after its first step), then wait for them; any failure or
+    interrupt stops every run still going and is raised again. ``runs`` gets a's record."""
+    try:
+        runs["a"] = train_run(spec, launch.record("a"), label="a", progress=progress,
+                              after_first_step=start_fresh_runs)
+        runs["a"]["wall_s"] = time.perf_counter() - t0
+        if not futures:
+            start_fresh_runs()
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)  # a failed run ends the others at once
+        for future in futures:
+            if future in done and future.exception() is not None:
+                raise future.exception()
+        for future in futures:
+            future.result()
+    except BaseException:
+        launch.stop()
+        raise
+
+
 def _run_chains(launch: Launcher, chains) -> None:
     for chain in chains:
         for spec_path, name, label, extra in chain:
@@ -194,21 +234,9 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
 
         def start_fresh_runs():  # a's first step compiled the kernels into Triton's cache: theirs load them
             futures.extend(launch.alongside(fresh))
-        try:
-            runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress,
-                                   after_first_step=start_fresh_runs)}
-            runs["a"]["wall_s"] = time.perf_counter() - t0
-            if not futures:
-                start_fresh_runs()
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)  # a failed run ends the others at once
-            for future in futures:
-                if future in done and future.exception() is not None:
-                    raise future.exception()
-            for future in futures:
-                future.result()
-        except BaseException:
-            launch.stop()
-            raise
+        runs = {}
+        with terminated_as_interrupt():
+            _train_alongside(spec, launch, futures, start_fresh_runs, progress, t0, runs)
     runs["b"] = load_record(launch.record("b"))
     runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
     if native:

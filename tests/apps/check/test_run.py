@@ -243,7 +243,7 @@ def test_a_failed_run_stops_the_runs_still_going(tmp_path, monkeypatch):
     t0 = time.perf_counter()
     with pytest.raises(CheckError, match=r"^run c:1 \(a fresh process\) failed with exit code 2: "):
         run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, print_fn=lambda line: None)
-    assert time.perf_counter() - t0 < 90
+    assert time.perf_counter() - t0 < 90 and _sleepers(120) == []
 
 
 def test_runs_that_would_not_fit_together_follow_one_another(tmp_path, monkeypatch):
@@ -265,3 +265,51 @@ def test_runs_that_would_not_fit_together_follow_one_another(tmp_path, monkeypat
     with pytest.raises(DataError, match="expected a training that fits"):
         with prepared_run(spec, str(tmp_path / "none"), 3, rows=spec["batch"], processes=1, together=3):
             pass
+
+
+def test_sigterm_during_runs_alongside_a_stops_them_all(tmp_path, monkeypatch):
+    """SIGTERM to the check while its runs go alongside a acts as Ctrl-C: KeyboardInterrupt, every background run
+    stopped (b would sleep for two minutes), and SIGTERM's handler put back afterwards."""
+    import os
+    import signal
+    import time
+
+    from ordered_ssd.apps.check import run as run_mod
+
+    _concurrent(monkeypatch)
+    _sleeping_runs(monkeypatch, {"b", "c:1"}, seconds=120)
+    train_run = run_mod.train_run
+
+    def terminated_after_first_step(*args, after_first_step=None, **kwargs):
+        def first():
+            after_first_step()
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train_run(*args, after_first_step=first, **kwargs)
+    monkeypatch.setattr(run_mod, "train_run", terminated_after_first_step)
+    before = signal.getsignal(signal.SIGTERM)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_check(spec, str(tmp_path / "o"), stop_at=3, native=False, progress=False, print_fn=lambda line: None)
+    assert time.perf_counter() - t0 < 60
+    assert signal.getsignal(signal.SIGTERM) is before
+    logs = sorted(p.name for p in (tmp_path / "o" / "runs").iterdir() if p.suffix == ".log")
+    assert logs == ["b.log", "c1.log"]  # both had started; c2 never did
+    assert _sleepers(120) == []  # and neither is still running
+
+
+def _sleepers(seconds):
+    """The pids of this test's sleeping children still alive (Linux: their command lines in /proc)."""
+    import os
+
+    mine = f"time.sleep({seconds})".encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if mine in fh.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
