@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "process stopped at step k and resumed from its checkpoint) and compare the "
                                        "loss, gradient and parameter bits. Exit 0 only if all three agree.")
     check.add_argument("--device", default="auto",
-                       help="cpu, cuda, cuda:N or auto (default: auto, cuda if available, else cpu)")
+                       help="cpu, cuda, cuda:N or auto (default: auto, cuda if torch sees a GPU, which then needs "
+                            "the native extras, else cpu)")
     check.add_argument("--data", default=None,
                        help="text file or directory to train on (default: the Python standard library's sources)")
     check.add_argument("--data-bytes", type=positive_int, default=None,

@@ -42,9 +42,10 @@ def rope_angles(d_state: int) -> int:
 def resolve_device(name: str) -> torch.device:
     """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> a torch.device; DataError for anything else, a missing GPU, or a
     GPU without the ordered CUDA path (mamba-ssm / causal-conv1d missing or of other versions; the same for
-    ``--layer mamba2`` and ``mamba3``)."""
+    ``--layer mamba2`` and ``mamba3``). ``auto`` is ``cuda`` where torch sees a GPU (checked as ``cuda`` is: no
+    silent fallback to the CPU), else ``cpu``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:

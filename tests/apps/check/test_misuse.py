@@ -781,10 +781,19 @@ def test_layer_misuse_is_one_line_and_writes_nothing(tmp_path, monkeypatch, caps
 
 
 def test_auto_is_the_gpu_where_there_is_one_and_rope_angles(monkeypatch):
+    import ordered_ssd.modules as modules
     from ordered_ssd.apps.check.spec import resolve_device, rope_angles
+    from ordered_ssd.apps.lm import DataError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(modules, "cuda_path_available", lambda: (True, ""))
     assert resolve_device("auto") == torch.device("cuda")
+    # a GPU without the native extras: refused as --device cuda is, never a silent run on the CPU
+    monkeypatch.setattr(modules, "cuda_path_available", lambda: (False, "mamba-ssm is not installed"))
+    with pytest.raises(DataError) as info:
+        resolve_device("auto")
+    assert str(info.value) == ("--device: cuda needs the ordered CUDA path, which cannot run here (mamba-ssm is not "
+                               "installed); install the native extras (README, GPU section) or pass --device cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
     assert [rope_angles(n) for n in (1, 3, 4, 7, 8, 12, 16, 64)] == [0, 0, 1, 1, 2, 3, 4, 16]
