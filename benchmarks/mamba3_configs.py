@@ -4,7 +4,7 @@ each is fastest per key (the timing), and the generated table that the launchers
 
 Usage::
 
-    python benchmarks/mamba3_configs.py --prove [--jobs 12] [--time] --report proof.json   # on the GPU
+    python benchmarks/mamba3_configs.py --prove [--jobs 12] --report proof.json            # on the GPU
     python benchmarks/mamba3_configs.py --time-all [--jobs 15] --report timing.json        # on the GPU
     python benchmarks/mamba3_configs.py --merge proof.json timing.json docs/results/mamba3_configs.json
     python benchmarks/mamba3_configs.py --write docs/results/mamba3_configs.json          # anywhere
@@ -18,15 +18,12 @@ tensor argument of the kernel after its launch (its inputs and outputs) is recor
 a parameter is neutral when every two configurations that differ in it alone give the same digest. Cases run in
 ``--jobs`` worker processes (compilation dominates).
 
-**The timing** (``--time``, one process, after the proof so that Triton's cache holds every configuration): per
-shape of :data:`SHAPES` at its own ``B`` and ``L``, one training step captures each kernel's launch arguments, then
-each candidate configuration that varies only neutral parameters relaunches the kernel: best of 3 trials of 10
-launches, CUDA events. Per kernel and autotune key, the candidate with the smallest sum over the key's shapes of its
-time relative to the pinned configuration's is the speed entry.
-
-**The pinned table** (``--time-all``): every candidate of each kernel (order parameters too), compiled first in
-``--jobs`` workers, then timed as above; per kernel and key the fastest by the same sum becomes the key's pinned
-configuration (``ORDER``). It decides bits, as the Mamba-2 kernels' table does: a new table is a new fingerprint.
+**The pinned table** (``--time-all``): every candidate of each kernel (order parameters too) is compiled first in
+``--jobs`` workers (Triton's cache then holds them); then, in one process, per shape of :data:`SHAPES` at its own
+``B`` and ``L``, one training step captures each kernel's launch arguments and each candidate relaunches the kernel:
+best of 3 trials of 10 launches, CUDA events. Per kernel and autotune key, the candidate with the smallest sum over
+the key's shapes of its time relative to the ``mincost-v1`` configuration's becomes the key's pinned configuration
+(``ORDER``). It decides bits, as the Mamba-2 kernels' table does: a new table is a new fingerprint.
 
 ``--merge`` joins a proof report and a timing report of the same GPU and versions into one (a timing row without
 the dtype of its launches gets it from :func:`launch_keys`, which also checks the row's key). ``--write`` turns
@@ -74,7 +71,8 @@ def _specs():
 
 
 def _cfg(cand) -> dict:
-    return {**cand[0], "num_warps": cand[1], "num_stages": cand[2]}
+    from csrc_bindings.pinned.tune import _cfg_dict
+    return _cfg_dict(cand)
 
 
 @contextlib.contextmanager
@@ -264,31 +262,24 @@ def verdicts(cases) -> dict:
 
 
 def _time_launch(spec, grid, args, ref, cfg) -> float:
+    """ms per launch of ``spec`` at ``cfg`` on the captured arguments, after one untimed launch (the tuner's
+    :func:`csrc_bindings.pinned.tune._time`: best of 3 trials of 10)."""
     import torch
 
     from csrc_bindings._configs import config_from_dict
     from csrc_bindings._native import launch
     from csrc_bindings.mamba3._runtime import allocator
+    from csrc_bindings.pinned.tune import _time
 
     kc = config_from_dict(spec, cfg, "explicit")
     with allocator():
         launch(spec, grid, args, kc, ref)
         torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(3):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(10):
-                launch(spec, grid, args, kc, ref)
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b) / 10)
-    return best
+        return _time(lambda: launch(spec, grid, args, kc, ref))
 
 
-def time_shapes(shapes, neutral: dict, every: bool = False, kernels=None) -> list:
-    """Per (shape, kernel): the pinned configuration's time and every neutral-only variant's (ms per launch); with
-    ``every``, every candidate's."""
+def time_shapes(shapes, kernels=None) -> list:
+    """Per (shape, kernel): every candidate's time (ms per launch) and the ``mincost-v1`` configuration's."""
     import torch
 
     from csrc_bindings._configs import device_arch, dtype_name, order_of
@@ -304,12 +295,9 @@ def time_shapes(shapes, neutral: dict, every: bool = False, kernels=None) -> lis
             s, grid, args, ref, key = sink[0]
             base = order_of(spec, key, ref.dtype, device_arch(ref.device))
             base_cfg = {**dict(base.meta), "num_warps": base.num_warps, "num_stages": base.num_stages}
-            free = set(neutral.get(kernel, ()))
             times = []
             for cand in spec.candidates:
                 cfg = _cfg(cand)
-                if not every and any(cfg[n] != base_cfg[n] for n in cfg if n not in free):
-                    continue
                 try:
                     times.append({"config": cfg, "ms": _time_launch(s, grid, args, ref, cfg)})
                 except Exception as exc:  # noqa: BLE001
@@ -346,7 +334,7 @@ def _with_modes(entries: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def speed_entries(timing: list, arch: str) -> dict:
+def fastest_entries(timing: list, arch: str) -> dict:
     """``{table key: parameter values}``: per kernel and key (at the dtype its launches use, the row's ``dtype``),
     the fastest by the summed relative time (among the configurations timed at every shape of the key)."""
     import torch
@@ -376,7 +364,7 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
     v = report["verdicts"]
     neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
     proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
-    order = _with_modes(speed_entries(report["timing_all"], report["arch"])) if report.get("timing_all") else {}
+    order = _with_modes(fastest_entries(report["timing_all"], report["arch"])) if report.get("timing_all") else {}
     meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
     meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
     meta["shapes"] = {n: "d_model,d_state,headdim,chunk_size,ngroups,B,L = " + ",".join(map(str, SHAPES[n]))
@@ -426,7 +414,6 @@ def merge(proof: dict, timing: dict) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prove", action="store_true")
-    p.add_argument("--time", action="store_true")
     p.add_argument("--jobs", type=int, default=12)
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--report", help="write the report JSON here")
@@ -435,7 +422,6 @@ def main(argv=None) -> int:
     p.add_argument("--time-all", action="store_true",
                    help="time every candidate (order parameters too), after compiling them in --jobs workers")
     p.add_argument("--kernels", default=None, help="comma-separated kernels (default: all seven)")
-    p.add_argument("--verdicts", help="take the proof's verdicts from this earlier report")
     p.add_argument("--merge", nargs=3, metavar=("PROOF", "TIMING", "OUT"),
                    help="join a proof report and a --time-all report into OUT (no GPU needed)")
     a = p.parse_args(argv)
@@ -471,21 +457,14 @@ def main(argv=None) -> int:
         for k, v in report["verdicts"].items():
             print(f"{k}: neutral {v['neutral']} order {v['order']} ({v['cases']} cases, {v['errors']} errors, "
                   f"violations {list(v['violations'])})", flush=True)
-    if a.verdicts:
-        report["verdicts"] = json.loads(Path(a.verdicts).read_text())["verdicts"]
     kernels = None if a.kernels is None else a.kernels.split(",")
     if a.time_all:
         t1 = time.time()
         prove(shapes, a.jobs, mode="warm", kernels=kernels)
         report["warm_s"] = round(time.time() - t1, 1)
         t1 = time.time()
-        report["timing_all"] = time_shapes(shapes, {}, every=True, kernels=kernels)
+        report["timing_all"] = time_shapes(shapes, kernels=kernels)
         report["time_all_s"] = round(time.time() - t1, 1)
-    if a.time:
-        neutral = {k: v["neutral"] for k, v in report.get("verdicts", {}).items()}
-        t1 = time.time()
-        report["timing"] = time_shapes(shapes, neutral)
-        report["time_s"] = round(time.time() - t1, 1)
     if a.report:
         Path(a.report).write_text(json.dumps(report, indent=1))
     print(f"done in {time.time() - t0:.0f} s", flush=True)
