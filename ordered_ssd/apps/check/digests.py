@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+
+from .launch import usable_cores
 
 __all__ = ["StepDigests", "StepResult", "default_threads"]
 
@@ -52,11 +53,7 @@ def _sha256_at(ptr: int, nbytes: int) -> str:
 def default_threads() -> int:
     """Hashing threads when not given: half the usable cores, at least 4 and at most 8 (SHA-256 of a 13M-parameter
     model's gradients and parameters is about 107 MB a step, which four threads may hash slower than a GPU trains)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(4, min(8, cores // 2))
+    return max(4, min(8, usable_cores() // 2))
 
 
 class _Slot:

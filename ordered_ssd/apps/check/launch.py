@@ -121,13 +121,17 @@ def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the CPU count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def child_threads(nproc: int) -> int:
     """Intra-op threads per rank when OMP_NUM_THREADS is unset: the usable cores split between the ranks."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // nproc)
+    return max(1, usable_cores() // nproc)
 
 
 def _is_progress_line(line: str) -> bool:
