@@ -18,6 +18,7 @@ from typing import Callable
 import torch.nn as nn
 
 from .hf.mixer import OrderedHFMamba2Mixer, hf_from_ordered, hf_mixer_family, ordered_from_hf
+from .modules import NATIVE_LAYERS
 from .modules.mamba2 import OrderedMamba2
 from .modules.mamba3 import OrderedMamba3
 
@@ -31,14 +32,17 @@ _STORED_ARGS = ("d_model", "d_state", "d_conv", "conv_init", "expand", "headdim"
 
 def _is_mamba2(module: nn.Module) -> bool:
     """mamba-ssm's ``Mamba2`` itself (not a subclass), recognised without importing mamba-ssm."""
-    cls = type(module)
-    return cls.__name__ == "Mamba2" and cls.__module__ == "mamba_ssm.modules.mamba2"
+    return _is_native(module, "mamba2")
 
 
 def _is_mamba3(module: nn.Module) -> bool:
     """mamba-ssm's ``Mamba3`` itself (not a subclass), recognised without importing mamba-ssm."""
+    return _is_native(module, "mamba3")
+
+
+def _is_native(module: nn.Module, kind: str) -> bool:
     cls = type(module)
-    return cls.__name__ == "Mamba3" and cls.__module__ == "mamba_ssm.modules.mamba3"
+    return (cls.__module__, cls.__name__) == NATIVE_LAYERS[kind]
 
 
 #: the attributes of mamba-ssm 2.3.2.post1's ``Mamba3`` that give its constructor arguments

@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...modules import NATIVE_LAYERS
 from ..errors import EXIT_OK
 from ..files import atomic_write_bytes
 from .children import child_env, deterministic_mode_here
@@ -57,10 +58,6 @@ MAX_SLICES = 8
 SPEC_FLAG = "--_precompile-spec"
 
 
-#: the module of each layer's native class: importing it imports its Triton ops and their autotuners
-NATIVE_MODULES = {"mamba2": "mamba_ssm.modules.mamba2", "mamba3": "mamba_ssm.modules.mamba3"}
-
-
 def restrict_native_autotuners(index: int, count: int, layers: Sequence[str] = ("mamba2",)) -> int:
     """Restrict every live Triton autotuner of mamba-ssm's Triton ops to its candidates ``index, index + count,
     ...`` (at least the first one), each run once instead of timed (the autotuner's ``_do_bench``, where it has
@@ -68,13 +65,13 @@ def restrict_native_autotuners(index: int, count: int, layers: Sequence[str] = (
 
     **Only for a precompile worker**: it changes mamba-ssm's module state for the rest of the process, so the
     process must measure nothing (the module docstring says why the phase does it). Imports the native module of
-    every one of ``layers`` (``mamba_ssm.modules.mamba2``, ``...mamba3``; :data:`NATIVE_MODULES`) and through them
-    the Triton ops (Mamba-3's under ``mamba_ssm.ops.triton.mamba3``). Raises ``ValueError`` unless
-    ``0 <= index < count``."""
+    every one of ``layers`` (``mamba_ssm.modules.mamba2``, ``...mamba3``: :data:`ordered_ssd.modules.NATIVE_LAYERS`)
+    and through them the Triton ops (Mamba-3's under ``mamba_ssm.ops.triton.mamba3``) and their autotuners. Raises
+    ``ValueError`` unless ``0 <= index < count``."""
     if not (isinstance(index, int) and isinstance(count, int) and 0 <= index < count):
         raise ValueError(f"slice: expected 0 <= index < count, got index {index!r} of {count!r}")
     for layer in layers:
-        importlib.import_module(NATIVE_MODULES[layer])
+        importlib.import_module(NATIVE_LAYERS[layer][0])
 
     n = 0
     for name, module in list(sys.modules.items()):

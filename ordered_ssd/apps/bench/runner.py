@@ -9,6 +9,7 @@ from typing import Dict, Iterable
 import torch
 
 from ... import OrderedMamba2
+from ...modules import NATIVE_LAYERS
 from ...digest import tensor_sha256
 from .requirements import BenchError
 from .shapes import Shape, torch_dtype
@@ -46,17 +47,16 @@ class LayerRunner:
 
             layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, expand=2, headdim=shape.headdim,
                                 ngroups=shape.G, chunk_size=shape.chunk, device=device, dtype=self.in_dtype)
-            native_module, native_name = "mamba_ssm.modules.mamba3", "Mamba3"
         else:
             ordered_cls = OrderedMamba2
             layer_kwargs = dict(d_model=shape.d_model, d_state=shape.N, d_conv=4, expand=2, headdim=shape.headdim,
                                 ngroups=shape.G, chunk_size=shape.chunk, device=device)  # fp32 parameters
-            native_module, native_name = "mamba_ssm.modules.mamba2", "Mamba2"
         self.autocast = self.cuda and shape.layer != "mamba3"
         torch.manual_seed(seed)
         self.ordered = ordered_cls(**layer_kwargs)
         self.layers = {"ordered": self.ordered, "literal": self.ordered}
         if "native" in modes:
+            native_module, native_name = NATIVE_LAYERS[shape.layer]
             native = getattr(importlib.import_module(native_module), native_name)(**layer_kwargs)
             _share_parameters(native, self.ordered)
             self.layers["native"] = native

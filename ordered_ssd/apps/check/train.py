@@ -53,15 +53,16 @@ class Progress:
 
 # ----------------------------------------------------------------------------------------------- model
 #: per layer kind of the byte LM (``--layer``): mamba-ssm's module and class of the native control
-NATIVE = {"mamba2": ("mamba_ssm.modules.mamba2", "Mamba2"), "mamba3": ("mamba_ssm.modules.mamba3", "Mamba3")}
 
 
 def _mixer_class(kind: str, layer: str = "mamba2"):
     """The mixer class of the byte LM: ``kind`` ``"ordered"`` (:class:`ordered_ssd.OrderedMamba2`,
     :class:`ordered_ssd.modules.mamba3.OrderedMamba3`) or ``"native"`` (mamba-ssm's ``Mamba2`` / ``Mamba3``), of
     ``layer`` ``"mamba2"`` or ``"mamba3"``."""
-    if layer not in NATIVE:
-        raise ValueError(f"layer: expected one of {', '.join(NATIVE)}, got {layer!r}")
+    from ...modules import NATIVE_LAYERS
+
+    if layer not in NATIVE_LAYERS:
+        raise ValueError(f"layer: expected one of {', '.join(NATIVE_LAYERS)}, got {layer!r}")
     if kind == "ordered":
         if layer == "mamba3":
             from ...modules.mamba3 import OrderedMamba3
@@ -71,7 +72,7 @@ def _mixer_class(kind: str, layer: str = "mamba2"):
 
         return OrderedMamba2
     if kind == "native":
-        module, name = NATIVE[layer]
+        module, name = NATIVE_LAYERS[layer]
         try:
             native = getattr(importlib.import_module(module), name)
         except ImportError as e:
