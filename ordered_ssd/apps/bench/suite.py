@@ -108,7 +108,7 @@ def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str, 
 def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:
     """The configurations ``csrc_bindings.describe_launch`` resolves for ``shape``'s kernels (Mamba-2's), with
     their source and speed rule; None off CUDA and for Mamba-3 (no describer for its kernels yet: they launch at
-    the ``mincost-v1`` rule, the run's ``meta["pinned_configs"]`` names the tables)."""
+    the entries of ``csrc_bindings.pinned.mamba3_params.ORDER``, else the ``mincost-v1`` rule)."""
     if device.type != "cuda" or shape.layer != "mamba2":
         return None
     try:
