@@ -9,13 +9,15 @@ tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    stream order: the optimizer step that follows cannot change what was snapshotted);
 2. on CUDA a side stream copies the snapshot into pinned host memory (the copy engine, beside the next step's
    kernels) and records an event;
-3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, one tensor per
-   task (``hashlib`` releases the GIL, so a submission's tensors are hashed in parallel), while the training thread
-   goes on.
+3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, in about
+   ``threads`` tasks of consecutive tensors of about equal bytes (:func:`hashing_groups`; ``hashlib`` releases the
+   GIL, so the tasks hash in parallel, and few tasks take the GIL from the training thread few times), while the
+   training thread goes on.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
-(``torch.linalg.vector_norm(..., dtype=torch.float64)`` of the snapshot, in stream order, copied to the host with
-it), on the CPU in the hashing threads. Either way a device gives the same norm for the same bits in every run.
+(``torch._foreach_norm(..., dtype=torch.float64)`` of the snapshot's tensors, a few launches in stream order,
+copied to the host with it), on the CPU in the hashing threads. Either way a device gives the same norm for the
+same bits in every run.
 
 At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
 :meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
@@ -32,7 +34,7 @@ import torch
 
 from .launch import usable_cores
 
-__all__ = ["StepDigests", "StepResult", "default_threads"]
+__all__ = ["StepDigests", "StepResult", "default_threads", "hashing_groups"]
 
 
 class StepResult(NamedTuple):
@@ -48,6 +50,30 @@ def _sha256_at(ptr: int, nbytes: int) -> str:
     if nbytes == 0:
         return hashlib.sha256(b"").hexdigest()
     return hashlib.sha256((ctypes.c_char * nbytes).from_address(ptr)).hexdigest()
+
+
+def _sha256_group(base: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
+    """SHA-256 of each ``(offset, nbytes)`` span at host address ``base + offset``, in order."""
+    return [_sha256_at(base + off, n) for off, n in spans]
+
+
+def hashing_groups(nbytes: Sequence[int], count: int) -> List[List[int]]:
+    """The indices ``0..len(nbytes)-1`` in at most about ``count`` runs of consecutive indices of about equal bytes
+    (a run closes once it holds ``sum(nbytes) / count`` bytes): one hashing task per run, so that a step's tensors
+    cost a few tasks (each taking the GIL to start and to finish) rather than one per tensor."""
+    target = max(sum(nbytes) / max(count, 1), 1)
+    groups: List[List[int]] = []
+    current: List[int] = []
+    held = 0
+    for i, n in enumerate(nbytes):
+        current.append(i)
+        held += n
+        if held >= target:
+            groups.append(current)
+            current, held = [], 0
+    if current:
+        groups.append(current)
+    return groups
 
 
 def default_threads() -> int:
@@ -98,6 +124,7 @@ class StepDigests:
         # one coordinating thread per submission in flight, and the pool that hashes their tensors
         self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="ordered-ssd-digest")
         self._hashers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ordered-ssd-sha256")
+        self._threads = threads
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._keys: Dict[int, Future] = {}
         self._count = 0
@@ -138,8 +165,8 @@ class StepDigests:
         floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
             snap = slot.device_buf
-            device_norms = torch.stack([torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64)
-                                        for _, off, n, dt in floating])
+            device_norms = torch.stack(torch._foreach_norm([snap[off:off + n].view(dt) for _, off, n, dt in floating],
+                                                           2, dtype=torch.float64))
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
@@ -161,10 +188,12 @@ class StepDigests:
         def work() -> StepResult:
             if event is not None:
                 event.synchronize()
-            tasks = [self._hashers.submit(_sha256_at, base + off, n) for _, off, n, _ in layout if off >= 0]
+            spans = [(off, n) for _, off, n, _ in layout if off >= 0]
+            tasks = [self._hashers.submit(_sha256_group, base, [spans[i] for i in group])
+                     for group in hashing_groups([n for _, n in spans], self._threads)]
             if norms and not self._cuda:
                 norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
-            hashes = iter([t.result() for t in tasks])
+            hashes = iter([h for t in tasks for h in t.result()])
             sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout}
             if not norms:
                 return StepResult(sha, {})

@@ -64,3 +64,27 @@ def test_norms_are_the_float64_norms_at_submit():
         got, without = digests.result(key), digests.result(plain)
     assert got.norms == expected and got.norms["w"] != float(ts["w"].double().norm()).hex()
     assert without.norms == {} and without.sha256["w"] == tensor_sha256(ts["w"])
+
+
+@pytest.mark.parametrize("nbytes, count, groups", [
+    ([10, 10, 10, 10], 2, [[0, 1], [2, 3]]),
+    ([100, 1, 1, 1], 4, [[0], [1, 2, 3]]),
+    ([1, 1, 1, 100], 4, [[0, 1, 2, 3]]),
+    ([5, 0, 5], 8, [[0], [1, 2]]),
+    ([], 4, []),
+])
+def test_hashing_groups_are_consecutive_runs_of_about_equal_bytes(nbytes, count, groups):
+    from ordered_ssd.apps.check.digests import hashing_groups
+
+    assert hashing_groups(nbytes, count) == groups
+
+
+def test_grouped_hashing_keeps_every_tensors_digest():
+    """Many tensors of mixed sizes over 3 threads (fewer tasks than tensors): each digest is its own tensor's."""
+    g = torch.Generator().manual_seed(4)
+    ts = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate([1, 70_000, 3, 0, 5_000, 2, 90_000, 7])}
+    ts["none"] = None
+    with StepDigests(torch.device("cpu"), threads=3) as digests:
+        got = digests.result(digests.submit(ts)).sha256
+    assert got == {k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()}
+    assert len(set(got.values())) == len(got)
