@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume-if-any", action="store_true")
     train.add_argument("--kill-at", type=int, default=None)
     train.add_argument("--quiet", action="store_true")
+    train.add_argument("--precompile", default=None)  # I/K: a precompile worker's one step (check/precompile.py)
     return parser
 
 
@@ -210,6 +211,15 @@ def _train(args) -> int:
     if not isinstance(spec, dict):
         raise AppError(f"--spec: expected the JSON object of a check's spec, got a {type(spec).__name__} in "
                        f"{args.spec}")
+    if args.precompile is not None:
+        from .check.precompile import parse_slice, warm_step
+
+        try:
+            index, count = parse_slice(args.precompile)
+        except ValueError as e:
+            raise AppError(str(e)) from None
+        warm_step(spec, index, count)
+        return EXIT_OK
     train_run(spec, args.record, label=args.label, stop_at=args.stop_at, ckpt_path=args.ckpt, resume=args.resume,
               allow_fingerprint_mismatch=args.allow_fingerprint_mismatch, progress=not args.quiet,
               ckpt_every=args.ckpt_every, resume_if_any=args.resume_if_any, kill_at=args.kill_at)

@@ -200,31 +200,65 @@ class Launcher:
             run_fresh_process(spec_path, self.record(name), label, extra, progress,
                               os.path.join(self.runs_dir, f"{name}.log"), started=started)
 
-    def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]]) -> List[Future]:
+    def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]],
+                  after: Optional[Future] = None) -> List[Future]:
         """Start each chain of runs ``[(spec_path, name, label, extra), ...]`` (one fresh process per run, the
-        chain's runs one after another) in a background thread; a future per chain, whose ``result()`` raises the
-        chain's first failure (CheckError), after which the chain's later runs are not started."""
+        chain's runs one after another) in a background thread, once ``after`` (a future, e.g. :meth:`precompile`'s)
+        is done if given; a future per chain, whose ``result()`` raises the chain's first failure (CheckError),
+        after which the chain's later runs are not started."""
         pool = ThreadPoolExecutor(max_workers=max(1, len(chains)), thread_name_prefix="check-run")
-        futures = [pool.submit(self._chain, chain) for chain in chains]
+        futures = [pool.submit(self._chain, chain, after) for chain in chains]
         pool.shutdown(wait=False)
         return futures
 
-    def _chain(self, chain) -> None:
+    def precompile(self, spec_path: str, jobs: int) -> Future:
+        """Start ``jobs`` precompile workers of ``spec_path`` at once in the background (``_train --precompile I/K``,
+        :mod:`.precompile`; outputs in ``runs/precompile-I.log``); a future of ``(seconds until the last ended, the
+        failures' one-line descriptions)``, which never raises (a worker that fails only costs its share of the
+        compiles). :meth:`stop` ends them as it ends the runs."""
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs) + 1, thread_name_prefix="check-precompile")
+        t0 = time.perf_counter()
+        workers = [pool.submit(self._worker, spec_path, i, jobs) for i in range(jobs)]
+
+        def gather() -> Tuple[float, List[str]]:
+            failures = [why for why in (w.result() for w in workers) if why is not None]
+            return time.perf_counter() - t0, failures
+        done = pool.submit(gather)
+        pool.shutdown(wait=False)
+        return done
+
+    def _worker(self, spec_path: str, index: int, count: int) -> Optional[str]:
+        """One precompile worker; None, or why it failed (one line)."""
+        name = f"precompile-{index}"
+        try:
+            self._launch(spec_path, name, f"precompile {index}/{count}", ["--precompile", f"{index}/{count}"],
+                         None, 0, progress=False, started=self._on_child(name))
+        except CheckError as e:
+            return f"{name}: {e}"
+        except Exception as e:  # noqa: BLE001: a worker never stops the check (the module docstring)
+            return f"{name}: {type(e).__name__}: {e}"
+        return None
+
+    def _on_child(self, name: str):
+        def on_child(proc):  # the child has started (proc) or ended (None)
+            with self._lock:
+                if proc is None:
+                    self._children.pop(name, None)
+                elif self._stopping.is_set():  # stop() came first: this child must not run
+                    proc.terminate()
+                else:
+                    self._children[name] = proc
+        return on_child
+
+    def _chain(self, chain, after: Optional[Future] = None) -> None:
+        if after is not None:
+            after.result()
         for spec_path, name, label, extra in chain:
             if self._stopping.is_set():
                 return
-
-            def on_child(proc, name=name):  # the child has started (proc) or ended (None)
-                with self._lock:
-                    if proc is None:
-                        self._children.pop(name, None)
-                    elif self._stopping.is_set():  # stop() came first: this child must not run
-                        proc.terminate()
-                    else:
-                        self._children[name] = proc
             t0 = time.perf_counter()
             try:
-                self._launch(spec_path, name, label, extra, None, 0, progress=False, started=on_child)
+                self._launch(spec_path, name, label, extra, None, 0, progress=False, started=self._on_child(name))
             finally:
                 self.wall_s[name] = time.perf_counter() - t0
 

@@ -17,6 +17,7 @@ from .errors import CheckError, plural, writing
 from .launch import Launcher
 from .memory import check_memory, device_available, n_params
 from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
+from .precompile import default_jobs
 from .report import load_record, merge_restart, report
 from .spec import layer_name
 from .train import train_run
@@ -45,8 +46,9 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
 
     Run ``a`` trains in this process, ``b`` in a fresh process, ``c`` in a fresh process stopped after ``stop_at``
     steps and resumed from its checkpoint in another; with ``native``, ``native-1`` and ``native-2`` train
-    mamba-ssm's ``Mamba2`` in two fresh processes. On a GPU the fresh runs start alongside ``a``, once its first
-    step has compiled the kernels (:func:`concurrent_runs`); on the CPU they follow it, one after another. With
+    mamba-ssm's ``Mamba2`` (``Mamba3``) in two fresh processes. On a GPU the fresh runs start alongside ``a``, once
+    its first step has compiled the kernels (:func:`concurrent_runs`); the control's runs after its precompile
+    workers (:mod:`.precompile`), which start then too; on the CPU they follow it, one after another. With
     ``nproc`` (an int >= 1), every run (a included) is a data-parallel run of ``nproc`` processes launched through
     ``python -m torch.distributed.run`` (gloo on the CPU, nccl on CUDA with one GPU per rank), and the verdict also
     requires every rank of every run to agree bit for bit.
@@ -60,8 +62,9 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     if nproc is not None:
         _check_nproc(spec, nproc)
     rows, processes = (spec["batch"], 1) if nproc is None else (spec["batch"] // nproc, nproc)
-    # a, b, c (c1 then c2) and the native control's two runs at once on the GPU, where they fit
-    together = (5 if native else 3) if nproc is None and concurrent_runs(spec) else 0
+    # a, b, c (c1 then c2) and the native control's two runs at once on the GPU, where they fit; with the control,
+    # its precompile workers alongside a, b and c first
+    together = (max(5, 3 + default_jobs()) if native else 3) if nproc is None and concurrent_runs(spec) else 0
     with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes, together=together) as run:
         return _run_check(spec, run.out_dir, run.data, run.source, stop_at=stop_at, native=native,
                           progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes,
@@ -219,24 +222,33 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         native_spec_path = os.path.join(runs_dir, "spec-native.json")
         with writing("spec", native_spec_path):
             atomic_write_json(native_spec_path, dict(spec, mixer="native"))
-        fresh += [[(native_spec_path, name, name, [])] for name in ("native-1", "native-2")]
+        natives = [[(native_spec_path, name, name, [])] for name in ("native-1", "native-2")]
     t0 = time.perf_counter()
+    precompiled: list = []  # on one GPU, with the control: the future of its precompile workers
     if ddp:
         launch(spec_path, "a", "a", [])
         runs = {"a": load_record(launch.record("a"))}
-        _run_chains(launch, fresh)
+        _run_chains(launch, fresh + (natives if native else []))
     elif not alongside:  # the CPU, or a GPU without the memory for them all at once
         runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
         runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
-        _run_chains(launch, fresh)
+        _run_chains(launch, fresh + (natives if native else []))
     else:  # on one GPU: the fresh runs start once run a, in this process, has finished its first step
         futures: list = []
 
         def start_fresh_runs():  # a's first step compiled the kernels into Triton's cache: theirs load them
             futures.extend(launch.alongside(fresh))
+            if native:  # mamba-ssm's candidates, compiled in slices by the workers, then timed by the control
+                precompiled.append(launch.precompile(native_spec_path, default_jobs()))
+                futures.extend(launch.alongside(natives, after=precompiled[0]))
         runs = {}
         with terminated_as_interrupt():
             _train_alongside(spec, launch, futures, start_fresh_runs, progress, t0, runs)
+    if precompiled:
+        seconds, failures = precompiled[0].result()
+        print_fn(f"native control: {plural(default_jobs(), 'precompile worker')} compiled mamba-ssm's candidates in "
+                 f"{seconds:.1f} s" + (f"; {len(failures)} failed (the control compiled what was missing): "
+                                       f"{failures[0]}" if failures else ""))
     runs["b"] = load_record(launch.record("b"))
     runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
     if native:

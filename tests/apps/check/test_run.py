@@ -136,10 +136,10 @@ def _concurrent(monkeypatch, events=None):
     alongside = Launcher.alongside
     train_run = run_mod.train_run
 
-    def spy(self, chains):
+    def spy(self, chains, after=None):
         events.append("fresh runs started")
         started.extend([name for _, name, _, _ in chain] for chain in chains)
-        return alongside(self, chains)
+        return alongside(self, chains, after)
 
     def train_a(*args, after_first_step=None, **kwargs):
         def first():
