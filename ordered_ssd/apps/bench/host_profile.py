@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterator
 import torch
 
 from .runner import LayerRunner, sync
-from .shapes import named_or_parsed_shape, parse_modes
+from .shapes import ALL_NAMED, named_or_parsed_shape, parse_modes
 from .timing import time_interleaved
 
 
@@ -197,8 +197,8 @@ def profile_mode(runner, mode, steps, top):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ordered_ssd.apps.bench.host_profile",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="S5", help="a named bench shape (S1-S5, G1-G13) or "
-                                                       "B,L,d_model,N,G[,headdim,chunk[,dtype]]")
+    parser.add_argument("--shape", default="S5", help="a named bench shape (S1-S5, G1-G13; M1-M6: a Mamba-3 "
+                                                       "layer) or B,L,d_model,N,G[,headdim,chunk[,dtype]]")
     parser.add_argument("--modes", default="ordered")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=35)
@@ -206,7 +206,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for host_profile.json (optional)")
     args = parser.parse_args(argv)
-    shape = named_or_parsed_shape(args.shape)
+    key = args.shape.strip().upper()
+    shape = ALL_NAMED[key] if key in ALL_NAMED else named_or_parsed_shape(args.shape)
     modes = parse_modes(args.modes)
     if "upstream-det" in modes:  # its switches are read at import: it never runs in this process
         parser.error("--modes: expected modes that run in this process (native, ordered, ...), got 'upstream-det'; "
