@@ -15,9 +15,8 @@ tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    training thread goes on.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
-(``torch._foreach_norm(..., dtype=torch.float64)`` of the snapshot's tensors, a few launches in stream order,
-copied to the host with it), on the CPU in the hashing threads. Either way a device gives the same norm for the
-same bits in every run.
+(``torch.linalg.vector_norm(..., dtype=torch.float64)`` of the snapshot, in stream order, copied to the host with
+it), on the CPU in the hashing threads. Either way a device gives the same norm for the same bits in every run.
 
 At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
 :meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
@@ -165,8 +164,8 @@ class StepDigests:
         floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
             snap = slot.device_buf
-            device_norms = torch.stack(torch._foreach_norm([snap[off:off + n].view(dt) for _, off, n, dt in floating],
-                                                           2, dtype=torch.float64))
+            device_norms = torch.stack([torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64)
+                                        for _, off, n, dt in floating])
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)

@@ -23,27 +23,17 @@ def test_cuda_digests_overlap_and_match():
 
 
 def test_cuda_norms_are_the_device_float64_norms_at_submit():
-    """The norms are float64 L2 norms of the tensors as they were at submit, and the same tensor bits give the same
-    norm bits (in another submission, another StepDigests)."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(3)
     ts = {"w": torch.randn(64, 33, generator=g).to(dev), "b": torch.randn(7, generator=g).to(dev, torch.bfloat16),
-          "none": None, "ints": torch.arange(5, device=dev),
-          "big": torch.randn(300_001, generator=g).to(dev)}  # several of _foreach_norm's chunks
-    initial = {k: None if v is None else v.clone() for k, v in ts.items()}
+          "none": None, "ints": torch.arange(5, device=dev)}
     with StepDigests(dev) as digests:
         keys, expected = [], []
         for _ in range(3):
             keys.append(digests.submit(ts, norms=True))
-            expected.append({k: None if v is None or not v.is_floating_point() else
-                             float(torch.linalg.vector_norm(v, dtype=torch.float64)) for k, v in ts.items()})
+            expected.append({k: "none" if v is None or not v.is_floating_point() else
+                             float(torch.linalg.vector_norm(v, dtype=torch.float64)).hex() for k, v in ts.items()})
             ts["w"].mul_(2)
             ts["b"].add_(1)
         got = [r.norms for r in digests.results(keys)]
-    with StepDigests(dev) as again:
-        repeat = again.result(again.submit(initial, norms=True)).norms
-    assert len({d["w"] for d in got}) == 3 and repeat == got[0]
-    for norms, want in zip(got, expected):
-        assert norms["none"] == norms["ints"] == "none"
-        for k in ("w", "b", "big"):
-            assert abs(float.fromhex(norms[k]) - want[k]) <= 1e-12 * want[k], (k, norms[k], want[k])
+    assert got == expected and len({d["w"] for d in got}) == 3
