@@ -97,12 +97,23 @@ def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str, 
         meta["gpu"] = "%s (sm_%d%d)" % ((torch.cuda.get_device_name(idx),) + torch.cuda.get_device_capability(idx))
         meta["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         try:
-            import csrc_bindings
-
-            meta["pinned_configs"] = csrc_bindings.fingerprint()
+            meta["pinned_configs"] = pinned_fingerprint(layer)
         except Exception as e:  # noqa: BLE001
             meta["pinned_configs"] = f"unavailable: {error_text(e)}"
     return meta
+
+
+def pinned_fingerprint(layer: str) -> str:
+    """What pins the run's kernels: ``csrc_bindings.fingerprint()`` (Mamba-2's tables and rules), and for
+    ``layer`` ``"mamba3"`` also ``mamba3=`` OrderedMamba3's order and pinned kernels (``mamba3_fingerprint``)."""
+    import csrc_bindings
+
+    text = csrc_bindings.fingerprint()
+    if layer == "mamba3":
+        from ...ops.mamba3_siso import mamba3_fingerprint
+
+        text += f" mamba3={mamba3_fingerprint()}"
+    return text
 
 
 def _pinned(shape: Shape, device: torch.device) -> Optional[dict]:

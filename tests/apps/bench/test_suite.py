@@ -289,3 +289,14 @@ def test_fold_variants_lists_the_timed_choices_of_the_shape(monkeypatch):
         {"M": 1072, "N": 256, "variant": "nest", "config": list(cfg)}]
     monkeypatch.setattr(gemm, "_gemm_timed", {})
     assert suite._fold_variants(shape) == []
+
+
+def test_pinned_fingerprint_of_a_mamba3_run_names_its_kernels_table():
+    import csrc_bindings
+
+    from ordered_ssd.apps.bench.suite import pinned_fingerprint
+    from ordered_ssd.ops.mamba3_siso import mamba3_fingerprint
+
+    assert pinned_fingerprint("mamba2") == csrc_bindings.fingerprint()
+    assert pinned_fingerprint("mamba3") == f"{csrc_bindings.fingerprint()} mamba3={mamba3_fingerprint()}"
+    assert mamba3_fingerprint().startswith("mamba3-v1 kernels=")
