@@ -10,8 +10,12 @@ from ordered_ssd.apps.bench.results import render
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DOC = os.path.join(ROOT, "docs", "performance.md")
-RESULTS = os.path.join(ROOT, "docs", "results", "bench_h200.json")
-BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+#: (marker name, committed results file): each table of the doc between its markers
+TABLES = (("bench-table", "bench_h200.json"), ("bench-table-mamba3", "bench_mamba3.json"))
+
+
+def _markers(name: str):
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
 def _doc() -> str:
@@ -19,32 +23,37 @@ def _doc() -> str:
         return fh.read()
 
 
-def _between_markers(text: str) -> str:
-    assert text.count(BEGIN) == 1 and text.count(END) == 1, f"{DOC}: one {BEGIN} and one {END}"
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    assert start < end, f"{DOC}: {BEGIN} must come before {END}"
-    return text[start:end]
+def _between_markers(text: str, name: str) -> str:
+    begin, end = _markers(name)
+    assert text.count(begin) == 1 and text.count(end) == 1, f"{DOC}: one {begin} and one {end}"
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    assert start < stop, f"{DOC}: {begin} must come before {end}"
+    return text[start:stop]
 
 
-def _check_table(doc: str) -> None:
-    assert _between_markers(doc) == "\n\n" + render(RESULTS) + "\n", (
-        "docs/performance.md's table differs from the committed results: paste the output of "
-        "`python -m ordered_ssd bench --render docs/results/bench_h200.json` between the bench-table markers "
-        "(a blank line after the first, one before the second)")
+def _check_table(doc: str, name: str, results: str) -> None:
+    path = os.path.join(ROOT, "docs", "results", results)
+    assert _between_markers(doc, name) == "\n\n" + render(path) + "\n", (
+        f"docs/performance.md's table differs from the committed results: paste the output of "
+        f"`python -m ordered_ssd bench --render docs/results/{results}` between the {name} markers "
+        f"(a blank line after the first, one before the second)")
 
 
-def test_the_table_is_the_rendered_committed_results():
-    _check_table(_doc())
+@pytest.mark.parametrize("name, results", TABLES)
+def test_the_table_is_the_rendered_committed_results(name, results):
+    _check_table(_doc(), name, results)
 
 
-def test_a_stale_table_is_seen():
+@pytest.mark.parametrize("name, results", TABLES)
+def test_a_stale_table_is_seen(name, results):
     """The comparison above can fail: one number changed in the doc's table, or the markers gone, is reported."""
     doc = _doc()
-    row = next(line for line in _between_markers(doc).splitlines() if "| ordered |" in line)
+    row = next(line for line in _between_markers(doc, name).splitlines() if "| ordered |" in line)
     with pytest.raises(AssertionError, match="differs from the committed results"):
-        _check_table(doc.replace(row, row.replace("| ordered | ", "| ordered | 9", 1)))
-    with pytest.raises(AssertionError, match="one <!-- bench-table:begin -->"):
-        _check_table(doc.replace(END, ""))
+        _check_table(doc.replace(row, row.replace("| ordered | ", "| ordered | 9", 1)), name, results)
+    begin, end = _markers(name)
+    with pytest.raises(AssertionError, match=f"one {begin}"):
+        _check_table(doc.replace(end, ""), name, results)
 
 
 def _cited_sections():
