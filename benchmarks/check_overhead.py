@@ -14,8 +14,13 @@ Both run in this process on the check's model and data (the device's defaults un
 Timed interleaved (plain, check, plain, check, ...; ``--rounds`` each), after a warm-up of both; the time of a
 mode is its median over rounds of the wall time of all its steps, synchronised at the end. Prints the ratio
 check / plain (the target: at most 1.3 on the H200).
+
+``--parts`` also times, in the same rounds, the check's loop with one part left out (:data:`PARTS`), to see where
+its overhead goes. Those variants are measurements only: they swap the check's classes in this process for the
+length of their run, and their records are not checks.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -31,6 +36,66 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from _torchrun import sync  # noqa: E402
+
+
+#: ``--parts``: the check's loop with one part left out
+PARTS = {
+    "no_outputs": "without the forward outputs' fingerprints (OutputDigests)",
+    "no_norms": "without the float64 norms of the gradients and parameters",
+    "no_digests": "without the SHA-256 digests and norms (StepDigests)",
+}
+
+
+class _NoOutputs:
+    def __init__(self, model, names):
+        pass
+
+    def take(self):
+        return {}
+
+    def remove(self):
+        pass
+
+
+class _NoDigests:
+    """StepDigests' interface, hashing nothing."""
+
+    def __init__(self, device, *args, **kwargs):
+        self._results, self._count = {}, 0
+
+    def submit(self, tensors, norms=False):
+        from ordered_ssd.apps.check.digests import StepResult
+
+        self._count += 1
+        self._results[self._count] = StepResult({name: "not hashed" for name in tensors}, {})
+        return self._count
+
+    def result(self, key):
+        return self._results.pop(key)
+
+    def close(self):
+        pass
+
+
+@contextlib.contextmanager
+def _without(part):
+    """The check's classes swapped for the length of the block, so that its loop leaves ``part`` out."""
+    from ordered_ssd.apps.check import digests, train
+
+    saved = (train.OutputDigests, train.StepDigests, digests.StepDigests.submit)
+    submit = saved[2]
+    try:
+        if part == "no_outputs":
+            train.OutputDigests = _NoOutputs
+        elif part == "no_norms":
+            digests.StepDigests.submit = lambda self, tensors, norms=False: submit(self, tensors, norms=False)
+        elif part == "no_digests":
+            train.StepDigests = _NoDigests
+        else:
+            raise ValueError(f"part: expected one of {', '.join(PARTS)}, got {part!r}")
+        yield
+    finally:
+        train.OutputDigests, train.StepDigests, digests.StepDigests.submit = saved
 
 
 def _plain(spec, data, device, steps):
@@ -71,6 +136,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--parts", action="store_true", help="also time the loop with one part left out (PARTS)")
     a, rest = p.parse_known_args(argv)
     args = build_parser().parse_args(["check", *rest])
     spec = spec_from_args(args)
@@ -79,24 +145,33 @@ def main(argv=None) -> int:
     data = ByteData(corpus, spec["seq_len"], cut=cut)
     spec["data_sha256"] = data.sha256
     steps = spec["steps"]
-    times = {"plain": [], "check": []}
+    parts = list(PARTS) if a.parts else []
+    times = {"plain": [], "check": [], **{part: [] for part in parts}}
     with tempfile.TemporaryDirectory() as out:
         _plain(spec, data, device, min(steps, 5))  # warm-up (compilation, allocator)
         _checked(spec, device, min(steps, 5), out)
         for _ in range(a.rounds):
             times["plain"].append(_plain(spec, data, device, steps))
             times["check"].append(_checked(spec, device, steps, out))
+            for part in parts:
+                with _without(part):
+                    times[part].append(_checked(spec, device, steps, out))
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
     n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "n_params": n_params, "steps": steps, "batch": spec["batch"],
               "seq_len": spec["seq_len"], "rounds": a.rounds, "plain_s": times["plain"], "check_s": times["check"],
               "plain_ms_per_step": 1000 * plain / steps, "check_ms_per_step": 1000 * check / steps,
-              "ratio": check / plain}
+              "ratio": check / plain,
+              "parts_ms_per_step": {part: 1000 * statistics.median(times[part]) / steps for part in parts},
+              "parts_s": {part: times[part] for part in parts}}
     print(f"check_overhead: {device} {result['gpu'] or ''} torch {torch.__version__}; {n_params / 1e6:.2f}M params, "
           f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds")
     print(f"  plain training {result['plain_ms_per_step']:.2f} ms/step, check's loop {result['check_ms_per_step']:.2f}"
           f" ms/step: x{result['ratio']:.3f}")
+    for part in parts:
+        ms = result["parts_ms_per_step"][part]
+        print(f"  the check's loop {PARTS[part]}: {ms:.2f} ms/step: x{ms / result['plain_ms_per_step']:.3f}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -1,0 +1,54 @@
+"""``benchmarks/check_overhead.py``: on the CPU with a tiny model, the plain and checked loops and, with
+``--parts``, the check's loop with each part left out are timed into the JSON; a part left out is really left out
+(the record's digests say so) and the check's classes are back afterwards."""
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import check_overhead  # noqa: E402
+
+TINY = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--d-state", "8", "--headdim", "16",
+        "--chunk-size", "16", "--seq-len", "24", "--batch", "2", "--data-bytes", "60000"]
+
+
+def test_parts_are_timed_and_the_check_is_restored(tmp_path, capsys):
+    from ordered_ssd.apps.check import digests, modules, train
+
+    path = tmp_path / "o.json"
+    assert check_overhead.main([*TINY, "--steps", "2", "--rounds", "1", "--parts", "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    assert set(r["parts_ms_per_step"]) == set(check_overhead.PARTS) == set(r["parts_s"])
+    assert all(v > 0 for v in r["parts_ms_per_step"].values()) and r["plain_ms_per_step"] > 0
+    printed = capsys.readouterr().out
+    assert all(text in printed for text in check_overhead.PARTS.values())
+    assert train.OutputDigests is modules.OutputDigests and train.StepDigests is digests.StepDigests
+    assert digests.StepDigests.submit.__qualname__ == "StepDigests.submit"
+
+
+@pytest.mark.parametrize("part, grads_hashed, outputs_kept", [
+    ("no_digests", False, True), ("no_outputs", True, False), ("no_norms", True, True)])
+def test_a_part_left_out_is_not_in_the_record(tmp_path, part, grads_hashed, outputs_kept):
+    from ordered_ssd.apps.check.spec import spec_from_args
+    from ordered_ssd.apps.cli import build_parser
+    from ordered_ssd.apps.lm import ByteData, load_corpus
+
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY, "--steps", "2"]))
+    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
+    spec["data_sha256"] = ByteData(corpus, spec["seq_len"], cut=cut).sha256
+    with check_overhead._without(part):
+        check_overhead._checked(spec, check_overhead.torch.device("cpu"), 2, str(tmp_path))
+    step = json.loads((tmp_path / "record.json").read_text())["steps"][0]
+    assert all(len(v) == 64 for v in step["grads"].values()) is grads_hashed
+    assert bool(step.get("outputs")) is outputs_kept
+    assert bool(step.get("grad_norms")) is (part == "no_outputs")
+
+
+def test_an_unknown_part_is_refused():
+    with pytest.raises(ValueError, match="part: expected one of no_outputs, no_norms, no_digests, got 'x'"):
+        with check_overhead._without("x"):
+            pass
