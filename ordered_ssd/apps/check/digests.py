@@ -9,10 +9,10 @@ tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    stream order: the optimizer step that follows cannot change what was snapshotted);
 2. on CUDA a side stream copies the snapshot into pinned host memory (the copy engine, beside the next step's
    kernels) and records an event;
-3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, in about
-   ``threads`` tasks of consecutive tensors of about equal bytes (:func:`hashing_groups`; ``hashlib`` releases the
-   GIL, so the tasks hash in parallel, and few tasks take the GIL from the training thread few times), while the
-   training thread goes on.
+3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, in at most
+   ``threads`` tasks of about equal bytes (:func:`hashing_groups`; ``hashlib`` releases the GIL, so the tasks hash
+   in parallel, and few tasks take the GIL from the training thread few times), while the training thread goes
+   on.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
 (``torch.linalg.vector_norm(..., dtype=torch.float64)`` of the snapshot, in stream order, copied to the host with
@@ -57,22 +57,18 @@ def _sha256_group(base: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
 
 
 def hashing_groups(nbytes: Sequence[int], count: int) -> List[List[int]]:
-    """The indices ``0..len(nbytes)-1`` in at most about ``count`` runs of consecutive indices of about equal bytes
-    (a run closes once it holds ``sum(nbytes) / count`` bytes): one hashing task per run, so that a step's tensors
-    cost a few tasks (each taking the GIL to start and to finish) rather than one per tensor."""
-    target = max(sum(nbytes) / max(count, 1), 1)
-    groups: List[List[int]] = []
-    current: List[int] = []
-    held = 0
-    for i, n in enumerate(nbytes):
-        current.append(i)
-        held += n
-        if held >= target:
-            groups.append(current)
-            current, held = [], 0
-    if current:
-        groups.append(current)
-    return groups
+    """The indices ``0..len(nbytes)-1`` in at most ``count`` groups of about equal bytes: largest first, each to the
+    group with the fewest bytes so far (ties: the lower index), each group's indices ascending; empty groups left
+    out. One hashing task per group, so that a step's tensors cost a few tasks (each taking the GIL to start and to
+    finish) rather than one per tensor; each tensor's digest is its own whatever its group."""
+    k = max(1, min(count, len(nbytes)))
+    loads = [0] * k
+    groups: List[List[int]] = [[] for _ in range(k)]
+    for i in sorted(range(len(nbytes)), key=lambda i: (-nbytes[i], i)):
+        j = min(range(k), key=lambda j: (loads[j], j))
+        groups[j].append(i)
+        loads[j] += nbytes[i]
+    return [sorted(g) for g in groups if g]
 
 
 def default_threads() -> int:
@@ -188,11 +184,15 @@ class StepDigests:
             if event is not None:
                 event.synchronize()
             spans = [(off, n) for _, off, n, _ in layout if off >= 0]
-            tasks = [self._hashers.submit(_sha256_group, base, [spans[i] for i in group])
+            tasks = [(group, self._hashers.submit(_sha256_group, base, [spans[i] for i in group]))
                      for group in hashing_groups([n for _, n in spans], self._threads)]
             if norms and not self._cuda:
                 norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
-            hashes = iter([h for t in tasks for h in t.result()])
+            by_span: List[str] = [""] * len(spans)
+            for group, task in tasks:
+                for i, digest in zip(group, task.result()):
+                    by_span[i] = digest
+            hashes = iter(by_span)
             sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout}
             if not norms:
                 return StepResult(sha, {})

@@ -15,6 +15,8 @@ from typing import Callable, List, Optional, Tuple
 from .errors import CheckError, plural, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
+#: Triton's switch that keeps autotuning choices on disk: removed from the precompile workers' environment
+AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 #: an uncaught exception's last line, in a rank's output ``[rankN]: XError: ...`` (torch prefixes the ranks' lines)
 _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_.]*(Error|Exception|Interrupt)\b.*")
 #: an uncaught exception's last line (``IsADirectoryError: [Errno 21] ...``), or argparse's ``prog: error: ...``
@@ -107,15 +109,16 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
 
 
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
-                      log_path: str, started: Optional[Callable] = None) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to stderr.
+                      log_path: str, started: Optional[Callable] = None, env: Optional[dict] = None) -> None:
+    """Run ``ordered-ssd _train`` in a fresh process (in ``env``, default this process's environment); its output
+    goes to ``log_path``, its progress lines to stderr.
 
     Raises:
         CheckError: the process exits non-zero (the message names the run, the exit code, the reason
             (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    returncode, lines = _run_logged(cmd, log_path, progress, started=started)
+    returncode, lines = _run_logged(cmd, log_path, progress, env=env, started=started)
     if returncode != 0:
         raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
@@ -191,14 +194,15 @@ class Launcher:
         finally:
             self.wall_s[name] = time.perf_counter() - t0
 
-    def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None) -> None:
+    def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None,
+                env=None) -> None:
         progress = self.progress if progress is None else progress
         if nproc is not None:
             run_torchrun(spec_path, self.record(name), label, extra, progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, progress,
-                              os.path.join(self.runs_dir, f"{name}.log"), started=started)
+                              os.path.join(self.runs_dir, f"{name}.log"), started=started, env=env)
 
     def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]],
                   after: Optional[Future] = None) -> List[Future]:
@@ -228,11 +232,16 @@ class Launcher:
         return done
 
     def _worker(self, spec_path: str, index: int, count: int) -> Optional[str]:
-        """One precompile worker; None, or why it failed (one line)."""
+        """One precompile worker; None, or why it failed (one line). Its environment lacks
+        ``TRITON_CACHE_AUTOTUNING``: the choices of its restricted, untimed autotuners are never written for the
+        control's runs to read."""
         name = f"precompile-{index}"
+        if self._stopping.is_set():
+            return f"{name}: not started (the check was stopping)"
+        env = {k: v for k, v in os.environ.items() if k != AUTOTUNE_CACHE_ENV}
         try:
             self._launch(spec_path, name, f"precompile {index}/{count}", ["--precompile", f"{index}/{count}"],
-                         None, 0, progress=False, started=self._on_child(name))
+                         None, 0, progress=False, started=self._on_child(name), env=env)
         except CheckError as e:
             return f"{name}: {e}"
         except Exception as e:  # noqa: BLE001: a worker never stops the check (the module docstring)

@@ -29,8 +29,8 @@ MAX_JOBS = 8
 
 
 def default_jobs() -> int:
-    """Half the usable cores, 1 to :data:`MAX_JOBS`."""
-    return max(1, min(MAX_JOBS, usable_cores() // 2))
+    """Half the usable cores, 2 to :data:`MAX_JOBS` (one worker would compile what the control compiles itself)."""
+    return max(2, min(MAX_JOBS, usable_cores() // 2))
 
 
 def parse_slice(text: str) -> Tuple[int, int]:

@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, wait
-from typing import Iterator, List, NamedTuple, Optional
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -62,13 +62,15 @@ def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress:
     if nproc is not None:
         _check_nproc(spec, nproc)
     rows, processes = (spec["batch"], 1) if nproc is None else (spec["batch"] // nproc, nproc)
-    # a, b, c (c1 then c2) and the native control's two runs at once on the GPU, where they fit; with the control,
-    # its precompile workers alongside a, b and c first
-    together = (max(5, 3 + default_jobs()) if native else 3) if nproc is None and concurrent_runs(spec) else 0
+    # on one GPU, where they fit: a, b and c (c1 then c2) at once; with the control, first its precompile workers
+    # beside a, b and c (as many as fit, at least 2), then the control's two runs beside them (5 processes)
+    together: Tuple[int, ...] = ()
+    if nproc is None and concurrent_runs(spec):
+        together = tuple(3 + jobs for jobs in range(default_jobs(), 1, -1)) if native else (3,)
     with prepared_run(spec, out_dir, stop_at, rows=rows, processes=processes, together=together) as run:
         return _run_check(spec, run.out_dir, run.data, run.source, stop_at=stop_at, native=native,
                           progress=progress, print_fn=print_fn, nproc=nproc, notes=run.notes,
-                          alongside=run.alongside)
+                          alongside=run.alongside, workers=run.together - 3 if native and run.alongside else 0)
 
 
 class PreparedRun(NamedTuple):
@@ -79,16 +81,17 @@ class PreparedRun(NamedTuple):
     source: str
     notes: List[str]
     alongside: bool = False
+    together: int = 0  #: how many processes at once the estimate found room for (0: one after another)
 
 
 @contextlib.contextmanager
 def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes: int,
-                 together: int = 0) -> Iterator[PreparedRun]:
+                 together: Sequence[int] = ()) -> Iterator[PreparedRun]:
     """Every check of the run before it is accepted, then its start. First, with nothing written: ``--steps`` and
     ``--stop-at`` checked, the corpus read (refused where it would not fit in memory: :func:`load_corpus`), the
     training's memory estimated and refused where it would not fit (:func:`.memory.check_memory`; ``rows`` examples
-    per forward in each of ``processes`` processes training at once; with ``together`` > 0, that many runs at once
-    on the spec's GPU where they fit, else one after another, with a note). Then ``--out``
+    per forward in each of ``processes`` processes training at once; with ``together``, a sequence of process
+    counts, the first that fits at once on the spec's GPU, else one after another, with a note). Then ``--out``
     created if needed and locked for the run (a second run into the same ``--out`` would compare the first one's
     records), and what an earlier run left there checked (:func:`.outdir.check_earlier_results`). Only then is the
     run accepted: the earlier run's files are set aside (:func:`.outdir.set_aside_earlier_results`) and ``runs/`` is
@@ -107,16 +110,19 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
     corpus, source, cut = load_corpus(spec["data"], spec["data_bytes"], memory=host)
     data = ByteData(corpus, spec["seq_len"], cut=cut)
     del corpus  # ByteData holds its own copy
-    alongside = False
-    if together:
+    fitted = 0
+    for count in together:
         try:
-            notes = [check_memory(spec, rows=rows, processes=together, corpus_bytes=data.n_bytes, one_gpu=True)]
-            alongside = True
-        except DataError:  # one at a time may still fit (else this refuses the run): they follow one another
-            notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes),
-                     f"the runs follow one another: {together} at once would not fit in the GPU's free memory"]
-    else:
+            notes = [check_memory(spec, rows=rows, processes=count, corpus_bytes=data.n_bytes, one_gpu=True)]
+            fitted = count
+            break
+        except DataError:  # fewer at once, or one at a time, may still fit
+            continue
+    if not fitted:  # one after another (else this refuses the run)
         notes = [check_memory(spec, rows=rows, processes=processes, corpus_bytes=data.n_bytes)]
+        if together:
+            notes.append(f"the runs follow one another: {min(together)} at once would not fit in the GPU's free "
+                         f"memory")
     out_dir = prepare_out_dir(out_dir)
     with locked_out_dir(out_dir):
         check_earlier_results(out_dir)
@@ -125,7 +131,7 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
             notes.append(moved)
         with writing("runs folder", os.path.join(out_dir, RUNS)):
             os.makedirs(os.path.join(out_dir, RUNS))
-        yield PreparedRun(out_dir, data, source, notes, alongside)
+        yield PreparedRun(out_dir, data, source, notes, fitted > 0, fitted)
 
 
 def concurrent_runs(spec: dict) -> bool:
@@ -181,9 +187,11 @@ def _run_chains(launch: Launcher, chains) -> None:
 
 
 def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at: int, native: bool, progress: bool,
-               print_fn, nproc: Optional[int], notes: List[str] = (), alongside: bool = False) -> int:
+               print_fn, nproc: Optional[int], notes: List[str] = (), alongside: bool = False,
+               workers: int = 0) -> int:
     """:func:`run_check` in its locked output directory, on the data already read; ``notes``: lines printed after
-    the data's; ``alongside``: the fresh runs start alongside run a (:func:`prepared_run` found they fit)."""
+    the data's; ``alongside``: the fresh runs start alongside run a (:func:`prepared_run` found they fit);
+    ``workers``: the control's precompile workers then (:mod:`.precompile`)."""
     ddp = nproc is not None
     spec = dict(spec, data_sha256=data.sha256)
     if ddp:
@@ -239,16 +247,17 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
         def start_fresh_runs():  # a's first step compiled the kernels into Triton's cache: theirs load them
             futures.extend(launch.alongside(fresh))
             if native:  # mamba-ssm's candidates, compiled in slices by the workers, then timed by the control
-                precompiled.append(launch.precompile(native_spec_path, default_jobs()))
+                precompiled.append(launch.precompile(native_spec_path, workers))
                 futures.extend(launch.alongside(natives, after=precompiled[0]))
         runs = {}
         with terminated_as_interrupt():
             _train_alongside(spec, launch, futures, start_fresh_runs, progress, t0, runs)
     if precompiled:
         seconds, failures = precompiled[0].result()
-        print_fn(f"native control: {plural(default_jobs(), 'precompile worker')} compiled mamba-ssm's candidates in "
-                 f"{seconds:.1f} s" + (f"; {len(failures)} failed (the control compiled what was missing): "
-                                       f"{failures[0]}" if failures else ""))
+        print_fn(f"native control: {plural(workers, 'precompile worker')} ran for {seconds:.1f} s, each compiling "
+                 f"a share of mamba-ssm's autotuner candidates" +
+                 (f"; {len(failures)} failed (the control compiled what was missing): {failures[0]}"
+                  if failures else ""))
     runs["b"] = load_record(launch.record("b"))
     runs["c"] = merge_restart(load_record(launch.record("c1")), load_record(launch.record("c2")))
     if native:

@@ -35,7 +35,7 @@ def test_parse_slice_refuses(text, message):
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("cores, jobs", [(1, 1), (2, 1), (6, 3), (16, 8), (64, 8)])
+@pytest.mark.parametrize("cores, jobs", [(1, 2), (2, 2), (6, 3), (16, 8), (64, 8)])
 def test_default_jobs_follow_the_cores(monkeypatch, cores, jobs):
     import os
 
@@ -111,3 +111,57 @@ def test_stop_ends_the_workers_and_the_control_never_starts(tmp_path, monkeypatc
     control.result(timeout=60)
     assert len(failures) == 2 and time.perf_counter() - t0 < 45, failures
     assert launch._children == {} and _sleepers(90) == [] and not (tmp_path / "native-1.log").exists()
+
+
+def test_workers_run_without_triton_autotuning_cache(tmp_path, monkeypatch):
+    """A worker's restricted, untimed choices must never be written for the control to read: its environment lacks
+    TRITON_CACHE_AUTOTUNING (here each worker fails with exit code 3 if it sees it)."""
+    from ordered_ssd.apps.check import launch as launch_mod
+
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    monkeypatch.setattr(launch_mod, "_train_command", lambda spec_path, record_path, label, extra, progress: [
+        "-c", "import os, sys; sys.exit(3 if 'TRITON_CACHE_AUTOTUNING' in os.environ else 0)"])
+    seconds, failures = Launcher(str(tmp_path), False, None).precompile("s", 2).result(timeout=60)
+    assert failures == [] and seconds > 0
+
+
+def test_the_check_with_the_control_starts_it_after_its_workers(tmp_path, monkeypatch):
+    """run_check with the control on one GPU's schedule (on the CPU: the workers sleep, and the control's runs train
+    the ordered spec as stand-ins): the workers start with b and c after a's first step, the control's chains are
+    given the workers' future, and their line is printed."""
+    import os
+
+    from ordered_ssd.apps.check import launch as launch_mod
+    from ordered_ssd.apps.check.launch import Launcher as L
+    from ordered_ssd.apps.check.run import run_check
+    from tests.apps.check.test_run import _concurrent
+
+    started = _concurrent(monkeypatch)
+    afters = []
+    alongside = L.alongside
+
+    def recording(self, chains, after=None):
+        afters.append(after)
+        return alongside(self, chains, after)
+    monkeypatch.setattr(L, "alongside", recording)  # inside the spy of _concurrent, which calls L.alongside
+    command = launch_mod._train_command
+
+    def cmd(spec_path, record_path, label, extra, progress):
+        if label.startswith("precompile"):
+            return ["-c", "import time; time.sleep(0.5)"]
+        if label.startswith("native"):  # stand-ins: the ordered spec beside the native one
+            spec_path = os.path.join(os.path.dirname(spec_path), "spec.json")
+        return command(spec_path, record_path, label, extra, progress)
+    monkeypatch.setattr(launch_mod, "_train_command", cmd)
+    from ordered_ssd.apps.check import run as run_mod
+
+    monkeypatch.setattr(run_mod, "default_jobs", lambda: 2)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY_CHECK]))
+    lines = []
+    out = tmp_path / "o"
+    assert run_check(spec, str(out), stop_at=3, native=True, progress=False, print_fn=lines.append) == 0
+    assert started == [["b"], ["c1", "c2"], ["native-1"], ["native-2"]]
+    assert afters[0] is None and afters[1] is not None and afters[1].done()
+    assert any(line.startswith("native control: 2 precompile workers ran for ") for line in lines), lines
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.name.startswith("precompile")) == [
+        "precompile-0.log", "precompile-1.log"]

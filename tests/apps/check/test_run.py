@@ -257,14 +257,32 @@ def test_runs_that_would_not_fit_together_follow_one_another(tmp_path, monkeypat
     one = memory.training_bytes(spec, spec["batch"], 60000)["total"]
     for room, alongside in ((2 * one, False), (3 * one, True)):
         monkeypatch.setattr(memory, "device_available", lambda device, processes, room=room: (room, "test"))
-        with prepared_run(spec, str(tmp_path / str(room)), 3, rows=spec["batch"], processes=1, together=3) as run:
-            assert run.alongside is alongside
+        with prepared_run(spec, str(tmp_path / str(room)), 3, rows=spec["batch"], processes=1, together=(3,)) as run:
+            assert run.alongside is alongside and run.together == (3 if alongside else 0)
             assert (run.notes[-1] == "the runs follow one another: 3 at once would not fit in the GPU's free "
                                      "memory") is not alongside, run.notes
     monkeypatch.setattr(memory, "device_available", lambda device, processes: (one // 2, "test"))
     with pytest.raises(DataError, match="expected a training that fits"):
-        with prepared_run(spec, str(tmp_path / "none"), 3, rows=spec["batch"], processes=1, together=3):
+        with prepared_run(spec, str(tmp_path / "none"), 3, rows=spec["batch"], processes=1, together=(3,)):
             pass
+
+
+def test_the_control_gets_as_many_precompile_workers_as_fit(tmp_path, monkeypatch):
+    """With the control, the counts tried are a, b, c plus 8, 7, ... 2 workers: room for 6 processes gives 3
+    workers; room for 4 none at all, and the runs follow one another (the note names 5, the fewest tried)."""
+    from ordered_ssd.apps.check import memory
+    from ordered_ssd.apps.check.run import prepared_run
+
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY]))
+    one = memory.training_bytes(spec, spec["batch"], 60000)["total"]
+    counts = tuple(3 + jobs for jobs in range(8, 1, -1))
+    for room, together in ((6, 6), (11, 11), (40, 11), (4, 0)):
+        monkeypatch.setattr(memory, "device_available", lambda device, processes, room=room: (room * one, "test"))
+        with prepared_run(spec, str(tmp_path / str(room)), 3, rows=spec["batch"], processes=1,
+                          together=counts) as run:
+            assert run.together == together and run.alongside is (together > 0)
+            if not together:
+                assert run.notes[-1] == "the runs follow one another: 5 at once would not fit in the GPU's free memory"
 
 
 def test_sigterm_during_runs_alongside_a_stops_them_all(tmp_path, monkeypatch):
