@@ -12,7 +12,8 @@ measures, over ``steps`` steps each:
   median, also split into the forward (``idle_forward_ms``, to the layer's output) and the backward
   (``idle_backward_ms``, ``out.backward``): the Python and launch cost alone, what remains to remove;
 * ``calls``: per function of the CUDA path (the public ops, the compositions ``ordered_*_fwd/bwd``, every
-  ``csrc_bindings`` launcher, the common launch path ``launch`` / ``launch_fitting`` (which calls Triton's ``run``;
+  ``csrc_bindings`` launcher (Mamba-3's in ``csrc_bindings.mamba3`` too, with their ``launch_kernel``), the common
+  launch path ``launch`` / ``launch_fitting`` (which calls Triton's ``run``;
   a launcher replaying its plan, ``csrc_bindings._plans``, reaches ``launch_fitting`` through ``replay`` instead;
   ``run_compiled`` launches a compiled kernel kept for its key, ``csrc_bindings._launch_cache``: once warm, every
   launch whose key is cached ends there, a plan's launches included, with or without plans),
@@ -70,6 +71,18 @@ def _timed_functions() -> Dict[str, Callable]:
     for name in dir(csrc_bindings):
         if name.startswith("launch_"):
             found[f"launcher {name}"] = getattr(csrc_bindings, name)
+    from csrc_bindings import mamba3
+    from csrc_bindings.mamba3 import _runtime as mamba3_runtime
+
+    from ...ops import mamba3_siso
+    for name in mamba3.__all__:  # OrderedMamba3's kernels (csrc_bindings.mamba3)
+        if name.startswith("launch_"):
+            found[f"launcher {name}"] = getattr(mamba3, name)
+    for name in ("ordered_mamba3_siso_fwd", "ordered_mamba3_siso_bwd"):
+        found[f"composition {name}"] = getattr(mamba3_siso, name)
+    for name in ("ordered_mamba3_siso_combined", "ordered_dt_softplus"):
+        found[f"op {name}"] = getattr(mamba3_siso, name)
+    found["launch path mamba3 launch_kernel (config, allocator)"] = mamba3_runtime.launch_kernel
     found["launch path _native.launch"] = _native.launch
     found["launch path _plans.replay (a launcher's plan)"] = _plans.replay
     found["launch path launch_fitting (Triton run)"] = _resources.launch_fitting

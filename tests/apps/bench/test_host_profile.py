@@ -71,3 +71,20 @@ def test_upstream_det_is_refused_with_how_to_profile_it(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--modes" in err and "'upstream-det'" in err and "MAMBA_DETERMINISTIC=1" in err
+
+
+def test_the_timed_functions_include_mamba3s_launchers_and_compositions():
+    """A Mamba-3 profile (``--shape M1``) counts OrderedMamba3's own launchers, its launch path and its
+    compositions, beside the shared ones (projections, norms, folds)."""
+    import csrc_bindings.mamba3 as mamba3
+    from csrc_bindings.mamba3 import _runtime
+    from ordered_ssd.ops import mamba3_siso
+
+    found = host_profile._timed_functions()
+    for name in ("launch_angle_dt_fwd", "launch_mamba3_siso_fwd", "launch_dzdo", "launch_dqkv",
+                 "launch_rotary_bias_angles", "launch_ddt_dtrap", "launch_angle_dt_bwd"):
+        assert found[f"launcher {name}"] is getattr(mamba3, name)
+    assert found["composition ordered_mamba3_siso_bwd"] is mamba3_siso.ordered_mamba3_siso_bwd
+    assert found["op ordered_dt_softplus"] is mamba3_siso.ordered_dt_softplus
+    assert found["launch path mamba3 launch_kernel (config, allocator)"] is _runtime.launch_kernel
+    assert found["fold fold_dims"].__name__ == "fold_dims" and "op ordered_linear" in found
