@@ -74,4 +74,5 @@ if __name__ == "__main__":
     check_rank_fingerprints(rank_fingerprint(ctx.device, ctx.world_size))  # same versions, device, threads
     train(ctx)
     gc.collect()  # DDP's reducer holds the process group: release it before destroying the group
+    dist.barrier()  # every rank done with its collectives before any tears its group down
     dist.destroy_process_group()
