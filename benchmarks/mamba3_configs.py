@@ -155,9 +155,8 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
             return torch.zeros(*shape, dtype=dtype)
         f32 = torch.float32
         args = ops.kernel_inputs(t(batch, L, g, n), t(batch, L, g, n), t(batch, L, h, p), t(batch, h, L, dtype=f32),
-                                 t(batch, h, L, dtype=f32), t(batch, h, L), t(h, n, dtype=torch.float32),
-                                 t(h, n, dtype=torch.float32), t(batch, L, h, s, dtype=torch.float32),
-                                 t(h, dtype=torch.float32), t(batch, L, h, p))
+                                 t(batch, h, L, dtype=f32), t(batch, h, L), t(h, n, dtype=f32), t(h, n, dtype=f32),
+                                 t(batch, L, h, s, dtype=f32), t(h, dtype=f32), t(batch, L, h, p))
         res = ops.ordered_mamba3_siso_fwd(*args, chunk_size=chunk, store_for_backward=mode == "train",
                                           return_final_states=mode == "prefill")
         if mode == "train":
@@ -294,7 +293,7 @@ def time_shapes(shapes, kernels=None) -> list:
                 step(layer, u, dout)
             s, grid, args, ref, key = sink[0]
             base = order_of(spec, key, ref.dtype, device_arch(ref.device))
-            base_cfg = {**dict(base.meta), "num_warps": base.num_warps, "num_stages": base.num_stages}
+            base_cfg = base.as_dict()
             times = []
             for cand in spec.candidates:
                 cfg = _cfg(cand)

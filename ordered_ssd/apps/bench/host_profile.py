@@ -219,8 +219,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for host_profile.json (optional)")
     args = parser.parse_args(argv)
-    key = args.shape.strip().upper()
-    shape = ALL_NAMED[key] if key in ALL_NAMED else named_or_parsed_shape(args.shape)
+    shape = named_or_parsed_shape(args.shape, ALL_NAMED)
     modes = parse_modes(args.modes)
     if "upstream-det" in modes:  # its switches are read at import: it never runs in this process
         parser.error("--modes: expected modes that run in this process (native, ordered, ...), got 'upstream-det'; "

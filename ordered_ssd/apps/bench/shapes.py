@@ -203,11 +203,12 @@ def parse_shape(text: str, name: Optional[str] = None, layer: str = "mamba2") ->
     return shape if name else replace(shape, name=shape.spec())
 
 
-def named_or_parsed_shape(text: str) -> Shape:
-    """A named shape (``"S2"``, ``"G3"``, any case) or a :func:`parse_shape` spec. Raises ``ValueError`` as that
-    does."""
+def named_or_parsed_shape(text: str, names: Optional[Dict[str, Shape]] = None) -> Shape:
+    """A named shape of ``names`` (default :data:`NAMED`, Mamba-2's: ``"S2"``, ``"G3"``, any case) or a
+    :func:`parse_shape` spec. Raises ``ValueError`` as that does."""
+    names = NAMED if names is None else names
     key = text.strip().upper()
-    return NAMED[key] if key in NAMED else parse_shape(text)
+    return names[key] if key in names else parse_shape(text)
 
 
 def parse_shape_list(text: str) -> List[Shape]:

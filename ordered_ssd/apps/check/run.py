@@ -80,8 +80,12 @@ class PreparedRun(NamedTuple):
     data: ByteData
     source: str
     notes: List[str]
-    alongside: bool = False
     together: int = 0  #: how many processes at once the estimate found room for (0: one after another)
+
+    @property
+    def alongside(self) -> bool:
+        """Whether the runs train at once on one GPU."""
+        return self.together > 0
 
 
 @contextlib.contextmanager
@@ -131,7 +135,7 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
             notes.append(moved)
         with writing("runs folder", os.path.join(out_dir, RUNS)):
             os.makedirs(os.path.join(out_dir, RUNS))
-        yield PreparedRun(out_dir, data, source, notes, fitted > 0, fitted)
+        yield PreparedRun(out_dir, data, source, notes, fitted)
 
 
 def concurrent_runs(spec: dict) -> bool:
@@ -226,6 +230,7 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     fresh = [[(spec_path, "b", "b", [])],
              [(spec_path, "c1", "c:1", ["--stop-at", str(stop_at), "--ckpt", ckpt]),
               (spec_path, "c2", "c:2", ["--resume", ckpt])]]
+    natives: list = []  # the control's two runs, each a chain of its own
     if native:
         native_spec_path = os.path.join(runs_dir, "spec-native.json")
         with writing("spec", native_spec_path):
@@ -236,17 +241,17 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     if ddp:
         launch(spec_path, "a", "a", [])
         runs = {"a": load_record(launch.record("a"))}
-        _run_chains(launch, fresh + (natives if native else []))
+        _run_chains(launch, fresh + natives)
     elif not alongside:  # the CPU, or a GPU without the memory for them all at once
         runs = {"a": train_run(spec, launch.record("a"), label="a", progress=progress)}
         runs["a"]["wall_s"] = time.perf_counter() - t0  # in this process: no start-up of its own
-        _run_chains(launch, fresh + (natives if native else []))
+        _run_chains(launch, fresh + natives)
     else:  # on one GPU: the fresh runs start once run a, in this process, has finished its first step
         futures: list = []
 
         def start_fresh_runs():  # a's first step compiled the kernels into Triton's cache: theirs load them
             futures.extend(launch.alongside(fresh))
-            if native:  # mamba-ssm's candidates, compiled in slices by the workers, then timed by the control
+            if natives:  # mamba-ssm's candidates, compiled in slices by the workers, then timed by the control
                 precompiled.append(launch.precompile(native_spec_path, workers))
                 futures.extend(launch.alongside(natives, after=precompiled[0]))
         runs = {}

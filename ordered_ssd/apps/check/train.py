@@ -52,9 +52,6 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------------------------- model
-#: per layer kind of the byte LM (``--layer``): mamba-ssm's module and class of the native control
-
-
 def _mixer_class(kind: str, layer: str = "mamba2"):
     """The mixer class of the byte LM: ``kind`` ``"ordered"`` (:class:`ordered_ssd.OrderedMamba2`,
     :class:`ordered_ssd.modules.mamba3.OrderedMamba3`) or ``"native"`` (mamba-ssm's ``Mamba2`` / ``Mamba3``), of
