@@ -135,7 +135,8 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
 
     from csrc_bindings._configs import dtype_name
     from csrc_bindings._spec import key_of
-    from csrc_bindings.mamba3 import angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
+    from csrc_bindings import _plans
+    from csrc_bindings.mamba3 import _runtime, angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
     from ordered_ssd.apps.check.spec import rope_angles
     from ordered_ssd.ops import mamba3_siso as ops
 
@@ -148,23 +149,29 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
         seen.append((spec.name, key_of(spec, args), dtype_name(ref.dtype)))
     mods = (angle_dt, mamba3_siso_fwd, mamba3_siso_bwd)
     saved = [m.launch_kernel for m in mods]
+    saved_runtime = (_runtime.allocator, _runtime._imported)
     for m in mods:
         m.launch_kernel = record
+    # no launch plan may be kept from a recorded call (its launches never reach _native.launch), and on the CPU
+    # neither upstream's modules nor Triton's allocator are there: the launchers' wrapper gets neither
+    _runtime.allocator, _runtime._imported = contextlib.nullcontext, True
     try:
-        def t(*shape, dtype=torch.bfloat16):
-            return torch.zeros(*shape, dtype=dtype)
-        f32 = torch.float32
-        args = ops.kernel_inputs(t(batch, L, g, n), t(batch, L, g, n), t(batch, L, h, p), t(batch, h, L, dtype=f32),
-                                 t(batch, h, L, dtype=f32), t(batch, h, L), t(h, n, dtype=f32), t(h, n, dtype=f32),
-                                 t(batch, L, h, s, dtype=f32), t(h, dtype=f32), t(batch, L, h, p))
-        res = ops.ordered_mamba3_siso_fwd(*args, chunk_size=chunk, store_for_backward=mode == "train",
-                                          return_final_states=mode == "prefill")
-        if mode == "train":
-            Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z = args
-            ops._bwd_partials(t(batch, L, h, p), Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, res, chunk)
+        with _plans.disabled():
+            def t(*shape, dtype=torch.bfloat16):
+                return torch.zeros(*shape, dtype=dtype)
+            f32 = torch.float32
+            args = ops.kernel_inputs(t(batch, L, g, n), t(batch, L, g, n), t(batch, L, h, p), t(batch, h, L, dtype=f32),
+                                     t(batch, h, L, dtype=f32), t(batch, h, L), t(h, n, dtype=f32), t(h, n, dtype=f32),
+                                     t(batch, L, h, s, dtype=f32), t(h, dtype=f32), t(batch, L, h, p))
+            res = ops.ordered_mamba3_siso_fwd(*args, chunk_size=chunk, store_for_backward=mode == "train",
+                                              return_final_states=mode == "prefill")
+            if mode == "train":
+                Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z = args
+                ops._bwd_partials(t(batch, L, h, p), Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, res, chunk)
     finally:
         for m, f in zip(mods, saved):
             m.launch_kernel = f
+        _runtime.allocator, _runtime._imported = saved_runtime
     return seen
 
 

@@ -40,7 +40,9 @@ bits); and ``_configs.NATIVE_TIMING`` (a test hook that changes the configuratio
 zeroing (e.g. call ``zero_`` itself), read a tensor's values or data pointer, or depend on state other than its
 arguments and the configuration table (the configuration of a key changes only where ``native-autotune-v1`` keeps
 or forgets a timed choice, and ``_configs.record_timed`` / ``forget_timed`` drop every plan there). The
-causal-conv1d launchers (C++ calls) and the SwiGLU launchers (they return views) are not planned.
+causal-conv1d launchers (C++ calls) and the SwiGLU launchers (they return views) are not planned. The Mamba-3
+launchers are planned under Triton's allocator (:func:`csrc_bindings.mamba3._runtime.planned_launcher`: a replay's
+launches build their TMA descriptors as the launcher's own would).
 
 The plans are shared by threads (a plan holds no tensor); the recording is per thread. :func:`disabled` holds for
 the whole process: autograd runs a CUDA backward on a thread of its own, which a per-thread switch would miss.
@@ -239,16 +241,23 @@ def _rebuild(tmpl, get):
         return get(tmpl[1])
     if kind == "c":
         return tmpl[1]
+    if kind == "dict":
+        return {k: _rebuild(t, get) for k, t in tmpl[1]}
     items = [_rebuild(t, get) for t in tmpl[1]]
     return tuple(items) if kind == "tuple" else items
 
 
 def _template(obj, source):
-    """The returned structure with tensors as sources (raises ``_Unplannable``)."""
+    """The returned structure with tensors as sources (raises ``_Unplannable``): tensors, constants, and tuples,
+    lists and dicts with string keys (in their order) of these."""
     if isinstance(obj, _Tensor):
         return ("t", source(obj))
     if isinstance(obj, (tuple, list)):
         return ("tuple" if isinstance(obj, tuple) else "list", [_template(x, source) for x in obj])
+    if type(obj) is dict:
+        if not all(type(k) is str for k in obj):
+            raise _Unplannable
+        return ("dict", [(k, _template(v, source)) for k, v in obj.items()])
     if isinstance(obj, _SIMPLE):
         return ("c", obj)
     raise _Unplannable

@@ -1,14 +1,18 @@
 """What the Mamba-3 launchers need of Triton's runtime, kept local: :func:`import_kernels` (upstream's modules
-imported once, the allocator their import sets put back) and :func:`allocator` (one set around each launch). See
-:mod:`csrc_bindings.mamba3`. Imports nothing native."""
+imported once, the allocator their import sets put back), :func:`allocator` (one set around each launcher call) and
+:func:`planned_launcher` (the launchers' decorator: both, around a launch plan). See :mod:`csrc_bindings.mamba3`.
+Imports nothing native."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import torch
 
-__all__ = ["UPSTREAM", "import_kernels", "allocator", "launch_kernel"]
+from .. import _plans
+
+__all__ = ["UPSTREAM", "import_kernels", "allocator", "launch_kernel", "planned_launcher"]
 
 #: the upstream modules mirrored here
 UPSTREAM = ("mamba_ssm.ops.triton.mamba3.angle_dt", "mamba_ssm.ops.triton.mamba3.mamba3_siso_fwd",
@@ -86,14 +90,26 @@ def allocator():
 
 
 def launch_kernel(spec, grid, args: dict, ref: torch.Tensor, config=None) -> None:
-    """One launch of a Mamba-3 kernel: upstream's modules imported (:func:`import_kernels`), the pinned (or given)
-    configuration (:func:`csrc_bindings._configs.launch_config`), :func:`csrc_bindings._native.launch` under
-    :func:`allocator`."""
+    """One launch of a Mamba-3 kernel at the pinned (or given) configuration
+    (:func:`csrc_bindings._configs.launch_config`) through :func:`csrc_bindings._native.launch`. Called by the
+    launchers, inside :func:`planned_launcher`'s block (upstream's modules imported, :func:`allocator` set)."""
     from .._configs import launch_config
     from .._native import launch
 
-    import_kernels()
-    cfg = launch_config(spec, args, ref, config)
-    with allocator():
-        launch(spec, grid, args, cfg, ref)
+    launch(spec, grid, args, launch_config(spec, args, ref, config), ref)
 
+
+def planned_launcher(fn):
+    """Decorate a Mamba-3 launcher: :func:`import_kernels` once, then the call under :func:`allocator`, through a
+    launch plan (:func:`csrc_bindings._plans.planned`: a call whose signature was seen before replays the launches
+    the launcher made, without its Python). The replay launches inside the same allocator block, so the kernels'
+    TMA descriptors are built as in the launcher's own launches."""
+    inner = _plans.planned(fn)
+
+    @functools.wraps(fn)
+    def launcher(*args, **kwargs):
+        if not _imported:
+            import_kernels()
+        with allocator():
+            return inner(*args, **kwargs)
+    return launcher

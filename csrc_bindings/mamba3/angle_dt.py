@@ -11,12 +11,14 @@ import torch
 
 from .._spec import KernelSpec
 from .._util import check_shape, next_pow2, prefixed_strides
-from ._runtime import launch_kernel
+from .._plans import alloc
+from ._runtime import launch_kernel, planned_launcher
 
 MODULE = "mamba_ssm.ops.triton.mamba3.angle_dt"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
 
 
+@planned_launcher
 def launch_angle_dt_fwd(angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, return_output_state: bool = False,
                         config=None):
     """``(theta [B, L, H, S], final [B, H, S] or None)``: the cumulative rotary angles in ``[0, 2 pi)``, in
@@ -32,8 +34,8 @@ def launch_angle_dt_fwd(angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, 
     """
     batch, seqlen, nheads, dim = angle.shape
     check_shape("dt", dt, (batch, nheads, seqlen), "[B, H, L]")
-    out = torch.empty(angle.shape, device=angle.device, dtype=angle.dtype)
-    state = torch.empty(batch, nheads, dim, device=angle.device, dtype=angle.dtype) if return_output_state else None
+    out = alloc(angle.shape, angle.dtype, angle.device)
+    state = alloc((batch, nheads, dim), angle.dtype, angle.device) if return_output_state else None
     args = dict(OUT=out, OUTPUT_STATE=state if state is not None else out, ANGLE=angle, DT=dt, INIT_STATE=angle,
                 CU_SEQLENS=angle, **prefixed_strides("stride_out", "batch seq head dim", out),
                 **prefixed_strides("stride_output_state", "seq head dim", state),
@@ -58,6 +60,7 @@ ANGLE_DT_FWD = KernelSpec(
 )
 
 
+@planned_launcher
 def launch_angle_dt_bwd(grad_theta: torch.Tensor, angle: torch.Tensor, dt: torch.Tensor, chunk_size: int, *,
                         config=None):
     """``(d_angle [B, L, H, S] (angle's dtype), d_dt [B, H, L] fp32)`` from the gradient of ``theta``.
@@ -69,8 +72,8 @@ def launch_angle_dt_bwd(grad_theta: torch.Tensor, angle: torch.Tensor, dt: torch
     batch, seqlen, nheads, dim = angle.shape
     check_shape("grad_theta", grad_theta, angle.shape, "the shape of angle")
     check_shape("dt", dt, (batch, nheads, seqlen), "[B, H, L]")
-    d_angle = torch.empty_like(angle, memory_format=torch.contiguous_format)
-    d_dt = torch.empty(dt.shape, device=dt.device, dtype=dt.dtype)
+    d_angle = alloc(angle.shape, angle.dtype, angle.device)
+    d_dt = alloc(dt.shape, dt.dtype, dt.device)
     args = dict(GRAD_ANGLE=d_angle, GRAD_DT=d_dt, GRAD_INIT_STATE=d_angle, GRAD_OUT=grad_theta,
                 GRAD_OUTPUT_STATE=d_angle, ANGLE=angle, DT=dt, CU_SEQLENS=angle,
                 **prefixed_strides("stride_grad_angle", "batch seq head dim", d_angle),

@@ -16,7 +16,8 @@ import torch
 
 from .._spec import KernelSpec
 from .._util import cdiv, check, check_shape, next_pow2, prefixed_strides
-from ._runtime import launch_kernel
+from .._plans import alloc, alloc_like
+from ._runtime import launch_kernel, planned_launcher
 
 MODULE = "mamba_ssm.ops.triton.mamba3.mamba3_siso_bwd"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
@@ -28,6 +29,7 @@ def _contiguous(**tensors):
 
 
 # ------------------------------------------------------------------------------------------------------------- dzdo
+@planned_launcher
 def launch_dzdo(dout, Z, out_v, *, config=None):
     """``(dZ, dout_scaled)`` [B, L, H, P] (dout's dtype) for the gate ``out = out_v * silu(Z)``, elementwise.
     Source: ``mamba3_siso_bwd_kernel_dzdo`` (its ``CHUNK_SIZE`` tiles positions only)."""
@@ -35,8 +37,8 @@ def launch_dzdo(dout, Z, out_v, *, config=None):
     check_shape("Z", Z, dout.shape, "the shape of dout")
     check_shape("out_v", out_v, dout.shape, "the shape of dout")
     _contiguous(dout=dout, Z=Z, out_v=out_v)
-    dz = torch.empty(Z.shape, device=Z.device, dtype=dout.dtype)
-    do_scaled = torch.empty_like(dout)
+    dz = alloc(Z.shape, dout.dtype, Z.device)
+    do_scaled = alloc_like(dout)
     args = dict(DO=dout, Z=Z, O=out_v, Dz=dz, DO_scaled=do_scaled,
                 **prefixed_strides("stride_do", "batch seqlen head vdim", dout),
                 **prefixed_strides("stride_z", "batch seqlen head vdim", Z),
@@ -64,6 +66,7 @@ DZDO = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------------------- dqkv
+@planned_launcher
 def launch_dqkv(q_rot, k_scaled, V, da_cs, da_cs_sum, qk_dot, ssm_states, dout, D=None, *, chunk_size: int,
                 config=None) -> dict:
     """The scan's gradients. Source: ``mamba3_siso_bwd_kernel_dqkv`` (one program per ``(head, example)``, the
@@ -85,11 +88,11 @@ def launch_dqkv(q_rot, k_scaled, V, da_cs, da_cs_sum, qk_dot, ssm_states, dout, 
     _contiguous(q_rot=q_rot, k_scaled=k_scaled, V=V, da_cs=da_cs, da_cs_sum=da_cs_sum, qk_dot=qk_dot,
                 ssm_states=ssm_states, dout=dout, D=D)
     dev = q_rot.device
-    res = dict(dq=torch.empty((batch, seqlen, nheads, n), dtype=q_rot.dtype, device=dev),
-               dk=torch.empty((batch, seqlen, nheads, n), dtype=k_scaled.dtype, device=dev),
-               dv=torch.empty((batch, seqlen, nheads, p), dtype=V.dtype, device=dev),
-               dadt=torch.empty_like(da_cs), dqk=torch.empty_like(da_cs),
-               dD=torch.empty((batch, nheads), dtype=torch.float32, device=dev) if D is not None else None)
+    res = dict(dq=alloc((batch, seqlen, nheads, n), q_rot.dtype, dev),
+               dk=alloc((batch, seqlen, nheads, n), k_scaled.dtype, dev),
+               dv=alloc((batch, seqlen, nheads, p), V.dtype, dev),
+               dadt=alloc_like(da_cs), dqk=alloc_like(da_cs),
+               dD=alloc((batch, nheads), torch.float32, dev) if D is not None else None)
     args = dict(Q=q_rot, K=k_scaled, V=V, DA_CS=da_cs, DA_CS_SUM=da_cs_sum, QK_Dot=qk_dot, D=D, SSM_States=ssm_states,
                 dO=dout, d_OSSM_State=None, Cu_Seqlens=None, dQ=res["dq"], dK=res["dk"], dV=res["dv"],
                 dADT=res["dadt"], dQK_Dot=res["dqk"], dD=res["dD"], d_ISSM_State=None,
@@ -139,6 +142,7 @@ DQKV = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------- rotary, bias, angles
+@planned_launcher
 def launch_rotary_bias_angles(Q, K, scale, gamma, Q_bias, K_bias, theta, dq_mid, dk_mid, dqk, *, chunk_size: int,
                               config=None) -> dict:
     """Back through the rotations and the biases. Source: ``mamba3_siso_bwd_kernel_rotary_bias_angles`` (one
@@ -163,13 +167,13 @@ def launch_rotary_bias_angles(Q, K, scale, gamma, Q_bias, K_bias, theta, dq_mid,
     hq = next_pow2(n)
     block = min(hq, 64)
     dev = Q.device
-    res = dict(dq=torch.empty((batch, seqlen, ngroups, n), dtype=dq_mid.dtype, device=dev),
-               dk=torch.empty((batch, seqlen, ngroups, n), dtype=dk_mid.dtype, device=dev),
-               dtheta=torch.empty((batch, seqlen, nheads, s), dtype=theta.dtype, device=dev),
-               dscale=torch.empty((batch, nheads, hq // block, seqlen), dtype=scale.dtype, device=dev),
-               dgamma=torch.empty((batch, nheads, hq // block, seqlen), dtype=gamma.dtype, device=dev),
-               dq_bias=torch.empty((batch, nchunks, nheads, n), dtype=torch.float32, device=dev),
-               dk_bias=torch.empty((batch, nchunks, nheads, n), dtype=torch.float32, device=dev))
+    res = dict(dq=alloc((batch, seqlen, ngroups, n), dq_mid.dtype, dev),
+               dk=alloc((batch, seqlen, ngroups, n), dk_mid.dtype, dev),
+               dtheta=alloc((batch, seqlen, nheads, s), theta.dtype, dev),
+               dscale=alloc((batch, nheads, hq // block, seqlen), scale.dtype, dev),
+               dgamma=alloc((batch, nheads, hq // block, seqlen), gamma.dtype, dev),
+               dq_bias=alloc((batch, nchunks, nheads, n), torch.float32, dev),
+               dk_bias=alloc((batch, nchunks, nheads, n), torch.float32, dev))
     args = dict(Q=Q, K=K, Scale=scale, Gamma=gamma, Q_bias=Q_bias, K_bias=K_bias, Angles=theta, dQ_in=dq_mid,
                 dK_in=dk_mid, dQK=dqk, dQ=res["dq"], dK=res["dk"], dAngles=res["dtheta"], dScale=res["dscale"],
                 dGamma=res["dgamma"], dQ_bias=res["dq_bias"], dK_bias=res["dk_bias"],
@@ -219,6 +223,7 @@ ROTARY_BIAS_ANGLES = KernelSpec(
 
 
 # ------------------------------------------------------------------------------------------------------ ddt, dtrap
+@planned_launcher
 def launch_ddt_dtrap(dscale, dgamma, DT, trap, *, config=None):
     """``(dDT, dTrap)`` [B, H, L] fp32 from the gradients of ``scale`` and ``gamma`` [B, H, L] (``trap`` before the
     sigmoid, fp32). Source: ``mamba3_siso_bwd_kernel_ddt_dtrap_dinput_states`` without input states (one program per
@@ -227,8 +232,8 @@ def launch_ddt_dtrap(dscale, dgamma, DT, trap, *, config=None):
     for name, t in (("dgamma", dgamma), ("DT", DT), ("trap", trap)):
         check_shape(name, t, dscale.shape, "[B, H, L]")
     _contiguous(dscale=dscale, dgamma=dgamma, DT=DT, trap=trap)
-    ddt = torch.empty(DT.shape, dtype=torch.float32, device=DT.device)
-    dtrap = torch.empty(trap.shape, dtype=torch.float32, device=trap.device)
+    ddt = alloc(DT.shape, torch.float32, DT.device)
+    dtrap = alloc(trap.shape, torch.float32, trap.device)
     args = dict(dScale=dscale, dGamma=dgamma, DT=DT, Trap=trap, d_ISSM_State=dscale, Input_K_State=dscale,
                 Input_V_State=dscale, Cu_Seqlens=None, dDT=ddt, dTrap=dtrap, dInput_SSM_State=ddt,
                 dInput_K_State=ddt, dInput_V_State=ddt,

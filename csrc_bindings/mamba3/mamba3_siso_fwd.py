@@ -12,12 +12,14 @@ import torch
 
 from .._spec import KernelSpec
 from .._util import cdiv, check, check_shape, next_pow2, prefixed_strides
-from ._runtime import launch_kernel
+from .._plans import alloc
+from ._runtime import launch_kernel, planned_launcher
 
 MODULE = "mamba_ssm.ops.triton.mamba3.mamba3_siso_fwd"
 _CANDIDATES = tuple(({}, w, s) for s in (1, 2, 3) for w in (2, 4, 8))
 
 
+@planned_launcher
 def launch_mamba3_siso_fwd(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None, *, chunk_size: int,
                            store_for_backward: bool = True, return_final_states: bool = False, config=None) -> dict:
     """The Mamba-3 SISO scan. Source: ``mamba3_siso_fwd_kernel`` (no initial states, not varlen).
@@ -57,22 +59,22 @@ def launch_mamba3_siso_fwd(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=Non
         check(t is None or t.is_contiguous(), f"{name}: expected a contiguous tensor (the kernel's TMA descriptors)")
     dev = Q.device
     nchunks = cdiv(seqlen, chunk_size)
-    out = torch.empty((batch, seqlen, nheads, p), device=dev, dtype=V.dtype)
+    out = alloc((batch, seqlen, nheads, p), V.dtype, dev)
     res = {"out": out}
     if store_for_backward:
-        res.update(ssm_states=torch.zeros((batch, nheads, p, nchunks * n), device=dev, dtype=torch.bfloat16),
-                   da_cs=torch.empty((batch, nheads, seqlen), device=dev, dtype=torch.float32),
-                   da_cs_sum=torch.zeros((batch, nheads, nchunks), device=dev, dtype=torch.float32),
-                   out_v=torch.empty((batch, seqlen, nheads, p), device=dev, dtype=V.dtype))
-    res.update(q_rot=torch.empty((batch, seqlen, nheads, n), device=dev, dtype=Q.dtype),
-               k_scaled=torch.empty((batch, seqlen, nheads, n), device=dev, dtype=K.dtype),
-               qk_dot=torch.empty((batch, nheads, seqlen), device=dev, dtype=torch.float32),
-               scale=torch.empty((batch, nheads, seqlen), device=dev, dtype=torch.float32),
-               gamma=torch.empty((batch, nheads, seqlen), device=dev, dtype=torch.float32))
+        res.update(ssm_states=alloc((batch, nheads, p, nchunks * n), torch.bfloat16, dev, zero=True),
+                   da_cs=alloc((batch, nheads, seqlen), torch.float32, dev),
+                   da_cs_sum=alloc((batch, nheads, nchunks), torch.float32, dev, zero=True),
+                   out_v=alloc((batch, seqlen, nheads, p), V.dtype, dev))
+    res.update(q_rot=alloc((batch, seqlen, nheads, n), Q.dtype, dev),
+               k_scaled=alloc((batch, seqlen, nheads, n), K.dtype, dev),
+               qk_dot=alloc((batch, nheads, seqlen), torch.float32, dev),
+               scale=alloc((batch, nheads, seqlen), torch.float32, dev),
+               gamma=alloc((batch, nheads, seqlen), torch.float32, dev))
     final_ssm = final_k = None
     if return_final_states:
-        final_ssm = torch.empty((batch, nheads, p, n), device=dev, dtype=torch.float32)
-        final_k = torch.empty((batch, nheads, chunk_size, n), device=dev, dtype=torch.float32)
+        final_ssm = alloc((batch, nheads, p, n), torch.float32, dev)
+        final_k = alloc((batch, nheads, chunk_size, n), torch.float32, dev)
     g = res.get
     args = dict(Q=Q, K=K, V=V, ADT=ADT, DT=DT, Trap=Trap, Q_bias=Q_bias, K_bias=K_bias, Angles=Angles, D=D, Z=Z,
                 Initial_SSM_State=None, Initial_K_State=None, Initial_V_State=None, Cu_Seqlens=None, Out=out,

@@ -1,6 +1,7 @@
 """Launch plans (csrc_bindings._plans), on the CPU with the natives faked: a replayed call launches exactly what the
 launcher launches, with this call's tensors and fresh buffers; calls that cannot be accounted for are never
 planned. (The GPU test tests/gpu/csrc_bindings/test_plans.py compares the bits of both paths.)"""
+import contextlib
 import json
 import pathlib
 
@@ -375,3 +376,106 @@ def test_a_block_opened_during_a_call_keeps_its_plan_out():
         blocks.pop().__exit__(None, None, None)  # never leave the process with plans off
     assert launch_identity(x) is x
     assert _plans.stats()["launch_identity"] == (1, 0)
+
+
+@pytest.fixture
+def fake_mamba3(fake_log, monkeypatch):
+    """The Mamba-3 launchers on the faked natives: their specs get fake JIT functions, upstream's modules count as
+    imported, and Triton's allocator is a stand-in whose block each launch records (``log[i]["allocator"]``)."""
+    from csrc_bindings import _native
+    from csrc_bindings.mamba3 import MAMBA3_SPECS, _runtime
+    from tests.csrc_bindings.launch_record import _Jit
+    inside = []
+
+    class _Recorded(_Jit):
+        def __getitem__(self, grid):
+            run = super().__getitem__(grid)
+
+            def launch(*args, **kw):
+                run(*args, **kw)
+                self.log[-1]["allocator"] = bool(inside)
+            return launch
+
+    tri = _native._state["triton"]
+    for spec in MAMBA3_SPECS:
+        monkeypatch.setitem(tri.jit, spec.name, _Recorded(spec.name, fake_log))
+
+    @contextlib.contextmanager
+    def allocator():
+        inside.append(1)
+        try:
+            yield
+        finally:
+            inside.pop()
+    monkeypatch.setattr(_runtime, "allocator", allocator)
+    monkeypatch.setattr(_runtime, "_imported", True)
+    return fake_log
+
+
+def _dqkv_inputs(batch=2, seqlen=40, nheads=2, n=8, p=4, chunk=16):
+    nchunks = -(-seqlen // chunk)
+    bf, f32 = torch.bfloat16, torch.float32
+    return (torch.randn(batch, seqlen, nheads, n).to(bf), torch.randn(batch, seqlen, nheads, n).to(bf),
+            torch.randn(batch, seqlen, nheads, p).to(bf), torch.randn(batch, nheads, seqlen),
+            torch.randn(batch, nheads, nchunks), torch.randn(batch, nheads, seqlen),
+            torch.randn(batch, nheads, p, nchunks * n).to(bf), torch.randn(batch, seqlen, nheads, p).to(bf),
+            torch.randn(nheads, dtype=f32))
+
+
+def test_a_mamba3_launcher_replays_its_launch_with_a_dict_result_under_the_allocator(fake_mamba3):
+    """``launch_dqkv`` (a dict result, one launch): the second call of a signature replays the plan, launching the
+    same kernel with this call's tensors and fresh buffers, inside Triton's allocator block as the launcher's own
+    launch; the dict comes back with the same keys, None kept."""
+    from csrc_bindings.mamba3 import launch_dqkv
+    torch.manual_seed(0)
+    first_in, second_in = _dqkv_inputs(), _dqkv_inputs()
+    r1 = launch_dqkv(*first_in, chunk_size=16)
+    assert _plans.stats()["launch_dqkv"] == (1, 0)
+    recordings = []
+    real_init = _plans._Recording.__init__
+    _plans._Recording.__init__ = lambda self: recordings.append(1) or real_init(self)
+    try:
+        r2 = launch_dqkv(*second_in, chunk_size=16)
+    finally:
+        _plans._Recording.__init__ = real_init
+    assert recordings == []  # replayed, not recorded again
+    first, second = fake_mamba3
+    assert first["kernel"] == second["kernel"] == "mamba3_siso_bwd_dqkv"
+    assert first["allocator"] is True and second["allocator"] is True
+    assert (first["grid"], first["num_warps"], first["num_stages"]) == (
+        second["grid"], second["num_warps"], second["num_stages"])
+    assert [x for x in first["args"] if not isinstance(x, torch.Tensor)] == [
+        x for x in second["args"] if not isinstance(x, torch.Tensor)]
+    assert list(r1) == list(r2) == ["dq", "dk", "dv", "dadt", "dqk", "dD"]
+    t1, t2 = _tensor_args(first), _tensor_args(second)
+    q, k, v, da_cs, da_cs_sum, qk, ssm, dout, D = second_in
+    assert all(a is b for a, b in zip(t2[:9], (q, k, v, da_cs, da_cs_sum, qk, D, ssm, dout)))  # this call's
+    def where(ts, r):  # the positions of the results among the launch's tensors
+        return [[i for i, t in enumerate(ts) if t is r[k]] for k in r]
+    assert where(t2, r2) == where(t1, r1) and all(len(w) == 1 for w in where(t1, r1))
+    for k in r1:
+        assert r2[k] is not r1[k] and r2[k].data_ptr() != r1[k].data_ptr()
+        assert (r2[k].shape, r2[k].stride(), r2[k].dtype) == (r1[k].shape, r1[k].stride(), r1[k].dtype)
+    r3 = launch_dqkv(*_dqkv_inputs()[:8], chunk_size=16)  # no D: another signature, None in the result
+    assert r3["dD"] is None and _plans.stats()["launch_dqkv"] == (2, 0)
+
+
+def test_the_mamba3_forward_with_final_states_is_never_planned(fake_mamba3):
+    """With ``return_final_states`` the forward returns views (the last chunk's K, the last position's V): such a
+    call keeps no plan and is launched by the launcher every time; training calls are planned."""
+    from csrc_bindings.mamba3 import launch_mamba3_siso_fwd
+    torch.manual_seed(0)
+    B, L, H, G, N, P, S, bf = 2, 40, 2, 1, 8, 4, 2, torch.bfloat16
+    args = (torch.randn(B, L, G, N).to(bf), torch.randn(B, L, G, N).to(bf), torch.randn(B, L, H, P).to(bf),
+            torch.randn(B, H, L), torch.randn(B, H, L), torch.randn(B, H, L).to(bf), torch.randn(H, N),
+            torch.randn(H, N), torch.randn(B, L, H, S).to(bf), torch.randn(H), torch.randn(B, L, H, P).to(bf))
+    for _ in range(2):
+        res = launch_mamba3_siso_fwd(*args, chunk_size=16, return_final_states=True)
+        assert res["final_v"].data_ptr() == args[2][:, -1].data_ptr()
+    assert _plans.stats()["launch_mamba3_siso_fwd"] == (0, 1)
+    for _ in range(2):
+        res = launch_mamba3_siso_fwd(*args, chunk_size=16)
+    assert _plans.stats()["launch_mamba3_siso_fwd"] == (1, 1)
+    assert [e["allocator"] for e in fake_mamba3] == [True] * 4
+    zeroed = [t for t in _tensor_args(fake_mamba3[-1]) if t is res["ssm_states"] or t is res["da_cs_sum"]]
+    assert len(zeroed) == 2 and all(torch.equal(t, torch.zeros_like(t)) for t in zeroed)

@@ -82,7 +82,7 @@ def _timed_functions() -> Dict[str, Callable]:
         found[f"composition {name}"] = getattr(mamba3_siso, name)
     for name in ("ordered_mamba3_siso_combined", "ordered_dt_softplus"):
         found[f"op {name}"] = getattr(mamba3_siso, name)
-    found["launch path mamba3 launch_kernel (config, allocator)"] = mamba3_runtime.launch_kernel
+    found["launch path mamba3 launch_kernel (config)"] = mamba3_runtime.launch_kernel
     found["launch path _native.launch"] = _native.launch
     found["launch path _plans.replay (a launcher's plan)"] = _plans.replay
     found["launch path launch_fitting (Triton run)"] = _resources.launch_fitting

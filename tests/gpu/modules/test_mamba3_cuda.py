@@ -221,3 +221,27 @@ def test_allocator_kept_and_native_mamba3_runs_after_ours():
     v = torch.randn(2, 64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     native(v).sum().backward()
     assert bool(torch.isfinite(v.grad.float()).all())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_launch_plans_give_the_launchers_bits_with_fresh_buffers_nan(cfg, nan_fresh_buffers):
+    """Steps whose Mamba-3 launchers replay their plans (``csrc_bindings._plans``, under Triton's allocator) give
+    the bits of a step whose launchers run their own Python, with every fresh buffer full of NaN (a buffer a replay
+    leaves partly unwritten, or a zeroing it misses, would show)."""
+    from csrc_bindings import _plans
+    layer = _layer(cfg, torch.bfloat16)
+    torch.manual_seed(1)
+    u = torch.randn(2, 160, cfg["d_model"], device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn_like(u)
+    with _plans.disabled():
+        want = _step(layer, u, dout)
+    _plans.clear()
+    steps = [_step(layer, u, dout) for _ in range(3)]
+    kept = _plans.stats()
+    assert all(kept.get(name, (0, 0))[0] >= 1 for name in (
+        "launch_angle_dt_fwd", "launch_mamba3_siso_fwd", "launch_dqkv", "launch_rotary_bias_angles",
+        "launch_ddt_dtrap", "launch_angle_dt_bwd")), kept
+    assert all(bool(torch.isfinite(g.float()).all()) for g in want.values())
+    for got in steps:
+        for name, g in want.items():
+            assert bits_equal(g, got[name]), name
