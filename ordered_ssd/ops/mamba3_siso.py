@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks
-from ..fold import fold_dims, fold_example_sums, lexical_fold
+from ..fold import fold_example_sums, fold_many
 from .common import require_cuda
 
 __all__ = ["ordered_mamba3_siso_fwd", "ordered_mamba3_siso_bwd", "ordered_mamba3_siso_combined",
@@ -91,20 +91,21 @@ def _bwd_partials(dout, Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, saved: 
                       saved["ssm_states"], do, D, chunk_size=chunk_size)
     r = b.launch_rotary_bias_angles(Q, K, saved["scale"], saved["gamma"], Q_bias, K_bias, saved["theta"], g["dq"],
                                     g["dk"], g["dqk"], chunk_size=chunk_size)
-    dscale = fold_dims(r["dscale"], 2, dtype=torch.float32)
-    dgamma = fold_dims(r["dgamma"], 2, dtype=torch.float32)
-    ddt, dtrap = b.launch_ddt_dtrap(dscale.contiguous(), dgamma.contiguous(), DT, Trap.float().contiguous())
+    dscale, dgamma = fold_many([(r["dscale"], 2, torch.float32), (r["dgamma"], 2, torch.float32)])
+    ddt, dtrap = b.launch_ddt_dtrap(dscale, dgamma, DT, Trap.float().contiguous())
     dangles, ddt_angle = b.launch_angle_dt_bwd(r["dtheta"], Angles, DT, chunk_size)
     return dict(dQ=r["dq"], dK=r["dk"], dV=g["dv"], dADT=g["dadt"], dDT=ddt + ddt_angle, dTrap=dtrap,
                 dAngles=dangles, dZ=dZ, dD=g["dD"], dQ_bias=r["dq_bias"], dK_bias=r["dk_bias"])
 
 
 def _fold_partials(p: dict, Q_bias, K_bias, D) -> dict:
-    """The ordered sums across examples and chunks (the module docstring's list)."""
+    """The ordered sums across examples and chunks (the module docstring's list), in one launch on CUDA
+    (:func:`~ordered_ssd.fold.fold_many`: each result has the bits of its own
+    :func:`~ordered_ssd.fold.fold_dims`)."""
     out = dict(p)
-    out["dD"] = lexical_fold(p["dD"], dtype=D.dtype) if D is not None else None
-    out["dQ_bias"] = fold_dims(p["dQ_bias"], (0, 1), dtype=Q_bias.dtype)
-    out["dK_bias"] = fold_dims(p["dK_bias"], (0, 1), dtype=K_bias.dtype)
+    out["dD"], out["dQ_bias"], out["dK_bias"] = fold_many([
+        (p["dD"], 0, D.dtype) if D is not None else None,
+        (p["dQ_bias"], (0, 1), Q_bias.dtype), (p["dK_bias"], (0, 1), K_bias.dtype)])
     return out
 
 
