@@ -217,14 +217,14 @@ GEMM_FOLD_TIMED_RULE = "gemm-timed-v2"
 #: A TMA load zero-fills what lies past the tensor (positions past ``L``, rows past ``M`` or ``N``) as the other
 #: kernels' masked loads do, and a segment's K blocks never reach past its end but at ``L``.
 #:
-#: Why these (docs/performance.md, "Projection-fold variants"): over those 17 projections the static chain was
+#: Why these (docs/performance.md at fd1275b, "Projection-fold variants"): over those 17 projections the chain was
 #: the fastest or within 3 % of it on 11; ``"nest"`` at 128 x 128 on the out_proj-like ones (S5, G4, G2 out_proj,
 #: S1 in_proj); the chain at 64 x 64 where the output has few tiles (G1's in_proj, 18 tiles at 128 x 128: 0.19 ms
 #: against 0.28); ``"partials"`` where all partials fit one workspace (G1's out_proj: 0.11 against 0.27).
 #: ``"nest"`` at 128 x 128 with 4 warps was the fastest at G11's in_proj (3.08 ms against 4.68 for the chain;
 #: H200, 2026-12-01). The nest kernel with ``tl.range(flatten=True)`` on its segment loop is not listed: Triton 3.6
 #: compiles that loop nest unchanged (the same TTGIR but for the attribute), so it is ``"nest"`` under another
-#: name. The TMA kernels (2026-12-01, 20 projections, docs/performance.md "TMA projection folds"):
+#: name. The TMA kernels (2026-12-01, 20 projections, docs/performance.md at fd1275b, "TMA projection folds"):
 #: persistent at 128 x 256 was the fastest of all at the long-example in_proj (G12's 1.74 ms against the chain's
 #: 2.02 and cuBLAS's 1.60; G6's 0.67 against 0.88), one tile per program at 128 x 128 with 4 warps, 64 x 128 and
 #: 64 x 64 at most out_proj-like ones and G1's in_proj.
