@@ -17,7 +17,7 @@ import ordered_ssd
 
 from ..errors import EXIT_OK
 from .args import shape_settings
-from .requirements import DET_ENV
+from .requirements import AUTOTUNE_CACHE_ENV, DET_ENV
 from .runner import device_is_cuda, resolve_device
 from .shapes import Shape
 from .timing import bench_shape, count_launches, shape_result
@@ -34,7 +34,7 @@ def child_env(kind: str) -> dict:
     for k in DET_ENV:
         env.pop(k, None)
     # no autotuning choice read from or written to disk: every process times its own candidates
-    env.pop("TRITON_CACHE_AUTOTUNING", None)
+    env.pop(AUTOTUNE_CACHE_ENV, None)
     if kind == "upstream-det":
         env.update({k: "1" for k in DET_ENV})
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -145,7 +145,7 @@ def child_main(spec_json: str) -> int:
         torch.cuda.set_device(device)
     mode = spec["mode"]
     modes = list(dict.fromkeys([mode, *spec.get("extra_modes", ())]))  # each mode once
-    env = {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING",)}
+    env = {k: os.environ.get(k) for k in DET_ENV + (AUTOTUNE_CACHE_ENV,)}
     meta = {"kind": spec["kind"], "mode": mode, "pid": os.getpid(), "env": env, "deterministic_mode": None}
     if mode == "native" and device.type == "cuda":
         meta["deterministic_mode"] = deterministic_mode_here()

@@ -153,15 +153,13 @@ def precompile_tasks(shapes: Sequence[Shape], modes: Sequence[str], jobs: int = 
 def worker_command(task: dict, device: str, seed: int, result_path: str) -> Tuple[List[str], dict]:
     """``(argv, env)`` of the worker process of one task: this interpreter running ``python -m
     ordered_ssd.apps.bench --_precompile-spec JSON``; the environment of :func:`children.child_env` for the
-    task's kind (the deterministic switches only for ``upstream-det``) without ``TRITON_CACHE_AUTOTUNING``. The
+    task's kind (the deterministic switches only for ``upstream-det``; never ``TRITON_CACHE_AUTOTUNING``). The
     worker writes its result as JSON to ``result_path``."""
     spec = {"name": task["name"], "kind": task["kind"], "modes": task["modes"], "device": device, "seed": seed,
             "steps": PRECOMPILE_STEPS, "shapes": [asdict(s) for s in task["shapes"]], "result_path": result_path,
             "slice": task.get("slice")}
     cmd = [sys.executable, "-m", "ordered_ssd.apps.bench", SPEC_FLAG, json.dumps(spec)]
-    env = child_env("upstream-det" if task["kind"] == "upstream-det" else "native")
-    env.pop("TRITON_CACHE_AUTOTUNING", None)
-    return cmd, env
+    return cmd, child_env("upstream-det" if task["kind"] == "upstream-det" else "native")
 
 
 def _task_summary(task: dict) -> dict:

@@ -10,6 +10,9 @@ from csrc_bindings import INSTALL_HINT as INSTALL  # importing csrc_bindings imp
 from ..errors import AppError
 
 DET_ENV = ("MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC")
+#: Triton's switch that keeps autotuning choices on disk: removed from the environment of every child process of
+#: the bench and of the check's precompile workers, so that each process times its own candidates
+AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 
 
 class BenchError(AppError):

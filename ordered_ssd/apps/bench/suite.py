@@ -21,7 +21,7 @@ from .breakdown import profile_breakdown, write_breakdown
 from .children import ROOT, run_child
 from .precompile import DEFAULT_JOBS_CUDA, run_precompile
 from .report import format_table, merge_results, write_results
-from .requirements import DET_ENV, BenchError, missing_requirements
+from .requirements import AUTOTUNE_CACHE_ENV, DET_ENV, BenchError, missing_requirements
 from .results import load_runs, merge_run, render
 from .runner import error_text, free_memory, resolve_device
 from .shapes import IN_PROCESS_MODES, LAYER_MODES, Shape, named_or_parsed_shape, torch_dtype
@@ -90,7 +90,7 @@ def _meta(device: torch.device, settings: dict, argv: Sequence[str], prog: str, 
             "precision": (PRECISION[layer] if device.type == "cuda"
                           else "fp32 parameters and inputs (CPU reference path)"),
             "timer": "torch.cuda.Event per step" if device.type == "cuda" else "time.perf_counter per step",
-            "parent_env": {k: os.environ.get(k) for k in DET_ENV + ("TRITON_CACHE_AUTOTUNING", "TRITON_CACHE_DIR")},
+            "parent_env": {k: os.environ.get(k) for k in DET_ENV + (AUTOTUNE_CACHE_ENV, "TRITON_CACHE_DIR")},
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     if device.type == "cuda":
         idx = device.index if device.index is not None else torch.cuda.current_device()

@@ -12,11 +12,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Tuple
 
+from ..bench.requirements import AUTOTUNE_CACHE_ENV
 from .errors import CheckError, plural, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
-#: Triton's switch that keeps autotuning choices on disk: removed from the precompile workers' environment
-AUTOTUNE_CACHE_ENV = "TRITON_CACHE_AUTOTUNING"
 #: an uncaught exception's last line, in a rank's output ``[rankN]: XError: ...`` (torch prefixes the ranks' lines)
 _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_.]*(Error|Exception|Interrupt)\b.*")
 #: an uncaught exception's last line (``IsADirectoryError: [Errno 21] ...``), or argparse's ``prog: error: ...``
