@@ -11,12 +11,14 @@ forward, backward, clip and AdamW, as :func:`benchmarks.check_overhead._plain`. 
 ``--first-steps`` steps (the first compiles every kernel, and times every candidate of the kernels that rule
 ``native-autotune-v1`` covers: ``csrc_bindings._configs``), the mean ms of ``--steps`` more, and the kernels that
 Triton compiled into ``TRITON_CACHE_DIR`` (each ``<kernel>.json`` of its cache, counted by name: start from an empty
-folder to count them all; none where Triton does not run).
+folder to count them all; none where Triton does not run). ``TRITON_CACHE_AUTOTUNING`` is removed from this
+process's environment first, so that no choice is read from disk instead of timed. Only the single-process model
+flags matter (``--nproc``, ``--split-invariance`` and the like are accepted and ignored).
 
-``--static`` sets ``csrc_bindings._configs.NATIVE_TIMING`` to False for this process: every key launches its static
-choice (the pinned table, the speed table or its rules) instead of timing upstream's candidates. The bits are the
-same by the proof of those kernels' bit-neutral parameters; the speed may differ. A measurement switch, never set by
-the library or the check.
+``--static`` sets ``csrc_bindings._configs.NATIVE_TIMING`` to False for this process: every key of the ordered
+layers launches its static choice (the pinned table, the speed table or its rules) instead of timing upstream's
+candidates. The bits are the same by the proof of those kernels' bit-neutral parameters; the speed may differ. A
+measurement switch, never set by the library or the check.
 """
 import argparse
 import collections
@@ -44,12 +46,13 @@ def compiled_kernels(cache_dir) -> dict:
             if not os.path.isdir(folder):
                 continue
             for f in os.listdir(folder):
-                if f.endswith(".json") and not f.startswith("__grp__"):
+                if f.endswith(".json") and not f.startswith("__grp__") and not f.endswith(".autotune.json"):
                     names[f[:-len(".json")]] += 1
     return dict(names.most_common())
 
 
 def main(argv=None) -> int:
+    from ordered_ssd.apps.bench.requirements import AUTOTUNE_CACHE_ENV
     from ordered_ssd.apps.check.spec import spec_from_args
     from ordered_ssd.apps.check.train import build_model
     from ordered_ssd.apps.cli import build_parser
@@ -62,6 +65,7 @@ def main(argv=None) -> int:
     a, rest = p.parse_known_args(argv)
     if a.first_steps < 1:
         p.error(f"--first-steps: expected an integer >= 1, got {a.first_steps}")
+    os.environ.pop(AUTOTUNE_CACHE_ENV, None)
     if a.static:
         import csrc_bindings._configs as configs
         configs.NATIVE_TIMING = False

@@ -78,8 +78,9 @@ def _cfg(cand) -> dict:
 @contextlib.contextmanager
 def launches(kernel: str, config=None, sink=None):
     """Within the block: ``kernel`` launches at ``config`` (a dict; None: pinned), and each of its launches appends
-    ``(spec, grid, args, ref, key)`` to ``sink`` (a list) after it ran."""
-    from csrc_bindings import _configs, _native
+    ``(spec, grid, args, ref, key)`` to ``sink`` (a list) after it ran. Launch plans are off in the block (a replay
+    would launch the configuration of its first call without passing through either hook)."""
+    from csrc_bindings import _configs, _native, _plans
     from csrc_bindings._spec import key_of
 
     orig_cfg, orig_launch = _configs.launch_config, _native.launch
@@ -95,7 +96,8 @@ def launches(kernel: str, config=None, sink=None):
             sink.append((spec, grid, args, ref, key_of(spec, args)))
     _configs.launch_config, _native.launch = launch_config, launch
     try:
-        yield
+        with _plans.disabled():
+            yield
     finally:
         _configs.launch_config, _native.launch = orig_cfg, orig_launch
 
@@ -136,7 +138,7 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     from csrc_bindings._configs import dtype_name
     from csrc_bindings._spec import key_of
     from csrc_bindings import _plans
-    from csrc_bindings.mamba3 import _runtime, angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
+    from csrc_bindings.mamba3 import angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
     from ordered_ssd.apps.check.spec import rope_angles
     from ordered_ssd.ops import mamba3_siso as ops
 
@@ -149,12 +151,9 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
         seen.append((spec.name, key_of(spec, args), dtype_name(ref.dtype)))
     mods = (angle_dt, mamba3_siso_fwd, mamba3_siso_bwd)
     saved = [m.launch_kernel for m in mods]
-    saved_runtime = (_runtime.allocator, _runtime._imported)
     for m in mods:
         m.launch_kernel = record
-    # no launch plan may be kept from a recorded call (its launches never reach _native.launch), and on the CPU
-    # neither upstream's modules nor Triton's allocator are there: the launchers' wrapper gets neither
-    _runtime.allocator, _runtime._imported = contextlib.nullcontext, True
+    # no launch plan may be kept from a recorded call (its launches never reach _native.launch)
     try:
         with _plans.disabled():
             def t(*shape, dtype=torch.bfloat16):
@@ -171,7 +170,6 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     finally:
         for m, f in zip(mods, saved):
             m.launch_kernel = f
-        _runtime.allocator, _runtime._imported = saved_runtime
     return seen
 
 

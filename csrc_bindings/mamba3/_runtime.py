@@ -90,26 +90,30 @@ def allocator():
 
 
 def launch_kernel(spec, grid, args: dict, ref: torch.Tensor, config=None) -> None:
-    """One launch of a Mamba-3 kernel at the pinned (or given) configuration
-    (:func:`csrc_bindings._configs.launch_config`) through :func:`csrc_bindings._native.launch`. Called by the
-    launchers, inside :func:`planned_launcher`'s block (upstream's modules imported, :func:`allocator` set)."""
+    """One launch of a Mamba-3 kernel: upstream's modules imported (:func:`import_kernels`; called by the launchers
+    after their checks, so bad input is refused first), the pinned (or given) configuration
+    (:func:`csrc_bindings._configs.launch_config`), :func:`csrc_bindings._native.launch` under :func:`allocator`."""
     from .._configs import launch_config
     from .._native import launch
 
-    launch(spec, grid, args, launch_config(spec, args, ref, config), ref)
+    import_kernels()
+    cfg = launch_config(spec, args, ref, config)
+    with allocator():
+        launch(spec, grid, args, cfg, ref)
 
 
 def planned_launcher(fn):
-    """Decorate a Mamba-3 launcher: :func:`import_kernels` once, then the call under :func:`allocator`, through a
-    launch plan (:func:`csrc_bindings._plans.planned`: a call whose signature was seen before replays the launches
-    the launcher made, without its Python). The replay launches inside the same allocator block, so the kernels'
-    TMA descriptors are built as in the launcher's own launches."""
+    """Decorate a Mamba-3 launcher with a launch plan (:func:`csrc_bindings._plans.planned`: a call whose signature
+    was seen before replays the launches the launcher made, without its Python), run under :func:`allocator` once
+    upstream's modules are imported: a replay's launches build their TMA descriptors as the launcher's own do (a
+    plan exists only after a launcher call that imported them). Before that, the call runs as it is: the
+    launcher's checks, then :func:`launch_kernel` imports and sets the allocator."""
     inner = _plans.planned(fn)
 
     @functools.wraps(fn)
     def launcher(*args, **kwargs):
         if not _imported:
-            import_kernels()
+            return inner(*args, **kwargs)
         with allocator():
             return inner(*args, **kwargs)
     return launcher

@@ -479,3 +479,13 @@ def test_the_mamba3_forward_with_final_states_is_never_planned(fake_mamba3):
     assert [e["allocator"] for e in fake_mamba3] == [True] * 4
     zeroed = [t for t in _tensor_args(fake_mamba3[-1]) if t is res["ssm_states"] or t is res["da_cs_sum"]]
     assert len(zeroed) == 2 and all(torch.equal(t, torch.zeros_like(t)) for t in zeroed)
+
+
+def test_a_mamba3_launcher_refuses_bad_input_before_importing_upstream(monkeypatch):
+    """Before upstream's Mamba-3 modules are imported (here they cannot be), a launcher's own checks run first: bad
+    shapes raise the ValueError its docstring lists, not the ImportError of a missing mamba-ssm."""
+    from csrc_bindings.mamba3 import _runtime, launch_dqkv
+    monkeypatch.setattr(_runtime, "_imported", False)
+    q, k, v, da_cs, da_cs_sum, qk, ssm, dout, D = _dqkv_inputs()
+    with pytest.raises(ValueError, match="k_scaled"):
+        launch_dqkv(q, k[:, :-1], v, da_cs, da_cs_sum, qk, ssm, dout, D, chunk_size=16)

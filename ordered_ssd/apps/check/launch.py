@@ -12,7 +12,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Tuple
 
-from ..bench.requirements import AUTOTUNE_CACHE_ENV
 from .errors import CheckError, plural, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
@@ -234,6 +233,8 @@ class Launcher:
         """One precompile worker; None, or why it failed (one line). Its environment lacks
         ``TRITON_CACHE_AUTOTUNING``: the choices of its restricted, untimed autotuners are never written for the
         control's runs to read."""
+        from ..bench.requirements import AUTOTUNE_CACHE_ENV  # here: the check imports no bench module otherwise
+
         name = f"precompile-{index}"
         if self._stopping.is_set():
             return f"{name}: not started (the check was stopping)"
