@@ -17,8 +17,9 @@ Two pieces of Triton state, kept local:
   of mamba-ssm 2.3.2.post1); :func:`import_kernels` imports the three modules once and puts back the allocator that
   was there before;
 * the kernels build TMA descriptors on the device, which need Triton's allocator at launch: :func:`allocator` sets
-  a torch-backed one only around each launcher call (Triton keeps it in a ``ContextVar``; the previous value comes
-  back after the call).
+  a torch-backed one only around launches (around each launch, and, once upstream's modules are imported, around
+  each whole launcher call, so that a launch plan's replay is inside it; Triton keeps it in a ``ContextVar``, and
+  the previous value comes back after the block).
 
 Each launcher is a launch plan (:func:`._runtime.planned_launcher`, :mod:`csrc_bindings._plans`): a call whose
 signature was seen before replays the launches without the launcher's Python, inside the same allocator block.
