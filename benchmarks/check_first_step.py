@@ -7,7 +7,7 @@ Usage::
         [--first-steps 4] [--steps 40] [--json PATH] [check flags...]
 
 The model, data and optimizer are the check's (its device defaults unless flags say otherwise); each step is
-forward, backward, clip and AdamW, as :func:`benchmarks.check_overhead._plain`. Reported: the seconds of each of
+``check_overhead.plain_step``: forward, backward, clip and AdamW. Reported: the seconds of each of
 ``--first-steps`` steps (the first compiles every kernel, and times every candidate of the kernels that rule
 ``native-autotune-v1`` covers: ``csrc_bindings._configs``), the mean ms of ``--steps`` more, and the kernels that
 Triton compiled into ``TRITON_CACHE_DIR`` (each ``<kernel>.json`` of its cache, counted by name: start from an empty
@@ -35,6 +35,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from _torchrun import sync  # noqa: E402
+from check_overhead import check_setup, plain_step  # noqa: E402
 
 
 def compiled_kernels(cache_dir) -> dict:
@@ -53,10 +54,7 @@ def compiled_kernels(cache_dir) -> dict:
 
 def main(argv=None) -> int:
     from ordered_ssd.apps.bench.requirements import AUTOTUNE_CACHE_ENV
-    from ordered_ssd.apps.check.spec import spec_from_args
     from ordered_ssd.apps.check.train import build_model
-    from ordered_ssd.apps.cli import build_parser
-    from ordered_ssd.apps.lm import ByteData, lm_loss, load_corpus
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--static", action="store_true", help="launch the static configurations (no timing)")
@@ -69,18 +67,11 @@ def main(argv=None) -> int:
     if a.static:
         import csrc_bindings._configs as configs
         configs.NATIVE_TIMING = False
-    spec = spec_from_args(build_parser().parse_args(["check", *rest]))
-    device = torch.device(spec["device"])
-    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"], cut=cut)
+    spec, device, data = check_setup(rest)
     model, optimizer = build_model(spec, device)
 
     def step(i):
-        optimizer.zero_grad(set_to_none=True)
-        x, y = data.batch(spec["seed"], i, spec["batch"])
-        lm_loss(model(x.to(device)), y.to(device)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
-        optimizer.step()
+        plain_step(spec, data, device, model, optimizer, i)
 
     first = []
     for i in range(a.first_steps):

@@ -98,20 +98,40 @@ def _without(part):
         train.OutputDigests, train.StepDigests, digests.StepDigests.submit = saved
 
 
+def check_setup(check_argv):
+    """``(spec, device, data)`` of the check's flags ``check_argv``: its spec (with ``data_sha256``), device and
+    :class:`~ordered_ssd.apps.lm.ByteData`."""
+    from ordered_ssd.apps.check.spec import spec_from_args
+    from ordered_ssd.apps.cli import build_parser
+    from ordered_ssd.apps.lm import ByteData, load_corpus
+
+    spec = spec_from_args(build_parser().parse_args(["check", *check_argv]))
+    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
+    data = ByteData(corpus, spec["seq_len"], cut=cut)
+    spec["data_sha256"] = data.sha256
+    return spec, torch.device(spec["device"]), data
+
+
+def plain_step(spec, data, device, model, optimizer, step):
+    """One step of plain training, nothing checked: forward, backward, clip, AdamW on step ``step``'s batch."""
+    from ordered_ssd.apps.lm import lm_loss
+
+    optimizer.zero_grad(set_to_none=True)
+    x, y = data.batch(spec["seed"], step, spec["batch"])
+    lm_loss(model(x.to(device)), y.to(device)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
+    optimizer.step()
+
+
 def _plain(spec, data, device, steps):
     """Seconds for ``steps`` steps of the same training, nothing checked."""
     from ordered_ssd.apps.check.train import build_model
-    from ordered_ssd.apps.lm import lm_loss
 
     model, optimizer = build_model(spec, device)
     sync(device)
     t0 = time.perf_counter()
     for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        x, y = data.batch(spec["seed"], step, spec["batch"])
-        lm_loss(model(x.to(device)), y.to(device)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
-        optimizer.step()
+        plain_step(spec, data, device, model, optimizer, step)
     sync(device)
     return time.perf_counter() - t0
 
@@ -128,22 +148,14 @@ def _checked(spec, device, steps, out):
 
 
 def main(argv=None) -> int:
-    from ordered_ssd.apps.check.spec import spec_from_args
     from ordered_ssd.apps.check.train import build_model
-    from ordered_ssd.apps.cli import build_parser
-    from ordered_ssd.apps.lm import ByteData, load_corpus
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--parts", action="store_true", help="also time the loop with one part left out (PARTS)")
     a, rest = p.parse_known_args(argv)
-    args = build_parser().parse_args(["check", *rest])
-    spec = spec_from_args(args)
-    device = torch.device(spec["device"])
-    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
-    data = ByteData(corpus, spec["seq_len"], cut=cut)
-    spec["data_sha256"] = data.sha256
+    spec, device, data = check_setup(rest)
     steps = spec["steps"]
     parts = list(PARTS) if a.parts else []
     times = {"plain": [], "check": [], **{part: [] for part in parts}}
