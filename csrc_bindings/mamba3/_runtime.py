@@ -1,7 +1,7 @@
 """What the Mamba-3 launchers need of Triton's runtime, kept local: :func:`import_kernels` (upstream's modules
-imported once, the allocator their import sets put back), :func:`allocator` (one set around each launcher call) and
-:func:`planned_launcher` (the launchers' decorator: both, around a launch plan). See :mod:`csrc_bindings.mamba3`.
-Imports nothing native."""
+imported once, the allocator their import sets put back), :func:`allocator` (one set around each launch, and
+around a whole launcher call once those modules are imported) and :func:`planned_launcher` (the launchers'
+decorator: a launch plan under that allocator). See :mod:`csrc_bindings.mamba3`. Imports nothing native."""
 from __future__ import annotations
 
 import contextlib
