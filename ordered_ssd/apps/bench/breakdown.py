@@ -14,7 +14,7 @@ from .shapes import Shape
 
 def kernel_category(name: str) -> str:
     """The group of a GPU kernel name, for the breakdown: ``fold (ordered-ssd)``, ``SSD (mamba-ssm Triton)``,
-    ``gated RMSNorm / SwiGLU (Triton)``, ``causal-conv1d``, ``GEMM (cuBLAS)``, ``memcpy/memset``,
+    ``Mamba-3 (mamba-ssm Triton)``, ``gated RMSNorm / SwiGLU (Triton)``, ``causal-conv1d``, ``GEMM (cuBLAS)``, ``memcpy/memset``,
     ``torch elementwise/reduce`` or ``other``."""
     n = name.strip()
     if n.startswith("void "):
@@ -26,6 +26,8 @@ def kernel_category(name: str) -> str:
         return "fold (ordered-ssd)"
     if n.startswith(("_chunk_", "_bmm_chunk", "_state_passing")):
         return "SSD (mamba-ssm Triton)"
+    if n.startswith(("mamba3_siso_", "angle_dt_")):  # mamba_ssm/ops/triton/mamba3/ (csrc_bindings.mamba3)
+        return "Mamba-3 (mamba-ssm Triton)"
     if n.startswith(("_layer_norm", "_swiglu")):
         return "gated RMSNorm / SwiGLU (Triton)"
     if "causal_conv1d" in low:

@@ -12,6 +12,8 @@ def test_kernel_categories_and_breakdown_table():
         assert cat(own) == "fold (ordered-ssd)", own  # not GEMM (cuBLAS) or other
     assert cat("_chunk_scan_fwd_kernel") == cat("_bmm_chunk_bwd_kernel") == "SSD (mamba-ssm Triton)"
     assert cat("_state_passing_bwd_kernel") == "SSD (mamba-ssm Triton)"
+    for m3 in ("mamba3_siso_fwd_kernel", "mamba3_siso_bwd_kernel_dqkv", "angle_dt_bwd_kernel"):
+        assert cat(m3) == "Mamba-3 (mamba-ssm Triton)", m3
     assert cat("_layer_norm_bwd_kernel") == "gated RMSNorm / SwiGLU (Triton)"
     conv = "void causal_conv1d_fwd_kernel<Causal_conv1d_fwd_kernel_traits<128, 4, true, c10::BFloat16>>(ConvParamsBase)"
     assert cat(conv) == "causal-conv1d"
