@@ -54,8 +54,8 @@ Its shapes are M1-M6 (:data:`.shapes.MAMBA3_SHAPES`, bf16; ``--shape`` takes any
 the row's dtype and run without autocast (``OrderedMamba3`` takes inputs of its weights' dtype only). mamba-ssm
 has no deterministic mode for Mamba-3, so there is no ``upstream-det`` mode, and the targets are time and memory.
 Every result row records its layer (``"layer"``; rows without one are Mamba-2's); the table and ``--render`` keep
-the layers apart, one table each. The Mamba-2-only options (``--grid``, ``--breakdown``, ``--no-native-child``)
-and ``upstream-det`` are refused with ``--layer mamba3``.
+the layers apart, one table each. The Mamba-2-only options (``--grid``, ``--no-native-child``) and
+``upstream-det`` are refused with ``--layer mamba3``; ``--breakdown`` profiles a Mamba-3 shape (M1 by default).
 
 Files: :mod:`.shapes` (shapes and modes), :mod:`.args` (the command line), :mod:`.requirements` (what it
 needs), :mod:`.runner` (one layer, one step), :mod:`.timing` (timing, memory, bits of one shape),

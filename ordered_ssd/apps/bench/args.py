@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..files import nonnegative_int, positive_int
 from .requirements import INSTALL, BenchError
-from .shapes import (GRID, LAYER_DEFAULT_SHAPES, LAYER_MODES, LAYER_NAMES, LAYERS, MAMBA3_SHAPES, MODES,
+from .shapes import (ALL_NAMED, GRID, LAYER_DEFAULT_SHAPES, LAYER_MODES, LAYER_NAMES, LAYERS, MAMBA3_SHAPES, MODES,
                      SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list)
 
 # Per-row settings: rows of the grid (--grid) take GRID_DEFAULTS unless the option is given (then it applies to every
@@ -110,10 +110,9 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and the layer (default 0)")
     parser.add_argument("--out", default="ordered-ssd-bench", help="output directory (default ./ordered-ssd-bench)")
     parser.add_argument("--breakdown", action="store_true",
-                   help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape "
-                        "(Mamba-2 only)")
-    parser.add_argument("--breakdown-shape", default="S2", metavar=f"NAME|{SHAPE_FORMAT}",
-                   help="shape of the per-kernel breakdown (default S2)")
+                   help="also profile native and ordered steps per kernel (torch.profiler) on --breakdown-shape")
+    parser.add_argument("--breakdown-shape", default=None, metavar=f"NAME|{SHAPE_FORMAT}",
+                   help="shape of the per-kernel breakdown, of the --layer (default S2; M1 with --layer mamba3)")
     parser.add_argument("--breakdown-steps", type=positive_int, default=3, help="profiled steps per mode (default 3)")
     parser.add_argument("--no-native-child", action="store_true",
                    help="skip the fresh-process native baseline of upstream-det (its ratio is then only to this "
@@ -139,7 +138,7 @@ def resolve_layer(args) -> str:
     """The layer of parsed arguments (``--layer``, ``"mamba2"`` by default) after the options that do not go with
     it are refused. Raises :class:`BenchError` (one line, exit 2) for ``--layer mamba3`` with a mode it does not have
     (``upstream-det``: mamba-ssm has no deterministic mode for Mamba-3) or with a Mamba-2-only option (``--grid``,
-    ``--breakdown``, ``--no-native-child``), and for a named shape of the other layer."""
+    ``--no-native-child``), and for a named shape of the other layer."""
     layer = getattr(args, "layer", None) or "mamba2"
     name = LAYER_NAMES[layer]
     if layer == "mamba3":
@@ -147,8 +146,7 @@ def resolve_layer(args) -> str:
         if other:
             raise BenchError(f"--modes {','.join(other)}: mamba-ssm has no deterministic mode for Mamba-3; "
                              f"--layer mamba3 runs {', '.join(LAYER_MODES[layer])}")
-        for flag, given in (("--grid", args.grid), ("--breakdown", args.breakdown),
-                            ("--no-native-child", args.no_native_child)):
+        for flag, given in (("--grid", args.grid), ("--no-native-child", args.no_native_child)):
             if given:
                 raise BenchError(f"{flag} is a Mamba-2 option; --layer mamba3 does not take it")
     for s in args.shapes or ():
@@ -157,6 +155,30 @@ def resolve_layer(args) -> str:
                     f"--layer {layer} takes {', '.join(LAYER_DEFAULT_SHAPES[layer])} or --shape")
             raise BenchError(f"--shapes {s.name}: a {LAYER_NAMES[s.layer]} shape, not a {name} one; {hint}")
     return layer
+
+
+#: the per-kernel breakdown's shape when ``--breakdown-shape`` is not given, per layer
+BREAKDOWN_DEFAULT = {"mamba2": "S2", "mamba3": "M1"}
+
+
+def resolve_breakdown_shape(args) -> Optional[Shape]:
+    """The shape of ``--breakdown`` (None without it): ``--breakdown-shape``, a named shape of the layer or a
+    :data:`~.shapes.SHAPE_FORMAT` spec parsed for it, :data:`BREAKDOWN_DEFAULT` if not given. Raises
+    :class:`BenchError` (exit 2) for a spec that does not parse or a named shape of the other layer."""
+    if not getattr(args, "breakdown", False):
+        return None
+    layer = resolve_layer(args)
+    text = (args.breakdown_shape or BREAKDOWN_DEFAULT[layer]).strip()
+    named = ALL_NAMED.get(text.upper())
+    if named is not None:
+        if named.layer != layer:
+            raise BenchError(f"--breakdown-shape {named.name}: a {LAYER_NAMES[named.layer]} shape, not a "
+                             f"{LAYER_NAMES[layer]} one")
+        return named
+    try:
+        return parse_shape(text, layer=layer)
+    except ValueError as e:
+        raise BenchError(str(e).replace("--shape", "--breakdown-shape", 1)) from None
 
 
 def resolve_shapes(args) -> List[Shape]:

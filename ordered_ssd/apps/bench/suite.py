@@ -16,7 +16,7 @@ import torch
 from ...fingerprint import package_versions
 from ..errors import EXIT_OK
 from ..files import prepare_out_dir
-from .args import resolve_layer, resolve_settings, resolve_shapes, shape_settings
+from .args import resolve_breakdown_shape, resolve_layer, resolve_settings, resolve_shapes, shape_settings
 from .breakdown import profile_breakdown, write_breakdown
 from .children import ROOT, run_child
 from .precompile import DEFAULT_JOBS_CUDA, run_precompile
@@ -24,7 +24,7 @@ from .report import format_table, merge_results, write_results
 from .requirements import AUTOTUNE_CACHE_ENV, DET_ENV, BenchError, missing_requirements
 from .results import load_runs, merge_run, render
 from .runner import error_text, free_memory, resolve_device
-from .shapes import IN_PROCESS_MODES, LAYER_MODES, Shape, named_or_parsed_shape, torch_dtype
+from .shapes import IN_PROCESS_MODES, LAYER_MODES, Shape, torch_dtype
 from .timing import bench_shape, count_launches, finalize_ratios, shape_result
 
 EXIT_INCOMPLETE = 1
@@ -196,13 +196,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
     modes = args.modes or (list(LAYER_MODES[layer]) if device.type == "cuda" else ["ordered"])
     shapes = resolve_shapes(args)
     _check_environment(modes, args, device, layer)
-    breakdown_shape = None
-    if args.breakdown:
-        name = args.breakdown_shape.strip()
-        try:
-            breakdown_shape = named_or_parsed_shape(name)
-        except ValueError as e:
-            raise BenchError(str(e).replace("--shape", "--breakdown-shape", 1)) from None
+    breakdown_shape = resolve_breakdown_shape(args)
     if args.results_json:
         load_runs(args.results_json)  # a file that is not a results file: an error now, not after the run
     jobs = args.precompile_jobs if args.precompile_jobs is not None else (

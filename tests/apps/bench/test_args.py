@@ -8,7 +8,7 @@ TINY = "2,64,32,16,1,16,32"
 
 def test_parser_defaults_and_selection():
     a = bench.build_parser().parse_args([])
-    assert (a.breakdown_shape, a.device, a.host_steps, a.launch_steps) == ("S2", "cuda", 5, 2)
+    assert (a.breakdown_shape, a.device, a.host_steps, a.launch_steps) == (None, "cuda", 5, 2)
     assert (a.precompile_jobs, a.results_json, a.render, a.grid) == (None, None, None, False)
     assert bench.resolve_settings(a) == {
         "default": {"repeats": 20, "warmup": 5, "bit_repeats": 10, "host_steps": 5, "launch_steps": 2, "seed": 0},

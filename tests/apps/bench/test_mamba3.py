@@ -77,7 +77,8 @@ def test_mamba3_shapes_cover_the_issue_with_shared_kernel_keys():
 @pytest.mark.parametrize("argv, message", [
     (["--modes", "upstream-det,ordered"], "--modes upstream-det: mamba-ssm has no deterministic mode for Mamba-3"),
     (["--grid"], "--grid is a Mamba-2 option"),
-    (["--breakdown"], "--breakdown is a Mamba-2 option"),
+    (["--shape", TINY, "--breakdown", "--breakdown-shape", "S2"], "--breakdown-shape S2: a Mamba-2 shape, not a Mamba-3 one"),
+    (["--shape", TINY, "--breakdown", "--breakdown-shape", "2,64,32,8,1"], "--breakdown-shape: N must be a power of two >= 16"),
     (["--no-native-child"], "--no-native-child is a Mamba-2 option"),
     (["--shapes", "M1,S1"], "--shapes S1: a Mamba-2 shape, not a Mamba-3 one"),
     (["--shapes", "grid"], "--shapes G1: a Mamba-2 shape"),
@@ -251,3 +252,21 @@ def test_results_written_before_mamba3_load_and_render_unchanged():
                                    "upstream_det_ratio": None}  # Mamba-2: the det target not measured
     assert bench.targets(rows, "mamba3") == {"time": True, "memory": True, "met": True}
     assert bench.targets({"ordered": {"ratio_ms": 1.0, "ratio_mem": 1.2}}, "mamba3")["met"] is False
+
+
+def test_breakdown_of_a_mamba3_shape_on_the_cpu(tmp_path, capsys):
+    """``--breakdown`` with ``--layer mamba3`` profiles a Mamba-3 layer (its spec parsed for Mamba-3: chunk 64 by
+    default, not Mamba-2's 256); the default breakdown shape is the layer's (M1, S2 for Mamba-2)."""
+    out = tmp_path / "out"
+    rc = bench.main(["--layer", "mamba3", *SMOKE, "--shape", TINY, "--modes", "ordered", "--out", str(out),
+                     "--breakdown", "--breakdown-shape", "1,32,32,16,1", "--breakdown-steps", "1"])
+    assert rc == 0, capsys.readouterr().err
+    bd = json.loads((out / "breakdown.json").read_text())
+    assert bd["shape"] == "1,32,32,16,1,64,64" and bd["dims"] == "B1 L32 d32 N16 G1 P64 cs64 fp32"
+    assert bd["modes"]["ordered"]["error"] is None and bd["modes"]["ordered"]["kernels"]
+    ops = {k["name"] for k in bd["modes"]["ordered"]["kernels"]}
+    assert any("mm" in n for n in ops), sorted(ops)[:20]  # the projections of the reference layer ran
+    from ordered_ssd.apps.bench.args import build_parser, resolve_breakdown_shape
+    for argv, name in ((["--layer", "mamba3", "--breakdown"], "M1"), (["--breakdown"], "S2"), ([], None)):
+        got = resolve_breakdown_shape(build_parser().parse_args(argv))
+        assert (got.name if got is not None else None) == name
