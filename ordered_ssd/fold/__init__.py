@@ -16,7 +16,7 @@ its SM count, so the rounding of the sum, and hence the bits of the gradient, ar
 * :mod:`~ordered_ssd.fold.gemm`: :func:`fold_example_gemms` (the projections' weight gradients: per-(example,
   segment) GEMM partials folded in order; one launch on CUDA) and :func:`fold_example_gemms_grouped`;
 * :mod:`~ordered_ssd.fold.many`: :func:`fold_many` (several :func:`fold_dims` folds in one launch, the same bits)
-  and :func:`fold_example_sums` (the projection bias's fold of per-example folds, one launch);
+  and :func:`fold_example_sums` (the projection bias's fold of per-example folds, two launches);
 * :mod:`~ordered_ssd.fold.conv1d`: :func:`conv1d_grad_partials`, ordered-ssd's own kernel for the causal conv1d's
   per-(example, tile) weight/bias gradient partials, and its order in PyTorch (:func:`conv1d_grad_partials_torch`);
 * :mod:`~ordered_ssd.fold.kernels`: their Triton kernels (imported on first CUDA use only);

@@ -91,22 +91,27 @@ def fold_many_kernel(p0, o0, KO0, KI0, M0, MI0, sko0, ski0, smo0, smi0,
 
 
 @triton.jit
-def example_sums_kernel(p_ptr, out_ptr, E, L, M, s_e, s_l, s_m, BLOCK: tl.constexpr):
-    """``out[m] = fold_e(fold_l(p[e, l, m]))`` in fp32: per example a sequential sum over its positions from +0.0,
-    added to the running sum over examples (from +0.0), example 0 first; one program per ``BLOCK`` of m."""
-    m = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def example_sums_kernel(p_ptr, out_ptr, L, M, s_e, s_l, s_m, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """``out[e, m] = fold_l(p[e, l, m])`` in fp32: one example's sequential sum over its positions from +0.0, one
+    fp32 addition per position, position 0 first; one program per ``(example e, BLOCK of m)``, ``out`` [E, M]
+    contiguous. The position loop runs ``UNROLL`` positions per iteration (a static unroll, so that their loads are
+    issued before their additions, which stay in order), then the last ``L % UNROLL`` one at a time: the same
+    additions in the same order at any ``UNROLL`` and ``BLOCK``. :func:`~ordered_ssd.fold.fold_example_sums` folds
+    the examples' sums afterwards, example 0 first (:func:`fold_kernel`)."""
+    e = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = m < M
-    base = p_ptr + m * s_m
+    ptrs = p_ptr + e * s_e + m * s_m  # advanced by s_l: 64-bit, and the interpreter runs it
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for _e in range(0, E):
-        ptrs = base
-        inner = tl.zeros([BLOCK], dtype=tl.float32)
-        for _li in range(0, L):
-            inner += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    full = (L // UNROLL) * UNROLL
+    for _g in range(0, full, UNROLL):
+        for _i in tl.static_range(UNROLL):
+            acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
             ptrs += s_l
-        acc += inner
-        base += s_e
-    tl.store(out_ptr + m, acc, mask=mask)
+    for _l in range(full, L):
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        ptrs += s_l
+    tl.store(out_ptr + e * M + m, acc, mask=mask)
 
 
 @triton.jit

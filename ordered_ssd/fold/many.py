@@ -21,8 +21,9 @@ import torch
 
 from csrc_bindings import _launch_cache  # imports nothing native
 from csrc_bindings._native import device_guard  # imports nothing native
+from csrc_bindings._util import next_pow2  # imports nothing native
 
-from .primitives import LexicalFold, fold_axes, fold_dims, normalize_dims
+from .primitives import LexicalFold, _fold_rows, fold_axes, fold_dims, normalize_dims
 from .settings import accumulation_dtype
 
 __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
@@ -30,6 +31,8 @@ __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
 #: How many folds one launch of :func:`fold_many` takes (a larger request is split into launches of this many).
 FOLD_MANY_MAX = 8
 _BLOCK = 256
+#: positions per iteration of :func:`~ordered_ssd.fold.kernels.example_sums_kernel`'s loop (bit-neutral)
+_EXAMPLE_SUMS_UNROLL = 32
 
 
 def _runs(sizes: Sequence[int], strides: Sequence[int]) -> List[Tuple[int, int]]:
@@ -153,10 +156,12 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
 
     Args:
         t: ``[E, L, M]``, any float dtype and strides. dtype: the dtype of the result (the bias's).
-        use_triton: one launch of :func:`~ordered_ssd.fold.kernels.example_sums_kernel` (default: on CUDA with an
-            fp32 accumulation; ``True`` on the CPU runs it under ``TRITON_INTERPRET=1``); otherwise one
-            :func:`~ordered_ssd.fold.fold_dims` per example folded by :class:`~ordered_ssd.fold.LexicalFold` (the
-            same order; ``E + 1`` launches on CUDA).
+        use_triton: two launches (default: on CUDA with an fp32 accumulation; ``True`` on the CPU runs them under
+            ``TRITON_INTERPRET=1``): :func:`~ordered_ssd.fold.kernels.example_sums_kernel`, one program per
+            ``(example, block of m)``, writes each example's sum [E, M], then ``fold_kernel`` folds those over the
+            examples, example 0 first. Otherwise one :func:`~ordered_ssd.fold.fold_dims` per example folded by
+            :class:`~ordered_ssd.fold.LexicalFold` (the same additions in the same order; ``E + 1`` launches on
+            CUDA).
 
     Returns:
         ``[M]`` in ``dtype`` (zeros for ``E == 0``).
@@ -171,10 +176,12 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
         return folder.result(like=torch.empty(M, device=t.device))
     from . import kernels  # imports triton: only here
 
-    out = torch.empty(M, dtype=torch.float32, device=t.device)
-    if M:
-        with device_guard(t):
-            _launch_cache.launch(kernels.example_sums_kernel, (-(-M // _BLOCK),),
-                                 (t, out, E, L, M, t.stride(0), t.stride(1), t.stride(2)), dict(BLOCK=_BLOCK), t,
-                                 num_warps=4)
-    return out.to(dtype)
+    if not E or not M:
+        return torch.zeros(M, dtype=dtype, device=t.device)
+    block = min(_BLOCK, max(32, next_pow2(M)))  # bit-neutral: which elements a program owns
+    sums = torch.empty(E, M, dtype=torch.float32, device=t.device)
+    with device_guard(t):
+        _launch_cache.launch(kernels.example_sums_kernel, (E, -(-M // block)),
+                             (t, sums, L, M, t.stride(0), t.stride(1), t.stride(2)),
+                             dict(BLOCK=block, UNROLL=_EXAMPLE_SUMS_UNROLL), t, num_warps=block // 32)
+    return _fold_rows(sums, None, torch.float32).to(dtype)

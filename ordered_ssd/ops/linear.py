@@ -71,7 +71,7 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
       per-example partials, example 0 first, whatever the group size.
 
     The bias partial of an example is a fold over its positions in order, and those are folded over examples
-    (:func:`~ordered_ssd.fold.fold_example_sums`: one launch on CUDA).
+    (:func:`~ordered_ssd.fold.fold_example_sums`: two launches on CUDA).
     Runs under ``torch.no_grad()``: the result is not differentiable (the Functions that call it are
     once-differentiable).
 

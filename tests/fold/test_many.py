@@ -133,8 +133,8 @@ def test_triton_kernels_under_the_interpreter():
         one = fold_many([reqs[2][1]], use_triton=True)[0]  # alone in its launch: the same bits
         assert bits_equal(one, _reference(reqs[2][1]))
         cases = len(reqs) + 1
-        for dtype in (torch.float32, torch.bfloat16):
-            dy = _wide((3, 7, 9), 11, dtype)
+        for dtype, shape in ((torch.float32, (3, 7, 9)), (torch.bfloat16, (3, 70, 9))):  # 70: 2 x 32 unrolled + 6
+            dy = _wide(shape, 11, dtype)
             for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1)):
                 for bias_dtype in (torch.float32, torch.bfloat16):
                     g = fold_example_sums(t, bias_dtype, use_triton=True)
@@ -176,8 +176,10 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
             check(fn, {n: "constexpr" if n in const else ("*fp32" if n[0] in "po" else "i32") for n in fn.arg_names},
                   const)
         fn = kernels.example_sums_kernel
-        check(fn, {n: {"BLOCK": "constexpr", "p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32") for n in fn.arg_names},
-              {"BLOCK": 256})
+        for block in (32, 256):
+            sig = {n: {"BLOCK": "constexpr", "UNROLL": "constexpr", "p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32")
+                   for n in fn.arg_names}
+            check(fn, sig, {"BLOCK": block, "UNROLL": 32})
         fn = kernels.dA_cumsum_grad_kernel
         for const in ({"BLOCK": 128}, {"BLOCK": 128, "N": 1}):
             sig = {n: "constexpr" if n in const else {"R": "i32", "N": "i32"}.get(n, "*fp32") for n in fn.arg_names}

@@ -5,6 +5,8 @@ The layouts are those of one backward step (``tests/fold/test_many.py``'s :func:
 launch has several programs per fold), with values spanning many binades so that another order of additions would
 give other bits.
 """
+import itertools
+
 import torch
 
 from tests.fold.test_many import _reference, _wide, example_sums_reference, step_requests
@@ -34,8 +36,9 @@ def test_fold_many_on_cuda_equals_fold_dims_on_cuda_and_on_the_cpu(nan_fresh_buf
 def test_fold_example_sums_on_cuda_equals_the_per_example_fold(nan_fresh_buffers):
     from ordered_ssd.fold import fold_example_sums
 
-    for dtype in (torch.float32, torch.bfloat16):
-        dy = _wide((9, 300, 700), 5, dtype)
+    # L = 300 and 2048: the unrolled loop and its tail; M = 700 (blocks of 256), 32 and 5 (one block of 32)
+    for dtype, shape in itertools.product((torch.float32, torch.bfloat16), ((9, 300, 700), (8, 2048, 32), (3, 45, 5))):
+        dy = _wide(shape, 5, dtype)
         for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1)):
             for bias_dtype in (torch.float32, torch.bfloat16):
                 got = fold_example_sums(t.cuda(), bias_dtype)
