@@ -123,20 +123,40 @@ class OutputDigests:
         self._handles = []
 
 
+#: the fingerprint's word weights ``i * 2654435761 + 40503`` (int64) for ``i < len``, per device, grown on demand
+_WEIGHTS: Dict[torch.device, torch.Tensor] = {}
+_K, _C = 2654435761, 40503
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    """``i * 2654435761 + 40503`` for ``i`` in ``[0, n)``, int64 on ``device`` (a prefix of a cached tensor)."""
+    w = _WEIGHTS.get(device)
+    if w is None or w.numel() < n:
+        w = torch.arange(n, device=device, dtype=torch.int64) * _K + _C
+        _WEIGHTS[device] = w
+    return w[:n]
+
+
 def _fingerprint(t: torch.Tensor, chunk: int) -> torch.Tensor:
     """An int64 scalar on ``t``'s device: the weighted sum of ``t``'s bytes as words, modulo 2**64 (see
-    :class:`OutputDigests`)."""
+    :class:`OutputDigests`). Per ``chunk`` words starting at ``s``: ``sum w_i * (i * K + C)`` over the chunk's own
+    ``i`` (the cached weights), plus ``s * K * sum w_i``: the same sum modulo 2**64 as the weights of the
+    absolute index, in two launches for an output of one chunk (the words widened to int64 inside the product)."""
     flat = t.detach().reshape(-1)
-    acc = torch.zeros((), dtype=torch.int64, device=t.device)
     if flat.numel() == 0:
-        return acc
+        return torch.zeros((), dtype=torch.int64, device=t.device)
     raw = flat.contiguous().view(torch.uint8)
     word = torch.int32 if raw.numel() % 4 == 0 else torch.int16 if raw.numel() % 2 == 0 else torch.uint8
     words = raw.view(word)
+    weights = _weights(min(chunk, words.numel()), t.device)
+    acc = None
     for start in range(0, words.numel(), chunk):
-        w = words[start:start + chunk].to(torch.int64)
-        idx = torch.arange(start, start + w.numel(), device=t.device, dtype=torch.int64)
-        acc = acc + (w * (idx * 2654435761 + 40503)).sum()
+        w = words[start:start + chunk]
+        part = (w * weights[:w.numel()]).sum()  # int32/16/uint8 * int64: each word widened to int64 first
+        if start:
+            shift = (start * _K) % (1 << 64)  # as a signed int64: the product wraps modulo 2**64 like the sums
+            part = part + w.sum(dtype=torch.int64) * (shift - (1 << 64) if shift >= 1 << 63 else shift)
+        acc = part if acc is None else acc + part
     return acc
 
 

@@ -96,6 +96,32 @@ def test_output_digests_fold_every_output_on_its_device_and_name_none_for_other_
     assert outs.take() == {}
 
 
+def test_output_fingerprint_is_the_weighted_word_sum_modulo_2_64():
+    """The fingerprint of an output equals its definition, ``sum w_i * (i * 2654435761 + 40503)`` modulo 2**64 over
+    its bytes as 32-, 16- or 8-bit words (Python integers here), for any chunking (the later chunks' offset added
+    as ``s * K * sum w``) and once the cached weights have grown or are reused."""
+    import torch
+
+    from ordered_ssd.apps.check import modules
+
+    def definition(t):
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        word = torch.int32 if raw.numel() % 4 == 0 else torch.int16 if raw.numel() % 2 == 0 else torch.uint8
+        total = sum(int(w) * (i * 2654435761 + 40503) for i, w in enumerate(raw.view(word).tolist()))
+        total %= 1 << 64
+        return total - (1 << 64) if total >= 1 << 63 else total
+
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randn(37, 5, generator=g), torch.randn(33, generator=g).to(torch.bfloat16),
+             torch.randint(0, 255, (29,), generator=g, dtype=torch.uint8), torch.randn(6, 7, generator=g).t(),
+             torch.full((4,), -3.0e38)]
+    for t in cases:
+        want = definition(t)
+        for chunk in (1 << 24, 16, 7, 1):
+            assert modules._fingerprint(t, chunk).item() == want, (t.dtype, tuple(t.shape), chunk)
+    assert modules._fingerprint(torch.zeros(0), 8).item() == 0
+
+
 def test_the_native_control_line_names_the_layer(tmp_path):
     """With ``--native`` the comparison line names the control's layer: ``Mamba3`` for a ``--layer mamba3`` run,
     ``Mamba2`` otherwise; a control whose runs differ says where."""
