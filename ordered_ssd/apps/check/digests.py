@@ -15,8 +15,9 @@ tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    on.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
-(``torch.linalg.vector_norm(..., dtype=torch.float64)`` of the snapshot, in stream order, copied to the host with
-it), on the CPU in the hashing threads. Either way a device gives the same norm for the same bits in every run.
+(:func:`device_norms`: the snapshot's tensors widened to float64 a group at a time and one ``torch._foreach_norm``,
+in stream order, a few launches per submission, copied to the host with it), on the CPU in the hashing threads.
+Either way a device gives the same norm for the same bits in every run.
 
 At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
 :meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
@@ -33,7 +34,54 @@ import torch
 
 from .launch import usable_cores
 
-__all__ = ["StepDigests", "StepResult", "default_threads", "hashing_groups"]
+__all__ = ["StepDigests", "StepResult", "default_threads", "hashing_groups", "device_norms"]
+
+#: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64); a larger tensor's norm
+#: is taken without a copy
+NORM_GROUP_ELEMENTS = 1 << 23
+
+
+def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype]]) -> torch.Tensor:
+    """The float64 L2 norm of each tensor ``(offset, nbytes, dtype)`` of the flat byte buffer ``snap``, in the order
+    given, as one float64 tensor on ``snap``'s device. Consecutive spans of one dtype that touch in ``snap`` are
+    widened to float64 together (at most :data:`NORM_GROUP_ELEMENTS` elements at a time) and every widened tensor's
+    norm comes from one ``torch._foreach_norm``; a span of more elements than that takes
+    ``torch.linalg.vector_norm(..., dtype=torch.float64)`` without a copy. A few launches in all, instead of one or
+    two per tensor; a function of the bytes only, so the same bits give the same norms."""
+    wide: List[torch.Tensor] = []
+    where: List[Tuple[str, int]] = []  # per span: ("wide", index into wide) or ("big", index into big)
+    big: List[torch.Tensor] = []
+    group: List[Tuple[int, int, torch.dtype]] = []
+
+    def flush() -> None:
+        if group:
+            start, dt = group[0][0], group[0][2]
+            end = group[-1][0] + group[-1][1]
+            as64 = snap[start:end].view(dt).to(torch.float64)
+            wide.extend(as64.split([n // dt.itemsize for _, n, _ in group]))
+            group.clear()
+
+    count = 0
+    for off, n, dt in spans:
+        elems = n // dt.itemsize
+        if elems > NORM_GROUP_ELEMENTS:
+            big.append(torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64))
+            where.append(("big", len(big) - 1))
+            continue
+        if group and (dt != group[-1][2] or off != group[-1][0] + group[-1][1]
+                      or count + elems > NORM_GROUP_ELEMENTS):
+            flush()
+        if not group:
+            count = 0
+        group.append((off, n, dt))
+        count += elems
+        where.append(("wide", len(wide) + len(group) - 1))
+    flush()
+    norms = list(torch._foreach_norm(wide, 2)) if wide else []
+    picked = [norms[i] if kind == "wide" else big[i] for kind, i in where]
+    if not picked:
+        return torch.zeros(0, dtype=torch.float64, device=snap.device)
+    return torch.stack(picked)
 
 
 class StepResult(NamedTuple):
@@ -156,21 +204,20 @@ class StepDigests:
                              else slot.device_buf)
         if views:
             torch.cat(views, out=slot.device_buf[:offset])  # the snapshot, in the current stream's order
-        device_norms = host_norms = None
+        norms_dev = host_norms = None
         floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
             snap = slot.device_buf
-            device_norms = torch.stack([torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64)
-                                        for _, off, n, dt in floating])
+            norms_dev = device_norms(snap, [(off, n, dt) for _, off, n, dt in floating])
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
             with torch.cuda.stream(self._stream):
                 slot.host_buf[:offset].copy_(slot.device_buf[:offset], non_blocking=True)
-                if device_norms is not None:
-                    host_norms = torch.empty(device_norms.shape, dtype=torch.float64, pin_memory=True)
-                    host_norms.copy_(device_norms, non_blocking=True)
-                    device_norms.record_stream(self._stream)
+                if norms_dev is not None:
+                    host_norms = torch.empty(norms_dev.shape, dtype=torch.float64, pin_memory=True)
+                    host_norms.copy_(norms_dev, non_blocking=True)
+                    norms_dev.record_stream(self._stream)
                 slot.event = torch.cuda.Event()
                 slot.event.record(self._stream)
             slot.device_buf.record_stream(self._stream)

@@ -66,6 +66,40 @@ def test_norms_are_the_float64_norms_at_submit():
     assert without.norms == {} and without.sha256["w"] == tensor_sha256(ts["w"])
 
 
+def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(monkeypatch):
+    """:func:`device_norms` (the CUDA path's norms, run here on a CPU buffer): per span the float64 L2 norm of its
+    bytes as its dtype, in the order given, whether the span was widened with its neighbours (same dtype, touching),
+    alone (another dtype or a gap between), or taken without a copy (more than ``NORM_GROUP_ELEMENTS``); the same
+    bytes give the same bits."""
+    from ordered_ssd.apps.check import digests
+
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randn(2, generator=g, dtype=torch.float64), torch.zeros(0), torch.randn(6, generator=g),
+          torch.randn(5, generator=g), torch.randn(40, generator=g), torch.randn(7, generator=g) * 1e30,
+          torch.randn(3, generator=g).to(torch.bfloat16), torch.randn(4, generator=g).half()]
+    raw = [t.reshape(-1).view(torch.uint8) for t in ts]
+    gap = torch.zeros(8, dtype=torch.uint8)  # bytes of a non-floating tensor between two float32 spans
+    parts, spans, off = [], [], 0
+    for i, (t, r) in enumerate(zip(ts, raw)):
+        if i == 5:
+            parts.append(gap)
+            off += gap.numel()
+        parts.append(r)
+        spans.append((off, r.numel(), t.dtype))
+        off += r.numel()
+    snap = torch.cat(parts)
+    want = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in ts]
+    for cap in (1 << 23, 16, 5):  # 16: the 40-element span alone, without a copy; 5: every float32 span alone
+        monkeypatch.setattr(digests, "NORM_GROUP_ELEMENTS", cap)
+        got = digests.device_norms(snap, spans)
+        assert got.dtype == torch.float64 and got.shape == (len(ts),)
+        for i, (a, b) in enumerate(zip(got.tolist(), want)):
+            assert a == pytest.approx(float(b), rel=1e-13, abs=0.0), (cap, i)
+        again = digests.device_norms(snap.clone(), spans)
+        assert torch.equal(got.view(torch.int64), again.view(torch.int64)), cap
+    assert digests.device_norms(snap, []).shape == (0,)
+
+
 @pytest.mark.parametrize("nbytes, count, groups", [
     ([10, 10, 10, 10], 2, [[0, 2], [1, 3]]),
     ([100, 1, 1, 1], 2, [[0], [1, 2, 3]]),
