@@ -14,8 +14,8 @@ from .shapes import Shape
 
 def kernel_category(name: str) -> str:
     """The group of a GPU kernel name, for the breakdown: ``fold (ordered-ssd)``, ``SSD (mamba-ssm Triton)``,
-    ``Mamba-3 (mamba-ssm Triton)``, ``gated RMSNorm / SwiGLU (Triton)``, ``causal-conv1d``, ``GEMM (cuBLAS)``, ``memcpy/memset``,
-    ``torch elementwise/reduce`` or ``other``."""
+    ``Mamba-3 (mamba-ssm Triton)``, ``gated RMSNorm / SwiGLU (Triton)``, ``causal-conv1d``, ``GEMM (cuBLAS)``,
+    ``memcpy/memset``, ``torch elementwise/reduce`` or ``other``."""
     n = name.strip()
     if n.startswith("void "):
         n = n[5:]

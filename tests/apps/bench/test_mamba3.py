@@ -77,8 +77,10 @@ def test_mamba3_shapes_cover_the_issue_with_shared_kernel_keys():
 @pytest.mark.parametrize("argv, message", [
     (["--modes", "upstream-det,ordered"], "--modes upstream-det: mamba-ssm has no deterministic mode for Mamba-3"),
     (["--grid"], "--grid is a Mamba-2 option"),
-    (["--shape", TINY, "--breakdown", "--breakdown-shape", "S2"], "--breakdown-shape S2: a Mamba-2 shape, not a Mamba-3 one"),
-    (["--shape", TINY, "--breakdown", "--breakdown-shape", "2,64,32,8,1"], "--breakdown-shape: N must be a power of two >= 16"),
+    (["--shape", TINY, "--breakdown", "--breakdown-shape", "S2"],
+     "--breakdown-shape S2: a Mamba-2 shape, not a Mamba-3 one"),
+    (["--shape", TINY, "--breakdown", "--breakdown-shape", "2,64,32,8,1"],
+     "--breakdown-shape: N must be a power of two >= 16"),
     (["--no-native-child"], "--no-native-child is a Mamba-2 option"),
     (["--shapes", "M1,S1"], "--shapes S1: a Mamba-2 shape, not a Mamba-3 one"),
     (["--shapes", "grid"], "--shapes G1: a Mamba-2 shape"),
