@@ -136,14 +136,35 @@ def _plain(spec, data, device, steps):
     return time.perf_counter() - t0
 
 
-def _checked(spec, device, steps, out):
-    """Seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests resolved, synchronised)."""
-    from ordered_ssd.apps.check.train import train_loop
+#: the ``StepDigests.stats`` of the check loops timed so far (the last one last)
+DIGEST_STATS = []
+
+
+def _checked(spec, device, steps, out, threads=None):
+    """Seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests resolved, synchronised);
+    its ``StepDigests.stats`` (time in ``submit`` and, of it, waiting for the hashing) appended to
+    :data:`DIGEST_STATS`. ``threads``: the StepDigests' hashing threads (default: its own default)."""
+    from ordered_ssd.apps.check import digests, train
     from ordered_ssd.apps.check.world import world_of
 
+    made = []
+    cls = train.StepDigests
+
+    def recording(*args, **kwargs):
+        if threads is not None and cls is digests.StepDigests:
+            kwargs["threads"] = threads
+        d = cls(*args, **kwargs)
+        made.append(d)
+        return d
+
     spec = dict(spec, steps=steps, val_windows=1)
-    with world_of(spec) as world:
-        record = train_loop(world, spec, os.path.join(out, "record.json"), label="a", progress=False)
+    train.StepDigests = recording
+    try:
+        with world_of(spec) as world:
+            record = train.train_loop(world, spec, os.path.join(out, "record.json"), label="a", progress=False)
+    finally:
+        train.StepDigests = cls
+    DIGEST_STATS.append(dict(getattr(made[-1], "stats", {})) if made else {})
     return record["train_s"]
 
 
@@ -154,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--parts", action="store_true", help="also time the loop with one part left out (PARTS)")
+    p.add_argument("--digest-threads", type=int, default=None,
+                   help="the check loop's hashing threads (default: StepDigests' default, half the cores, 4 to 8)")
     a, rest = p.parse_known_args(argv)
     spec, device, data = check_setup(rest)
     steps = spec["steps"]
@@ -161,18 +184,19 @@ def main(argv=None) -> int:
     times = {"plain": [], "check": [], **{part: [] for part in parts}}
     with tempfile.TemporaryDirectory() as out:
         _plain(spec, data, device, min(steps, 5))  # warm-up (compilation, allocator)
-        _checked(spec, device, min(steps, 5), out)
+        _checked(spec, device, min(steps, 5), out, a.digest_threads)
         for _ in range(a.rounds):
             times["plain"].append(_plain(spec, data, device, steps))
-            times["check"].append(_checked(spec, device, steps, out))
+            times["check"].append(_checked(spec, device, steps, out, a.digest_threads))
             for part in parts:
                 with _without(part):
-                    times[part].append(_checked(spec, device, steps, out))
+                    times[part].append(_checked(spec, device, steps, out, a.digest_threads))
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
     n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "n_params": n_params, "steps": steps, "batch": spec["batch"],
-              "seq_len": spec["seq_len"], "rounds": a.rounds, "plain_s": times["plain"], "check_s": times["check"],
+              "seq_len": spec["seq_len"], "rounds": a.rounds, "digest_threads": a.digest_threads,
+              "plain_s": times["plain"], "check_s": times["check"],
               "plain_ms_per_step": 1000 * plain / steps, "check_ms_per_step": 1000 * check / steps,
               "ratio": check / plain,
               "parts_ms_per_step": {part: 1000 * statistics.median(times[part]) / steps for part in parts},
@@ -181,6 +205,10 @@ def main(argv=None) -> int:
           f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds")
     print(f"  plain training {result['plain_ms_per_step']:.2f} ms/step, check's loop {result['check_ms_per_step']:.2f}"
           f" ms/step: x{result['ratio']:.3f}")
+    stats = result["digest_stats"] = DIGEST_STATS[-1 - len(parts)] if DIGEST_STATS else {}
+    if stats.get("submits"):
+        print(f"  in its last round, StepDigests.submit took {1000 * stats['submit_s'] / steps:.2f} ms/step, of which "
+              f"{1000 * stats['wait_s'] / steps:.2f} ms/step waiting for the hashing of earlier submissions")
     for part in parts:
         ms = result["parts_ms_per_step"][part]
         print(f"  the check's loop {PARTS[part]}: {ms:.2f} ms/step: x{ms / result['plain_ms_per_step']:.3f}")

@@ -24,7 +24,10 @@ def test_parts_are_timed_and_the_check_is_restored(tmp_path, capsys):
     r = json.loads(path.read_text())
     assert set(r["parts_ms_per_step"]) == set(check_overhead.PARTS) == set(r["parts_s"])
     assert all(v > 0 for v in r["parts_ms_per_step"].values()) and r["plain_ms_per_step"] > 0
+    stats = r["digest_stats"]  # the check loop's StepDigests: two submissions a step (gradients, parameters)
+    assert stats["submits"] == 4 and stats["submit_s"] >= stats["wait_s"] >= 0 and stats["submit_s"] > 0
     printed = capsys.readouterr().out
+    assert "StepDigests.submit took" in printed
     assert all(text in printed for text in check_overhead.PARTS.values())
     assert train.OutputDigests is modules.OutputDigests and train.StepDigests is digests.StepDigests
     assert digests.StepDigests.submit.__qualname__ == "StepDigests.submit"

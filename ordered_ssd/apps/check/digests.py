@@ -25,8 +25,8 @@ submitted bytes on the device and as many pinned host buffers (reused).
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -92,16 +92,11 @@ class StepResult(NamedTuple):
     norms: Dict[str, str]
 
 
-def _sha256_at(ptr: int, nbytes: int) -> str:
-    """SHA-256 of ``nbytes`` bytes at host address ``ptr`` (no copy)."""
-    if nbytes == 0:
-        return hashlib.sha256(b"").hexdigest()
-    return hashlib.sha256((ctypes.c_char * nbytes).from_address(ptr)).hexdigest()
-
-
-def _sha256_group(base: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
-    """SHA-256 of each ``(offset, nbytes)`` span at host address ``base + offset``, in order."""
-    return [_sha256_at(base + off, n) for off, n in spans]
+def _sha256_group(buf: memoryview, spans: Sequence[Tuple[int, int]]) -> List[str]:
+    """SHA-256 of each ``(offset, nbytes)`` span of the host buffer ``buf``, in order. Each span is a slice of the
+    one memoryview (no copy, and no Python object built per tensor beyond the slice), and ``hashlib`` hashes it
+    with the GIL released, so the training thread keeps the GIL while the threads hash."""
+    return [hashlib.sha256(buf[off:off + n]).hexdigest() for off, n in spans]
 
 
 def hashing_groups(nbytes: Sequence[int], count: int) -> List[List[int]]:
@@ -171,11 +166,15 @@ class StepDigests:
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._keys: Dict[int, Future] = {}
         self._count = 0
+        #: seconds spent in :meth:`submit` (``"submit_s"``), of which waiting for the oldest submission's digests
+        #: (``"wait_s"``: the hashing behind the training), and the number of submissions
+        self.stats = {"submits": 0, "submit_s": 0.0, "wait_s": 0.0}
 
     def submit(self, tensors: Dict[str, Optional[torch.Tensor]], norms: bool = False) -> int:
         """Snapshot ``tensors`` (in stream order) and start hashing them (with ``norms``, also taking each floating
         tensor's L2 norm in float64 from the host copy, in the hashing threads); returns the key of
         :meth:`result`."""
+        t_enter = time.perf_counter()
         names = list(tensors)
         views: List[torch.Tensor] = []
         layout: List[Tuple[str, int, int, Optional[torch.dtype]]] = []  # (name, offset, nbytes, dtype); -1: None
@@ -197,7 +196,9 @@ class StepDigests:
         slot = self._slots[self._next]
         self._next = (self._next + 1) % len(self._slots)
         if slot.future is not None:
+            t_wait = time.perf_counter()
             slot.future.result()  # the oldest step in flight must be hashed before its buffers are reused
+            self.stats["wait_s"] += time.perf_counter() - t_wait
         if slot.device_buf is None or slot.device_buf.numel() < offset:
             slot.device_buf = torch.empty(offset, dtype=torch.uint8, device=self.device)
             slot.host_buf = (torch.empty(offset, dtype=torch.uint8, pin_memory=True) if self._cuda
@@ -222,7 +223,7 @@ class StepDigests:
                 slot.event.record(self._stream)
             slot.device_buf.record_stream(self._stream)
         host, event = slot.host_buf, slot.event
-        base = host.data_ptr() if offset else 0
+        view = memoryview(host[:offset].numpy()) if offset else memoryview(b"")
 
         def host_norm(off: int, n: int, dtype) -> str:
             return float(host[off:off + n].view(dtype).double().norm()).hex()
@@ -231,7 +232,7 @@ class StepDigests:
             if event is not None:
                 event.synchronize()
             spans = [(off, n) for _, off, n, _ in layout if off >= 0]
-            tasks = [(group, self._hashers.submit(_sha256_group, base, [spans[i] for i in group]))
+            tasks = [(group, self._hashers.submit(_sha256_group, view, [spans[i] for i in group]))
                      for group in hashing_groups([n for _, n in spans], self._threads)]
             if norms and not self._cuda:
                 norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
@@ -252,6 +253,8 @@ class StepDigests:
         key = self._count
         self._count += 1
         self._keys[key] = slot.future
+        self.stats["submits"] += 1
+        self.stats["submit_s"] += time.perf_counter() - t_enter
         return key
 
     def result(self, key: int) -> StepResult:
