@@ -36,21 +36,27 @@ from .launch import usable_cores
 
 __all__ = ["StepDigests", "StepResult", "default_threads", "hashing_groups", "device_norms"]
 
-#: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64); a larger tensor's norm
-#: is taken without a copy
+#: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64): a larger tensor is
+#: widened in pieces of this many elements
 NORM_GROUP_ELEMENTS = 1 << 23
+#: each tensor's offset in a :class:`StepDigests` snapshot is a multiple of this many bytes (so that every span can be
+#: viewed as its dtype); the padding bytes between spans are never hashed
+SPAN_ALIGN = 16
 
 
 def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype]]) -> torch.Tensor:
-    """The float64 L2 norm of each tensor ``(offset, nbytes, dtype)`` of the flat byte buffer ``snap``, in the order
-    given, as one float64 tensor on ``snap``'s device. Consecutive spans of one dtype that touch in ``snap`` are
-    widened to float64 together (at most :data:`NORM_GROUP_ELEMENTS` elements at a time) and every widened tensor's
-    norm comes from one ``torch._foreach_norm``; a span of more elements than that takes
-    ``torch.linalg.vector_norm(..., dtype=torch.float64)`` without a copy. A few launches in all, instead of one or
-    two per tensor; a function of the bytes only, so the same bits give the same norms."""
+    """The float64 L2 norm of each tensor ``(offset, nbytes, dtype)`` of the flat byte buffer ``snap`` (offsets
+    multiples of the dtype's size), in the order given, as one float64 tensor on ``snap``'s device.
+
+    Consecutive spans of one dtype separated by less than :data:`SPAN_ALIGN` bytes (the snapshot's alignment padding)
+    are widened to float64 together, at most :data:`NORM_GROUP_ELEMENTS` elements at a time (a longer span in pieces
+    of that many, whose norms are then combined as the norm of their norms), and every widened tensor's norm comes from
+    one ``torch._foreach_norm``: a few launches in all, instead of one or two per tensor, and at most 64 MiB of
+    float64 at a time. The same bytes in the same layout give the same bits (``_foreach_norm``'s split of a tensor
+    among its accumulators depends on the tensor's alignment in the widened buffer, so a tensor's norm may differ in
+    its last bits between layouts; norms are recorded, never compared)."""
     wide: List[torch.Tensor] = []
-    where: List[Tuple[str, int]] = []  # per span: ("wide", index into wide) or ("big", index into big)
-    big: List[torch.Tensor] = []
+    where: List[List[int]] = []  # per span: its indices into wide (several for a span widened in pieces)
     group: List[Tuple[int, int, torch.dtype]] = []
 
     def flush() -> None:
@@ -58,27 +64,40 @@ def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype
             start, dt = group[0][0], group[0][2]
             end = group[-1][0] + group[-1][1]
             as64 = snap[start:end].view(dt).to(torch.float64)
-            wide.extend(as64.split([n // dt.itemsize for _, n, _ in group]))
+            sizes = []
+            for i, (off, n, _) in enumerate(group):
+                gap = group[i + 1][0] - (off + n) if i + 1 < len(group) else 0
+                sizes += [n // dt.itemsize, gap // dt.itemsize]
+            wide.extend(as64.split(sizes)[0::2])  # the spans, without the padding between them
             group.clear()
 
     count = 0
     for off, n, dt in spans:
         elems = n // dt.itemsize
         if elems > NORM_GROUP_ELEMENTS:
-            big.append(torch.linalg.vector_norm(snap[off:off + n].view(dt), dtype=torch.float64))
-            where.append(("big", len(big) - 1))
-            continue
-        if group and (dt != group[-1][2] or off != group[-1][0] + group[-1][1]
-                      or count + elems > NORM_GROUP_ELEMENTS):
             flush()
+            step = NORM_GROUP_ELEMENTS * dt.itemsize
+            first = len(wide)
+            for p in range(off, off + n, step):
+                wide.append(snap[p:min(p + step, off + n)].view(dt).to(torch.float64))
+            where.append(list(range(first, len(wide))))
+            continue
+        if group:
+            gap = off - (group[-1][0] + group[-1][1])
+            if dt != group[-1][2] or not 0 <= gap < SPAN_ALIGN or \
+                    count + gap // dt.itemsize + elems > NORM_GROUP_ELEMENTS:
+                flush()
+            else:
+                count += gap // dt.itemsize  # the padding is widened with the group (and left out after)
         if not group:
             count = 0
         group.append((off, n, dt))
         count += elems
-        where.append(("wide", len(wide) + len(group) - 1))
+        where.append([len(wide) + len(group) - 1])
     flush()
     norms = list(torch._foreach_norm(wide, 2)) if wide else []
-    picked = [norms[i] if kind == "wide" else big[i] for kind, i in where]
+    picked = [norms[ix[0]] if len(ix) == 1 else torch.linalg.vector_norm(torch.stack([norms[i] for i in ix]))
+              for ix in where]
     if not picked:
         return torch.zeros(0, dtype=torch.float64, device=snap.device)
     return torch.stack(picked)
@@ -164,6 +183,7 @@ class StepDigests:
         self._hashers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ordered-ssd-sha256")
         self._threads = threads
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._padding = torch.zeros(SPAN_ALIGN, dtype=torch.uint8, device=self.device)
         self._keys: Dict[int, Future] = {}
         self._count = 0
         #: seconds spent in :meth:`submit` (``"submit_s"``), of which waiting for the oldest submission's digests
@@ -172,8 +192,8 @@ class StepDigests:
 
     def submit(self, tensors: Dict[str, Optional[torch.Tensor]], norms: bool = False) -> int:
         """Snapshot ``tensors`` (in stream order) and start hashing them (with ``norms``, also taking each floating
-        tensor's L2 norm in float64 from the host copy, in the hashing threads); returns the key of
-        :meth:`result`."""
+        tensor's L2 norm in float64: on CUDA on the device, :func:`device_norms`; on the CPU from the host copy, in
+        the hashing threads); returns the key of :meth:`result`."""
         t_enter = time.perf_counter()
         names = list(tensors)
         views: List[torch.Tensor] = []
@@ -190,6 +210,10 @@ class StepDigests:
                                                  and self.device.index is None):
                 raise ValueError(f"tensors[{name!r}]: expected a tensor on {self.device}, got {t.device}")
             b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            pad = -offset % SPAN_ALIGN
+            if pad:  # every span starts aligned (a view as its dtype); the padding is never hashed
+                views.append(self._padding[:pad])
+                offset += pad
             views.append(b)
             layout.append((name, offset, b.numel(), t.dtype))
             offset += b.numel()

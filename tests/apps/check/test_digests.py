@@ -68,9 +68,9 @@ def test_norms_are_the_float64_norms_at_submit():
 
 def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(monkeypatch):
     """:func:`device_norms` (the CUDA path's norms, run here on a CPU buffer): per span the float64 L2 norm of its
-    bytes as its dtype, in the order given, whether the span was widened with its neighbours (same dtype, touching),
-    alone (another dtype or a gap between), or taken without a copy (more than ``NORM_GROUP_ELEMENTS``); the same
-    bytes give the same bits."""
+    bytes as its dtype, in the order given, whether the span was widened with its neighbours (same dtype, touching or
+    apart by less than ``SPAN_ALIGN`` bytes of padding), alone (another dtype, or the group full), or in pieces (more
+    than ``NORM_GROUP_ELEMENTS`` elements); the same bytes give the same bits."""
     from ordered_ssd.apps.check import digests
 
     g = torch.Generator().manual_seed(5)
@@ -89,7 +89,7 @@ def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(mon
         off += r.numel()
     snap = torch.cat(parts)
     want = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in ts]
-    for cap in (1 << 23, 16, 5):  # 16: the 40-element span alone, without a copy; 5: every float32 span alone
+    for cap in (1 << 23, 16, 5):  # 16: the 40-element span in 3 pieces; 5: every float32 span alone or in pieces
         monkeypatch.setattr(digests, "NORM_GROUP_ELEMENTS", cap)
         got = digests.device_norms(snap, spans)
         assert got.dtype == torch.float64 and got.shape == (len(ts),)
@@ -98,6 +98,36 @@ def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(mon
         again = digests.device_norms(snap.clone(), spans)
         assert torch.equal(got.view(torch.int64), again.view(torch.int64)), cap
     assert digests.device_norms(snap, []).shape == (0,)
+
+
+def test_spans_of_any_dtypes_are_aligned_in_the_snapshot():
+    """A 16-bit tensor of odd length before a float32 one (and a float32 one of odd length before a float64 one):
+    each span starts at a multiple of ``SPAN_ALIGN`` bytes, so the norms can view it as its dtype; the digests are
+    still the tensors' own."""
+    from ordered_ssd.apps.check.digests import SPAN_ALIGN, device_norms
+
+    g = torch.Generator().manual_seed(9)
+    ts = {"a": torch.randn(3, generator=g).to(torch.bfloat16), "b": torch.randn(2, generator=g),
+          "c": torch.randn(5, generator=g), "d": torch.randn(3, generator=g, dtype=torch.float64),
+          "e": torch.randn(7, generator=g).half()}
+    with StepDigests(torch.device("cpu")) as digests:
+        got = digests.result(digests.submit(ts, norms=True))
+    for name, t in ts.items():
+        assert got.sha256[name] == tensor_sha256(t), name
+        assert got.norms[name] == float(t.double().norm()).hex(), name
+    # the snapshot's layout as submit builds it: offsets rounded up to SPAN_ALIGN, the padding between
+    parts, spans, off = [], [], 0
+    for t in ts.values():
+        pad = -off % SPAN_ALIGN
+        parts.append(torch.zeros(pad, dtype=torch.uint8))
+        off += pad
+        raw = t.reshape(-1).view(torch.uint8)
+        parts.append(raw)
+        spans.append((off, raw.numel(), t.dtype))
+        off += raw.numel()
+    norms = device_norms(torch.cat(parts), spans)
+    for (name, t), v in zip(ts.items(), norms.tolist()):
+        assert v == pytest.approx(float(t.double().norm()), rel=1e-13, abs=0.0), name
 
 
 @pytest.mark.parametrize("nbytes, count, groups", [
