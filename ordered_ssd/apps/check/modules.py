@@ -86,7 +86,7 @@ class OutputDigests:
     bits have the same fingerprint; different bits give a different one but with a chance of 2**-64 per word
     pattern, which the gradient digests (SHA-256 of every byte) do not share."""
 
-    _CHUNK = 1 << 24
+    _CHUNK = 1 << 22  # words per chunk: _WEIGHT_WORDS
 
     def __init__(self, model: torch.nn.Module, names: List[str]):
         self._sums: Dict[str, torch.Tensor] = {}
@@ -123,8 +123,10 @@ class OutputDigests:
         self._handles = []
 
 
-#: the fingerprint's word weights ``i * 2654435761 + 40503`` (int64) for ``i < len``, per device, grown on demand
+#: the fingerprint's word weights ``i * 2654435761 + 40503`` (int64) for ``i < len``, per device, grown on demand up
+#: to :data:`_WEIGHT_WORDS` (32 MiB a device, kept for the process's life: any chunking gives the same sum)
 _WEIGHTS: Dict[torch.device, torch.Tensor] = {}
+_WEIGHT_WORDS = 1 << 22
 _K, _C = 2654435761, 40503
 
 
@@ -148,6 +150,7 @@ def _fingerprint(t: torch.Tensor, chunk: int) -> torch.Tensor:
     raw = flat.contiguous().view(torch.uint8)
     word = torch.int32 if raw.numel() % 4 == 0 else torch.int16 if raw.numel() % 2 == 0 else torch.uint8
     words = raw.view(word)
+    chunk = min(chunk, _WEIGHT_WORDS)
     weights = _weights(min(chunk, words.numel()), t.device)
     acc = None
     for start in range(0, words.numel(), chunk):

@@ -96,7 +96,7 @@ def test_output_digests_fold_every_output_on_its_device_and_name_none_for_other_
     assert outs.take() == {}
 
 
-def test_output_fingerprint_is_the_weighted_word_sum_modulo_2_64():
+def test_output_fingerprint_is_the_weighted_word_sum_modulo_2_64(monkeypatch):
     """The fingerprint of an output equals its definition, ``sum w_i * (i * 2654435761 + 40503)`` modulo 2**64 over
     its bytes as 32-, 16- or 8-bit words (Python integers here), for any chunking (the later chunks' offset added
     as ``s * K * sum w``) and once the cached weights have grown or are reused."""
@@ -119,6 +119,11 @@ def test_output_fingerprint_is_the_weighted_word_sum_modulo_2_64():
         want = definition(t)
         for chunk in (1 << 24, 16, 7, 1):
             assert modules._fingerprint(t, chunk).item() == want, (t.dtype, tuple(t.shape), chunk)
+    monkeypatch.setattr(modules, "_WEIGHT_WORDS", 8)  # the cached weights capped: chunks of at most 8 words
+    monkeypatch.setattr(modules, "_WEIGHTS", {})
+    for t in cases:
+        assert modules._fingerprint(t, 1 << 24).item() == definition(t), (t.dtype, tuple(t.shape))
+    assert all(w.numel() <= 8 for w in modules._WEIGHTS.values())
     assert modules._fingerprint(torch.zeros(0), 8).item() == 0
 
 
