@@ -2,7 +2,8 @@
 
 Usage::
 
-    python benchmarks/check_overhead.py [--device cuda] [--steps 200] [--rounds 2] [--json PATH] [check flags...]
+    python benchmarks/check_overhead.py [--device cuda] [--steps 200] [--rounds 2] [--parts] [--digest-threads N]
+        [--json PATH] [check flags...]
 
 Both run in this process on the check's model and data (the device's defaults unless flags say otherwise):
 
@@ -13,7 +14,9 @@ Both run in this process on the check's model and data (the device's defaults un
 
 Timed interleaved (plain, check, plain, check, ...; ``--rounds`` each), after a warm-up of both; the time of a
 mode is its median over rounds of the wall time of all its steps, synchronised at the end. Prints the ratio
-check / plain (the target: at most 1.3 on the H200).
+check / plain (the target: at most 1.3 on the H200), and the time the check loop's ``StepDigests.submit`` took per
+step in its last round, of it the time waiting for earlier submissions' hashing (``StepDigests.stats``): a hashing
+that falls behind the training shows there. ``--digest-threads N`` sets the hashing threads.
 
 ``--parts`` also times, in the same rounds, the check's loop with one part left out (:data:`PARTS`), to see where
 its overhead goes. Those variants are measurements only: they swap the check's classes in this process for the

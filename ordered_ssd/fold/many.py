@@ -1,5 +1,5 @@
-"""Several folds in one launch: :func:`fold_many` (independent :func:`~ordered_ssd.fold.fold_dims` folds) and
-:func:`fold_example_sums` (the projection bias's fold of per-example folds).
+"""Batched folds: :func:`fold_many` (independent :func:`~ordered_ssd.fold.fold_dims` folds in one launch) and
+:func:`fold_example_sums` (the projection bias's fold of per-example folds, two launches).
 
 A training step folds a handful of small partial tensors at the same point of the backward (the gradients of
 ``A_log``, ``dt_bias``, ``D``, the RMSNorm weight, the conv weight and bias; the per-position tile partials of the
@@ -156,8 +156,9 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
 
     Args:
         t: ``[E, L, M]``, any float dtype and strides. dtype: the dtype of the result (the bias's).
-        use_triton: two launches (default: on CUDA with an fp32 accumulation; ``True`` on the CPU runs them under
-            ``TRITON_INTERPRET=1``): :func:`~ordered_ssd.fold.kernels.example_sums_kernel`, one program per
+        use_triton: two launches (default: on CUDA with an fp32 accumulation; ``True`` on the CPU runs the first
+            under ``TRITON_INTERPRET=1`` and the second as a PyTorch loop of the same additions):
+            :func:`~ordered_ssd.fold.kernels.example_sums_kernel`, one program per
             ``(example, block of m)``, writes each example's sum [E, M], then ``fold_kernel`` folds those over the
             examples, example 0 first. Otherwise one :func:`~ordered_ssd.fold.fold_dims` per example folded by
             :class:`~ordered_ssd.fold.LexicalFold` (the same additions in the same order; ``E + 1`` launches on
@@ -165,6 +166,9 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
 
     Returns:
         ``[M]`` in ``dtype`` (zeros for ``E == 0``).
+
+    Raises:
+        ValueError: on the Triton path, ``M`` over 65535 blocks of 256 features (the launch grid's second axis).
     """
     E, L, M = t.shape
     acc_dtype = accumulation_dtype(dtype)
@@ -174,11 +178,12 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
         for e in range(E):
             folder.add(fold_dims(t[e], 0, dtype=torch.float32))  # the example's positions in order
         return folder.result(like=torch.empty(M, device=t.device))
-    from . import kernels  # imports triton: only here
-
     if not E or not M:
         return torch.zeros(M, dtype=dtype, device=t.device)
     block = min(_BLOCK, max(32, next_pow2(M)))  # bit-neutral: which elements a program owns
+    if -(-M // block) > 65535:
+        raise ValueError(f"t: expected at most {65535 * block} features (the last dim) on the Triton path, got {M}")
+    from . import kernels  # imports triton: only here
     sums = torch.empty(E, M, dtype=torch.float32, device=t.device)
     with device_guard(t):
         _launch_cache.launch(kernels.example_sums_kernel, (E, -(-M // block)),

@@ -83,7 +83,7 @@ def ordered_linear_weight_grad(dy: torch.Tensor, x: torch.Tensor, weight_dtype: 
             dW = fold_example_gemms(dy, x).to(weight_dtype)
         else:
             dW = fold_example_gemms_grouped(dy, x, weight_dtype, group_bytes)
-        # per example a fold over its positions in order, those folded over examples (one launch on CUDA)
+        # per example a fold over its positions in order, those folded over examples (two launches on CUDA)
         db = fold_example_sums(dy, bias_dtype) if bias_dtype is not None else None
         return dW, db
 

@@ -108,6 +108,13 @@ def test_fold_example_sums_off_cuda_is_the_per_example_lexical_fold():
     assert empty.shape == (3,) and bits_equal(empty, torch.zeros(3))
 
 
+def test_fold_example_sums_refuses_more_features_than_its_grid_takes():
+    wide = torch.zeros(1).expand(2, 3, 65535 * 256 + 1)  # no memory: stride 0
+    with pytest.raises(ValueError, match=r"t: expected at most 16776960 features \(the last dim\) on the Triton path, "
+                                         r"got 16776961"):
+        fold_example_sums(wide, torch.float32, use_triton=True)
+
+
 def test_repeated_axes_are_refused():
     with pytest.raises(ValueError, match=r"dims: expected distinct axes, got \(0, 0\)"):
         fold_many([(torch.zeros(2, 3), (0, -2))])
@@ -160,9 +167,9 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
         from triton.compiler import ASTSource
         from ordered_ssd.fold import kernels
 
-        def check(fn, sig, const):
+        def check(fn, sig, const, num_warps=4):
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": 4})
+                               options={"num_warps": num_warps})
             ptx = k.asm["ptx"]
             assert k.asm["cubin"] and not re.search(r"^\\s*(@%p\\d+\\s+)?(atom|red)\\.", ptx, re.M)
             adds = set(re.findall(r"\\b(?:add|fma|sub)(?:\\.[a-z0-9]+)*\\.f32\\b", ptx))
@@ -176,10 +183,11 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
             check(fn, {n: "constexpr" if n in const else ("*fp32" if n[0] in "po" else "i32") for n in fn.arg_names},
                   const)
         fn = kernels.example_sums_kernel
-        for block in (32, 256):
-            sig = {n: {"BLOCK": "constexpr", "UNROLL": "constexpr", "p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32")
+        for block, ones in ((32, ()), (256, ()), (64, ("L",)), (32, ("L", "M", "s_e"))):  # as launched, and L == 1
+            const = {"BLOCK": block, "UNROLL": 32, **{n: 1 for n in ones}}
+            sig = {n: "constexpr" if n in const else {"p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32")
                    for n in fn.arg_names}
-            check(fn, sig, {"BLOCK": block, "UNROLL": 32})
+            check(fn, sig, const, num_warps=block // 32)
         fn = kernels.dA_cumsum_grad_kernel
         for const in ({"BLOCK": 128}, {"BLOCK": 128, "N": 1}):
             sig = {n: "constexpr" if n in const else {"R": "i32", "N": "i32"}.get(n, "*fp32") for n in fn.arg_names}

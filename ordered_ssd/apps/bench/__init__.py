@@ -36,9 +36,9 @@ After all shapes, the GPU launches per step of every mode (``torch.profiler`` ov
 profiler is never on while anything is timed). Grid rows take ``--repeats 15 --warmup 3 --bit-repeats 5`` unless
 those options are given.
 
-``--breakdown`` profiles a few ``native`` and ``ordered`` steps of S2 with ``torch.profiler`` (CUDA activity) and
-aggregates the GPU time per kernel name (Triton SSD kernels, ``fold_kernel``/``scan_kernel``, cuBLAS,
-causal-conv1d, ...). Outputs under ``--out``: ``bench.md``, ``bench.json``, ``bench.png``, ``breakdown.md``,
+``--breakdown`` profiles a few ``native`` and ``ordered`` steps of ``--breakdown-shape`` (S2 by default, M1 with
+``--layer mamba3``) with ``torch.profiler`` (CUDA activity) and aggregates the GPU time per kernel name (Triton SSD
+and Mamba-3 kernels, ``fold_kernel``/``scan_kernel``, cuBLAS, causal-conv1d, ...). Outputs under ``--out``: ``bench.md``, ``bench.json``, ``bench.png``, ``breakdown.md``,
 ``breakdown.json`` (rewritten after every shape, so an interrupted run leaves what it measured), and with
 ``--results-json PATH`` the run merged into that file (which keeps the current row of each shape with the
 provenance of the run that measured it; :mod:`.results`, whose ``--render`` prints the current table of
