@@ -139,14 +139,10 @@ def _plain(spec, data, device, steps):
     return time.perf_counter() - t0
 
 
-#: the ``StepDigests.stats`` of the check loops timed so far (the last one last)
-DIGEST_STATS = []
-
-
 def _checked(spec, device, steps, out, threads=None):
-    """Seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests resolved, synchronised);
-    its ``StepDigests.stats`` (time in ``submit`` and, of it, waiting for the hashing) appended to
-    :data:`DIGEST_STATS`. ``threads``: the StepDigests' hashing threads (default: its own default)."""
+    """``(seconds, stats)``: the seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests
+    resolved, synchronised) and its ``StepDigests.stats`` (time in ``submit`` and, of it, waiting for the hashing;
+    empty where the class was swapped out). ``threads``: the StepDigests' hashing threads (default: its own)."""
     from ordered_ssd.apps.check import digests, train
     from ordered_ssd.apps.check.world import world_of
 
@@ -167,8 +163,7 @@ def _checked(spec, device, steps, out, threads=None):
             record = train.train_loop(world, spec, os.path.join(out, "record.json"), label="a", progress=False)
     finally:
         train.StepDigests = cls
-    DIGEST_STATS.append(dict(getattr(made[-1], "stats", {})) if made else {})
-    return record["train_s"]
+    return record["train_s"], (dict(getattr(made[-1], "stats", {})) if made else {})
 
 
 def main(argv=None) -> int:
@@ -190,10 +185,11 @@ def main(argv=None) -> int:
         _checked(spec, device, min(steps, 5), out, a.digest_threads)
         for _ in range(a.rounds):
             times["plain"].append(_plain(spec, data, device, steps))
-            times["check"].append(_checked(spec, device, steps, out, a.digest_threads))
+            seconds, stats = _checked(spec, device, steps, out, a.digest_threads)  # stats: the last round's
+            times["check"].append(seconds)
             for part in parts:
                 with _without(part):
-                    times[part].append(_checked(spec, device, steps, out, a.digest_threads))
+                    times[part].append(_checked(spec, device, steps, out, a.digest_threads)[0])
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
     n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -208,7 +204,7 @@ def main(argv=None) -> int:
           f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds")
     print(f"  plain training {result['plain_ms_per_step']:.2f} ms/step, check's loop {result['check_ms_per_step']:.2f}"
           f" ms/step: x{result['ratio']:.3f}")
-    stats = result["digest_stats"] = DIGEST_STATS[-1 - len(parts)] if DIGEST_STATS else {}
+    result["digest_stats"] = stats
     if stats.get("submits"):
         print(f"  in its last round, StepDigests.submit took {1000 * stats['submit_s'] / steps:.2f} ms/step, of which "
               f"{1000 * stats['wait_s'] / steps:.2f} ms/step waiting for the hashing of earlier submissions")
