@@ -86,8 +86,6 @@ class OutputDigests:
     bits have the same fingerprint; different bits give a different one but with a chance of 2**-64 per word
     pattern, which the gradient digests (SHA-256 of every byte) do not share."""
 
-    _CHUNK = 1 << 22  # words per chunk: _WEIGHT_WORDS
-
     def __init__(self, model: torch.nn.Module, names: List[str]):
         self._sums: Dict[str, torch.Tensor] = {}
         self._meta: Dict[str, List[str]] = {}
@@ -104,7 +102,7 @@ class OutputDigests:
             t = _first_tensor(output)
             if t is None:
                 return
-            fp = _fingerprint(t, self._CHUNK)
+            fp = _fingerprint(t, _WEIGHT_WORDS)
             prev = self._sums.get(name)
             self._sums[name] = fp if prev is None else prev * 1000003 + fp
             self._meta.setdefault(name, []).append(f"{tuple(t.shape)}:{t.dtype}")
