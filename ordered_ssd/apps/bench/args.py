@@ -7,7 +7,8 @@ from typing import Dict, List, Optional
 from ..files import nonnegative_int, positive_int
 from .requirements import INSTALL, BenchError
 from .shapes import (ALL_NAMED, GRID, LAYER_DEFAULT_SHAPES, LAYER_MODES, LAYER_NAMES, LAYERS, MAMBA3_SHAPES, MODES,
-                     SHAPE_FORMAT, SHAPES, Shape, parse_modes, parse_shape, parse_shape_list)
+                     SHAPE_FORMAT, SHAPES, Shape, named_or_parsed_shape, parse_modes, parse_shape,
+                     parse_shape_list)
 
 # Per-row settings: rows of the grid (--grid) take GRID_DEFAULTS unless the option is given (then it applies to every
 # row). A grid row's steps take a few ms; the bit check's digests (every gradient copied to the host and hashed) and
@@ -168,17 +169,14 @@ def resolve_breakdown_shape(args) -> Optional[Shape]:
     if not getattr(args, "breakdown", False):
         return None
     layer = resolve_layer(args)
-    text = (args.breakdown_shape or BREAKDOWN_DEFAULT[layer]).strip()
-    named = ALL_NAMED.get(text.upper())
-    if named is not None:
-        if named.layer != layer:
-            raise BenchError(f"--breakdown-shape {named.name}: a {LAYER_NAMES[named.layer]} shape, not a "
-                             f"{LAYER_NAMES[layer]} one")
-        return named
     try:
-        return parse_shape(text, layer=layer)
+        shape = named_or_parsed_shape(args.breakdown_shape or BREAKDOWN_DEFAULT[layer], ALL_NAMED, layer)
     except ValueError as e:
         raise BenchError(str(e).replace("--shape", "--breakdown-shape", 1)) from None
+    if shape.layer != layer:
+        raise BenchError(f"--breakdown-shape {shape.name}: a {LAYER_NAMES[shape.layer]} shape, not a "
+                         f"{LAYER_NAMES[layer]} one")
+    return shape
 
 
 def resolve_shapes(args) -> List[Shape]:

@@ -203,12 +203,12 @@ def parse_shape(text: str, name: Optional[str] = None, layer: str = "mamba2") ->
     return shape if name else replace(shape, name=shape.spec())
 
 
-def named_or_parsed_shape(text: str, names: Optional[Dict[str, Shape]] = None) -> Shape:
+def named_or_parsed_shape(text: str, names: Optional[Dict[str, Shape]] = None, layer: str = "mamba2") -> Shape:
     """A named shape of ``names`` (default :data:`NAMED`, Mamba-2's: ``"S2"``, ``"G3"``, any case) or a
-    :func:`parse_shape` spec. Raises ``ValueError`` as that does."""
+    :func:`parse_shape` spec parsed as a shape of ``layer``. Raises ``ValueError`` as that does."""
     names = NAMED if names is None else names
     key = text.strip().upper()
-    return names[key] if key in names else parse_shape(text)
+    return names[key] if key in names else parse_shape(text, layer=layer)
 
 
 def parse_shape_list(text: str) -> List[Shape]:
