@@ -39,10 +39,10 @@ those options are given.
 ``--breakdown`` profiles a few ``native`` and ``ordered`` steps of ``--breakdown-shape`` (S2 by default, M1 with
 ``--layer mamba3``) with ``torch.profiler`` (CUDA activity) and aggregates the GPU time per kernel name (Triton SSD
 and Mamba-3 kernels, ``fold_kernel``/``scan_kernel``, cuBLAS, causal-conv1d, ...). Outputs under ``--out``:
-``bench.md``, ``bench.json``, ``bench.png``, ``breakdown.md``, ``breakdown.json`` (rewritten after every shape, so an interrupted run leaves what it measured), and with
-``--results-json PATH`` the run merged into that file (which keeps the current row of each shape with the
-provenance of the run that measured it; :mod:`.results`, whose ``--render`` prints the current table of
-``docs/performance.md``).
+``bench.md``, ``bench.json``, ``bench.png``, ``breakdown.md``, ``breakdown.json`` (rewritten after every shape, so
+an interrupted run leaves what it measured), and with ``--results-json PATH`` the run merged into that file (which
+keeps the current row of each shape with the provenance of the run that measured it; :mod:`.results`, whose
+``--render`` prints the current table of ``docs/performance.md``).
 
 ``--device cpu`` runs the same harness on the pure-PyTorch reference path (fp32, ``ordered``/``literal`` only):
 a smoke test of the harness, not a benchmark.
