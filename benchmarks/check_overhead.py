@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/check_overhead.py [--device cuda] [--steps 200] [--rounds 2] [--parts] [--digest-threads N]
-        [--json PATH] [check flags...]
+        [--hasher process|threads] [--json PATH] [check flags...]
 
 Both run in this process on the check's model and data (the device's defaults unless flags say otherwise):
 
@@ -16,10 +16,11 @@ Timed interleaved (plain, check, plain, check, ...; ``--rounds`` each), after a 
 mode is its median over rounds of the wall time of all its steps, synchronised at the end. Prints the ratio
 check / plain (the target: at most 1.3 on the H200), and the time the check loop's ``StepDigests.submit`` took per
 step in its last round, of it the time waiting for earlier submissions' hashing (``StepDigests.stats``): a hashing
-that falls behind the training shows there. ``--digest-threads N`` sets the hashing threads.
+that falls behind the training shows there. ``--digest-threads N`` sets the hashing threads, ``--hasher`` where they
+run (``StepDigests``' ``hasher``: a hashing process, the default, or threads of the training process).
 
-``--parts`` also times, in the same rounds, the check's loop with one part left out (:data:`PARTS`), to see where
-its overhead goes. Those variants are measurements only: they swap the check's classes in this process for the
+``--parts`` also times, in the same rounds, the check's loop with one part left out or done another way
+(:data:`PARTS`), to see where its overhead goes. Those variants are measurements only: they swap the check's classes in this process for the
 length of their run, and their records are not checks.
 """
 import argparse
@@ -41,8 +42,9 @@ import torch  # noqa: E402
 from _torchrun import sync  # noqa: E402
 
 
-#: ``--parts``: the check's loop with one part left out
+#: ``--parts``: the check's loop with one part left out or done another way
 PARTS = {
+    "other_hasher": "with the hashing where --hasher does not put it (process <-> threads)",
     "no_outputs": "without the forward outputs' fingerprints (OutputDigests)",
     "no_norms": "without the float64 norms of the gradients and parameters",
     "no_digests": "without the SHA-256 digests and norms (StepDigests)",
@@ -88,7 +90,9 @@ def _without(part):
     saved = (train.OutputDigests, train.StepDigests, digests.StepDigests.submit)
     submit = saved[2]
     try:
-        if part == "no_outputs":
+        if part == "other_hasher":
+            pass  # not a swap: _checked's hasher argument
+        elif part == "no_outputs":
             train.OutputDigests = _NoOutputs
         elif part == "no_norms":
             digests.StepDigests.submit = lambda self, tensors, norms=False: submit(self, tensors, norms=False)
@@ -139,10 +143,11 @@ def _plain(spec, data, device, steps):
     return time.perf_counter() - t0
 
 
-def _checked(spec, device, steps, out, threads=None):
+def _checked(spec, device, steps, out, threads=None, hasher=None):
     """``(seconds, stats)``: the seconds of :func:`train_loop`'s steps (its own ``train_s``: the loop, the digests
     resolved, synchronised) and its ``StepDigests.stats`` (time in ``submit`` and, of it, waiting for the hashing;
-    empty where the class was swapped out). ``threads``: the StepDigests' hashing threads (default: its own)."""
+    empty where the class was swapped out). ``threads``, ``hasher``: the StepDigests' hashing threads and where they
+    run (default: its own)."""
     from ordered_ssd.apps.check import digests, train
     from ordered_ssd.apps.check.world import world_of
 
@@ -150,8 +155,11 @@ def _checked(spec, device, steps, out, threads=None):
     cls = train.StepDigests
 
     def recording(*args, **kwargs):
-        if threads is not None and cls is digests.StepDigests:
-            kwargs["threads"] = threads
+        if cls is digests.StepDigests:
+            if threads is not None:
+                kwargs["threads"] = threads
+            if hasher is not None:
+                kwargs["hasher"] = hasher
         d = cls(*args, **kwargs)
         made.append(d)
         return d
@@ -175,33 +183,41 @@ def main(argv=None) -> int:
     p.add_argument("--parts", action="store_true", help="also time the loop with one part left out (PARTS)")
     p.add_argument("--digest-threads", type=int, default=None,
                    help="the check loop's hashing threads (default: StepDigests' default, half the cores, 4 to 8)")
+    p.add_argument("--hasher", choices=["process", "threads"], default=None,
+                   help="where the check loop's hashing runs (default: StepDigests' default, a process on POSIX)")
     a, rest = p.parse_known_args(argv)
+    from ordered_ssd.apps.check.digests import default_hasher
+
+    hasher = a.hasher or default_hasher()
+    other = {"process": "threads", "threads": "process"}[hasher]
     spec, device, data = check_setup(rest)
     steps = spec["steps"]
     parts = list(PARTS) if a.parts else []
     times = {"plain": [], "check": [], **{part: [] for part in parts}}
     with tempfile.TemporaryDirectory() as out:
         _plain(spec, data, device, min(steps, 5))  # warm-up (compilation, allocator)
-        _checked(spec, device, min(steps, 5), out, a.digest_threads)
+        _checked(spec, device, min(steps, 5), out, a.digest_threads, hasher)
         for _ in range(a.rounds):
             times["plain"].append(_plain(spec, data, device, steps))
-            seconds, stats = _checked(spec, device, steps, out, a.digest_threads)  # stats: the last round's
+            seconds, stats = _checked(spec, device, steps, out, a.digest_threads, hasher)  # stats: the last round's
             times["check"].append(seconds)
             for part in parts:
                 with _without(part):
-                    times[part].append(_checked(spec, device, steps, out, a.digest_threads)[0])
+                    how = other if part == "other_hasher" else hasher
+                    times[part].append(_checked(spec, device, steps, out, a.digest_threads, how)[0])
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
     n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "n_params": n_params, "steps": steps, "batch": spec["batch"],
-              "seq_len": spec["seq_len"], "rounds": a.rounds, "digest_threads": a.digest_threads,
+              "seq_len": spec["seq_len"], "rounds": a.rounds, "digest_threads": a.digest_threads, "hasher": hasher,
               "plain_s": times["plain"], "check_s": times["check"],
               "plain_ms_per_step": 1000 * plain / steps, "check_ms_per_step": 1000 * check / steps,
               "ratio": check / plain,
               "parts_ms_per_step": {part: 1000 * statistics.median(times[part]) / steps for part in parts},
               "parts_s": {part: times[part] for part in parts}}
     print(f"check_overhead: {device} {result['gpu'] or ''} torch {torch.__version__}; {n_params / 1e6:.2f}M params, "
-          f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds")
+          f"{steps} steps of batch {spec['batch']} x {spec['seq_len']}; median of {a.rounds} interleaved rounds; "
+          f"hashing in {'a process' if hasher == 'process' else 'threads'}")
     print(f"  plain training {result['plain_ms_per_step']:.2f} ms/step, check's loop {result['check_ms_per_step']:.2f}"
           f" ms/step: x{result['ratio']:.3f}")
     result["digest_stats"] = stats
@@ -210,7 +226,9 @@ def main(argv=None) -> int:
               f"{1000 * stats['wait_s'] / steps:.2f} ms/step waiting for the hashing of earlier submissions")
     for part in parts:
         ms = result["parts_ms_per_step"][part]
-        print(f"  the check's loop {PARTS[part]}: {ms:.2f} ms/step: x{ms / result['plain_ms_per_step']:.3f}")
+        what = f"with the hashing in {'a process' if other == 'process' else 'threads'}" \
+            if part == "other_hasher" else PARTS[part]
+        print(f"  the check's loop {what}: {ms:.2f} ms/step: x{ms / result['plain_ms_per_step']:.3f}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(result, fh, indent=1)

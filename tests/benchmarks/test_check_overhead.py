@@ -27,8 +27,9 @@ def test_parts_are_timed_and_the_check_is_restored(tmp_path, capsys):
     stats = r["digest_stats"]  # the check loop's StepDigests: two submissions a step (gradients, parameters)
     assert stats["submits"] == 4 and stats["submit_s"] >= stats["wait_s"] >= 0 and stats["submit_s"] > 0
     printed = capsys.readouterr().out
-    assert "StepDigests.submit took" in printed
-    assert all(text in printed for text in check_overhead.PARTS.values())
+    assert "StepDigests.submit took" in printed and r["hasher"] == "process" and "hashing in a process" in printed
+    assert all(text in printed for part, text in check_overhead.PARTS.items() if part != "other_hasher")
+    assert "the check's loop with the hashing in threads:" in printed
     assert train.OutputDigests is modules.OutputDigests and train.StepDigests is digests.StepDigests
     assert digests.StepDigests.submit.__qualname__ == "StepDigests.submit"
 
@@ -52,6 +53,36 @@ def test_a_part_left_out_is_not_in_the_record(tmp_path, part, grads_hashed, outp
 
 
 def test_an_unknown_part_is_refused():
-    with pytest.raises(ValueError, match="part: expected one of no_outputs, no_norms, no_digests, got 'x'"):
+    with pytest.raises(ValueError, match="part: expected one of other_hasher, no_outputs, no_norms, no_digests, got 'x'"):
         with check_overhead._without("x"):
             pass
+
+
+@pytest.mark.parametrize("hasher", ["process", "threads"])
+def test_the_hasher_reaches_the_check_loops_step_digests(tmp_path, monkeypatch, hasher):
+    """``_checked(..., hasher=...)`` builds the loop's StepDigests with that hasher, and the record's digests are
+    the same either way."""
+    from ordered_ssd.apps.check import digests
+    from ordered_ssd.apps.check.spec import spec_from_args
+    from ordered_ssd.apps.cli import build_parser
+    from ordered_ssd.apps.lm import ByteData, load_corpus
+
+    made = []
+    init = digests.StepDigests.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self.hasher)
+
+    monkeypatch.setattr(digests.StepDigests, "__init__", recording)
+    spec = spec_from_args(build_parser().parse_args(["check", *TINY, "--steps", "2"]))
+    corpus, _, cut = load_corpus(spec["data"], spec["data_bytes"])
+    spec["data_sha256"] = ByteData(corpus, spec["seq_len"], cut=cut).sha256
+    check_overhead._checked(spec, check_overhead.torch.device("cpu"), 2, str(tmp_path), hasher=hasher)
+    assert made == [hasher]
+    grads = json.loads((tmp_path / "record.json").read_text())["steps"][1]["grads"]
+    other = tmp_path / "other"
+    other.mkdir()
+    check_overhead._checked(spec, check_overhead.torch.device("cpu"), 2, str(other),
+                            hasher={"process": "threads", "threads": "process"}[hasher])
+    assert json.loads((other / "record.json").read_text())["steps"][1]["grads"] == grads

@@ -1,40 +1,56 @@
 """SHA-256 digests of a training step's tensors, computed while the next steps train.
 
-``ordered-ssd check`` hashes every gradient (and, in split-invariance runs, every parameter) after every step. Done
-in line, that is a device-to-host copy and a SHA-256 of the whole model per step, with the device idle meanwhile.
-:class:`StepDigests` takes the same digests off the training path without weakening them (every byte of every
-tensor goes through SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
+``ordered-ssd check`` hashes every gradient (and every parameter) after every step. Done in line, that is a
+device-to-host copy and a SHA-256 of the whole model per step, with the device idle meanwhile. :class:`StepDigests`
+takes the same digests off the training path without weakening them (every byte of every tensor goes through
+SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
 
 1. :meth:`StepDigests.submit` snapshots the tensors' bytes into one flat device buffer (one copy on the device, in
    stream order: the optimizer step that follows cannot change what was snapshotted);
-2. on CUDA a side stream copies the snapshot into pinned host memory (the copy engine, beside the next step's
+2. on CUDA a side stream copies the snapshot into page-locked host memory (the copy engine, beside the next step's
    kernels) and records an event;
-3. a thread waits for that event and hands the tensors to a pool of ``threads`` hashing threads, in at most
-   ``threads`` tasks of about equal bytes (:func:`hashing_groups`; ``hashlib`` releases the GIL, so the tasks hash
-   in parallel, and few tasks take the GIL from the training thread few times), while the training thread goes
-   on.
+3. a coordinating thread waits for that event and has the bytes hashed, each tensor's span on its own, in at most
+   ``threads`` tasks of about equal bytes (:func:`~ordered_ssd.apps.check.sha256_worker.hashing_groups`), while the
+   training thread goes on.
+
+Where the hashing runs (``hasher``): ``"process"`` (the default on POSIX systems), a hashing process
+(:mod:`ordered_ssd.apps.check.sha256_worker`, standard library only) reading the host buffers through shared memory
+(an anonymous shared file mapped in both processes, registered with CUDA as page-locked memory on CUDA), asked for a
+submission's digests in one message; ``"threads"``, hashing threads in this process. Both give the same digests. The
+threads cost the training thread its GIL: ``hashlib`` releases it while it hashes, but takes it back twice per
+tensor, and a training loop launching kernels from Python holds it nearly all the time, so every hand-over stalls
+one of them; the process has its own GIL.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
 (:func:`device_norms`: the snapshot's tensors widened to float64 a group at a time and one ``torch._foreach_norm``,
-in stream order, a few launches per submission, copied to the host with it), on the CPU in the hashing threads.
-Either way a device gives the same norm for the same bits in every run.
+in stream order, a few launches per submission, copied to the host with it), on the CPU from the host copy, in
+threads of this process. Either way a device gives the same norm for the same bits in every run.
 
 At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
 :meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
-submitted bytes on the device and as many pinned host buffers (reused).
+largest submission on the device and as many host buffers (reused; a larger submission waits for everything in
+flight and replaces them, and the hashing process with them).
 """
 from __future__ import annotations
 
-import hashlib
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from .launch import usable_cores
+from .sha256_worker import hashing_groups, sha256_spans
 
-__all__ = ["StepDigests", "StepResult", "default_threads", "hashing_groups", "device_norms"]
+__all__ = ["StepDigests", "StepResult", "default_threads", "default_hasher", "hashing_groups", "device_norms"]
 
 #: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64): a larger tensor is
 #: widened in pieces of this many elements
@@ -111,40 +127,121 @@ class StepResult(NamedTuple):
     norms: Dict[str, str]
 
 
-def _sha256_group(buf: memoryview, spans: Sequence[Tuple[int, int]]) -> List[str]:
-    """SHA-256 of each ``(offset, nbytes)`` span of the host buffer ``buf``, in order. Each span is a slice of the
-    one memoryview (no copy, and no Python object built per tensor beyond the slice), and ``hashlib`` hashes it
-    with the GIL released, so the training thread keeps the GIL while the threads hash."""
-    return [hashlib.sha256(buf[off:off + n]).hexdigest() for off, n in spans]
-
-
-def hashing_groups(nbytes: Sequence[int], count: int) -> List[List[int]]:
-    """The indices ``0..len(nbytes)-1`` in at most ``count`` groups of about equal bytes: largest first, each to the
-    group with the fewest bytes so far (ties: the lower index), each group's indices ascending; empty groups left
-    out. One hashing task per group, so that a step's tensors cost a few tasks (each taking the GIL to start and to
-    finish) rather than one per tensor; each tensor's digest is its own whatever its group."""
-    k = max(1, min(count, len(nbytes)))
-    loads = [0] * k
-    groups: List[List[int]] = [[] for _ in range(k)]
-    for i in sorted(range(len(nbytes)), key=lambda i: (-nbytes[i], i)):
-        j = min(range(k), key=lambda j: (loads[j], j))
-        groups[j].append(i)
-        loads[j] += nbytes[i]
-    return [sorted(g) for g in groups if g]
-
-
 def default_threads() -> int:
     """Hashing threads when not given: half the usable cores, at least 4 and at most 8 (SHA-256 of a 13M-parameter
     model's gradients and parameters is about 107 MB a step, which four threads may hash slower than a GPU trains)."""
     return max(4, min(8, usable_cores() // 2))
 
 
+def default_hasher() -> str:
+    """Where the hashing runs when not given: ``"process"`` where file descriptors can be handed to a child process
+    (POSIX), else ``"threads"``."""
+    return "process" if os.name == "posix" else "threads"
+
+
+#: the hashing process's script, run by path (importing it imports neither torch nor ordered_ssd)
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sha256_worker.py")
+
+
+def _shared_file(nbytes: int) -> int:
+    """A file descriptor of an anonymous file of ``nbytes`` bytes that a child process can map: a memfd on Linux,
+    else a temporary file unlinked at once (nothing is left behind whatever happens to the processes)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("ordered-ssd-digests")
+    else:
+        fd, path = tempfile.mkstemp(prefix="ordered-ssd-digests-")
+        os.unlink(path)
+    os.ftruncate(fd, nbytes)
+    return fd
+
+
+def _register(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Register ``tensor``'s host memory with CUDA as page-locked (portable), so that a device copy into it runs
+    asynchronously on the copy engine; False where the driver refuses. Called in a thread of its own: a refusal
+    leaves its error in that thread's CUDA runtime state, not in the training thread's (whose next kernel launch would
+    report it)."""
+    done: List[bool] = []
+
+    def run() -> None:
+        torch.cuda.set_device(device)
+        rc = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel(), 1)  # cudaHostRegisterPortable
+        done.append(int(rc) == 0)
+
+    t = threading.Thread(target=run, name="ordered-ssd-register")
+    t.start()
+    t.join()
+    return bool(done and done[0])
+
+
+class _HostBuffer:
+    """A host buffer of ``nbytes`` bytes the hashing process can read: an anonymous shared file (:func:`_shared_file`)
+    mapped here as ``tensor``. On CUDA it is registered as page-locked memory; where the driver refuses, the device
+    copies into a pinned ``staging`` buffer instead, and the bytes are copied on into the shared one before hashing."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self.fd = _shared_file(nbytes)
+        self.tensor = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
+        self.registered = device.type == "cuda" and _register(self.tensor, device)
+        self.staging = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                        if device.type == "cuda" and not self.registered else None)
+
+    def release(self) -> None:
+        """Unregister and drop the buffer (nothing in flight may use it); the mapping goes with the last view."""
+        if self.registered:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self.registered = False
+        self.tensor = self.staging = None
+        os.close(self.fd)
+
+
+class _Hasher:
+    """The hashing process (:mod:`~ordered_ssd.apps.check.sha256_worker`) over the host buffers' files ``fds``:
+    :meth:`digests` asks for the SHA-256 of spans of one buffer, one request at a time."""
+
+    def __init__(self, fds: Sequence[int], threads: int):
+        self.proc = subprocess.Popen([sys.executable, "-I", WORKER_SCRIPT, str(threads), *map(str, fds)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=tuple(fds), text=True)
+        self.lock = threading.Lock()
+
+    def digests(self, index: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
+        """The hex SHA-256 of each ``(offset, nbytes)`` span of buffer ``index``, in order. Raises ``RuntimeError``
+        if the hashing process has exited."""
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps([index, [list(s) for s in spans]]) + "\n")
+                self.proc.stdin.flush()
+                line = self.proc.stdout.readline()
+            except (BrokenPipeError, OSError, ValueError):
+                line = ""
+            if not line:
+                raise RuntimeError(f"the SHA-256 hashing process (pid {self.proc.pid}) exited with code "
+                                   f"{self.proc.poll()} before answering (its error, if any, is on stderr above)")
+            digests = json.loads(line)
+        if len(digests) != len(spans):
+            raise RuntimeError(f"the SHA-256 hashing process answered {len(digests)} digests for {len(spans)} spans")
+        return digests
+
+    def close(self) -> None:
+        """End the process (end of its input) and wait for it (killed after 30 s)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
 class _Slot:
-    """One step in flight: the device snapshot, its host copy (pinned on CUDA), the copy's event."""
+    """One submission in flight: its device snapshot, host buffer, the copy's event and the hashing's future."""
 
     def __init__(self) -> None:
         self.device_buf: Optional[torch.Tensor] = None
-        self.host_buf: Optional[torch.Tensor] = None
+        self.host: Optional[_HostBuffer] = None  # the process hasher's shared buffer
+        self.host_buf: Optional[torch.Tensor] = None  # where the device copies to (pinned on CUDA)
         self.event = None
         self.future: Optional[Future] = None
 
@@ -156,6 +253,8 @@ class StepDigests:
         device: the device the tensors live on (cpu or cuda).
         depth: how many submissions may be in flight at once (>= 1; the check submits two per step).
         threads: hashing threads (shared by the submissions in flight); default :func:`default_threads`.
+        hasher: ``"process"`` (a hashing process reading shared memory) or ``"threads"`` (threads of this
+            process); default :func:`default_hasher`. The digests are the same.
 
     Use::
 
@@ -167,21 +266,29 @@ class StepDigests:
 
     The digests equal :func:`ordered_ssd.digest.tensor_sha256` of each tensor at the time of :meth:`submit`
     (its bytes, contiguous); a ``None`` tensor gives ``"none"``. Raises ``TypeError`` for a value that is neither
-    a tensor nor None, ``ValueError`` for a tensor on another device.
+    a tensor nor None, ``ValueError`` for a tensor on another device or a bad argument; :meth:`result` raises
+    ``RuntimeError`` if the hashing process died.
     """
 
-    def __init__(self, device: torch.device, depth: int = 4, threads: Optional[int] = None):
+    def __init__(self, device: torch.device, depth: int = 4, threads: Optional[int] = None,
+                 hasher: Optional[str] = None):
         threads = default_threads() if threads is None else threads
+        hasher = default_hasher() if hasher is None else hasher
         if depth < 1 or threads < 1:
             raise ValueError(f"depth, threads: expected >= 1, got {depth}, {threads}")
+        if hasher not in ("process", "threads"):
+            raise ValueError(f"hasher: expected 'process' or 'threads', got {hasher!r}")
         self.device = torch.device(device)
+        self.hasher = hasher
         self._cuda = self.device.type == "cuda"
         self._slots = [_Slot() for _ in range(depth)]
         self._next = 0
-        # one coordinating thread per submission in flight, and the pool that hashes their tensors
+        self._capacity = -1  # bytes of each slot's buffers (allocated at the first submission, grown with them)
+        # one coordinating thread per submission in flight, and the threads that hash (threads) or take the CPU norms
         self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="ordered-ssd-digest")
         self._hashers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ordered-ssd-sha256")
         self._threads = threads
+        self._worker: Optional[_Hasher] = None
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._padding = torch.zeros(SPAN_ALIGN, dtype=torch.uint8, device=self.device)
         self._keys: Dict[int, Future] = {}
@@ -190,10 +297,41 @@ class StepDigests:
         #: (``"wait_s"``: the hashing behind the training), and the number of submissions
         self.stats = {"submits": 0, "submit_s": 0.0, "wait_s": 0.0}
 
+    def _release(self) -> None:
+        """Wait for everything in flight (its errors are left to :meth:`result`), then drop every slot's buffers and
+        end the hashing process."""
+        futures.wait([slot.future for slot in self._slots if slot.future is not None])
+        for slot in self._slots:
+            slot.future = None
+            if slot.host is not None:
+                slot.host.release()
+            slot.device_buf = slot.host_buf = slot.host = slot.event = None
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self._capacity = -1
+
+    def _allocate(self, nbytes: int) -> None:
+        """Every slot's buffers of ``nbytes`` bytes (after :meth:`_release`), and the hashing process over them."""
+        self._release()
+        for slot in self._slots:
+            slot.device_buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            if self.hasher == "process":
+                slot.host = _HostBuffer(nbytes, self.device)
+                slot.host_buf = slot.host.staging if slot.host.staging is not None else slot.host.tensor
+                if not self._cuda:
+                    slot.device_buf = slot.host.tensor  # the snapshot is taken straight into the shared buffer
+            else:
+                slot.host_buf = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if self._cuda
+                                 else slot.device_buf)
+        if self.hasher == "process":
+            self._worker = _Hasher([slot.host.fd for slot in self._slots], self._threads)
+        self._capacity = nbytes
+
     def submit(self, tensors: Dict[str, Optional[torch.Tensor]], norms: bool = False) -> int:
         """Snapshot ``tensors`` (in stream order) and start hashing them (with ``norms``, also taking each floating
         tensor's L2 norm in float64: on CUDA on the device, :func:`device_norms`; on the CPU from the host copy, in
-        the hashing threads); returns the key of :meth:`result`."""
+        threads of this process); returns the key of :meth:`result`."""
         t_enter = time.perf_counter()
         names = list(tensors)
         views: List[torch.Tensor] = []
@@ -217,23 +355,24 @@ class StepDigests:
             views.append(b)
             layout.append((name, offset, b.numel(), t.dtype))
             offset += b.numel()
-        slot = self._slots[self._next]
+        if offset > self._capacity:  # the first submission, or a larger one: new buffers (waits for those in flight)
+            t_wait = time.perf_counter()
+            self._allocate(max(offset, SPAN_ALIGN))
+            self.stats["wait_s"] += time.perf_counter() - t_wait
+        index = self._next
+        slot = self._slots[index]
         self._next = (self._next + 1) % len(self._slots)
         if slot.future is not None:
             t_wait = time.perf_counter()
             slot.future.result()  # the oldest step in flight must be hashed before its buffers are reused
             self.stats["wait_s"] += time.perf_counter() - t_wait
-        if slot.device_buf is None or slot.device_buf.numel() < offset:
-            slot.device_buf = torch.empty(offset, dtype=torch.uint8, device=self.device)
-            slot.host_buf = (torch.empty(offset, dtype=torch.uint8, pin_memory=True) if self._cuda
-                             else slot.device_buf)
         if views:
             torch.cat(views, out=slot.device_buf[:offset])  # the snapshot, in the current stream's order
         norms_dev = host_norms = None
         floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
-            snap = slot.device_buf
-            norms_dev = device_norms(snap, [(off, n, dt) for _, off, n, dt in floating])
+            norms_dev = device_norms(slot.device_buf, [(off, n, dt) for _, off, n, dt in floating])
+        event = None
         if self._cuda:
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
@@ -243,11 +382,13 @@ class StepDigests:
                     host_norms = torch.empty(norms_dev.shape, dtype=torch.float64, pin_memory=True)
                     host_norms.copy_(norms_dev, non_blocking=True)
                     norms_dev.record_stream(self._stream)
-                slot.event = torch.cuda.Event()
-                slot.event.record(self._stream)
+                event = torch.cuda.Event()
+                event.record(self._stream)
             slot.device_buf.record_stream(self._stream)
-        host, event = slot.host_buf, slot.event
-        view = memoryview(host[:offset].numpy()) if offset else memoryview(b"")
+        host = slot.host.tensor if slot.host is not None else slot.host_buf  # the bytes hashed
+        staging = slot.host.staging if slot.host is not None else None
+        worker = self._worker
+        spans = [(off, n) for _, off, n, _ in layout if off >= 0]
 
         def host_norm(off: int, n: int, dtype) -> str:
             return float(host[off:off + n].view(dtype).double().norm()).hex()
@@ -255,15 +396,15 @@ class StepDigests:
         def work() -> StepResult:
             if event is not None:
                 event.synchronize()
-            spans = [(off, n) for _, off, n, _ in layout if off >= 0]
-            tasks = [(group, self._hashers.submit(_sha256_group, view, [spans[i] for i in group]))
-                     for group in hashing_groups([n for _, n in spans], self._threads)]
+            if staging is not None and offset:  # the driver refused to register the shared buffer
+                host[:offset].numpy()[:] = staging[:offset].numpy()
             if norms and not self._cuda:
                 norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
-            by_span: List[str] = [""] * len(spans)
-            for group, task in tasks:
-                for i, digest in zip(group, task.result()):
-                    by_span[i] = digest
+            if worker is not None:
+                by_span = worker.digests(index, spans)
+            else:
+                view = memoryview(host[:offset].numpy()) if offset else memoryview(b"")
+                by_span = sha256_spans(self._hashers, self._threads, view, spans)
             hashes = iter(by_span)
             sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout}
             if not norms:
@@ -289,11 +430,16 @@ class StepDigests:
         return [self.result(k) for k in keys]
 
     def close(self) -> None:
-        """Wait for everything in flight and stop the threads."""
-        for f in list(self._keys.values()):
-            f.result()
-        self._pool.shutdown(wait=True)
-        self._hashers.shutdown(wait=True)
+        """Wait for everything in flight, stop the threads and the hashing process, and free the buffers."""
+        try:
+            for f in list(self._keys.values()):
+                f.result()
+        finally:
+            try:
+                self._release()
+            finally:
+                self._pool.shutdown(wait=True)
+                self._hashers.shutdown(wait=True)
 
     def __enter__(self) -> "StepDigests":
         return self

@@ -13,12 +13,13 @@ def _tensors(g):
             "empty": torch.zeros(0), "ints": torch.randint(0, 9, (4,), generator=g), "half": torch.randn(3).half()}
 
 
+@pytest.mark.parametrize("hasher", ["process", "threads"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
-def test_digests_are_those_of_the_tensors_at_submit(depth):
+def test_digests_are_those_of_the_tensors_at_submit(depth, hasher):
     g = torch.Generator().manual_seed(0)
     ts = _tensors(g)
     expected, keys = [], []
-    with StepDigests(torch.device("cpu"), depth=depth, threads=2) as digests:
+    with StepDigests(torch.device("cpu"), depth=depth, threads=2, hasher=hasher) as digests:
         for _ in range(6):
             keys.append(digests.submit(ts))
             expected.append({k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()})
@@ -39,6 +40,8 @@ def test_bad_values_are_refused_by_name():
             digests.submit({"x": torch.zeros(2, device="meta")})
     with pytest.raises(ValueError, match="depth, threads: expected >= 1, got 0, 4"):
         StepDigests(torch.device("cpu"), depth=0, threads=4)
+    with pytest.raises(ValueError, match="hasher: expected 'process' or 'threads', got 'gpu'"):
+        StepDigests(torch.device("cpu"), hasher="gpu")
 
 
 @pytest.mark.parametrize("cores, threads", [(1, 4), (2, 4), (8, 4), (12, 6), (16, 8), (64, 8)])
@@ -144,12 +147,13 @@ def test_hashing_groups_are_of_about_equal_bytes(nbytes, count, groups):
     assert hashing_groups(nbytes, count) == groups
 
 
-def test_grouped_hashing_keeps_every_tensors_digest():
+@pytest.mark.parametrize("hasher", ["process", "threads"])
+def test_grouped_hashing_keeps_every_tensors_digest(hasher):
     """Many tensors of mixed sizes over 3 threads (fewer tasks than tensors): each digest is its own tensor's."""
     g = torch.Generator().manual_seed(4)
     ts = {f"t{i}": torch.randn(int(n), generator=g) for i, n in enumerate([1, 70_000, 3, 0, 5_000, 2, 90_000, 7])}
     ts["none"] = None
-    with StepDigests(torch.device("cpu"), threads=3) as digests:
+    with StepDigests(torch.device("cpu"), threads=3, hasher=hasher) as digests:
         got = digests.result(digests.submit(ts)).sha256
     assert got == {k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()}
     assert len(set(got.values())) == len(got)
@@ -166,3 +170,52 @@ def test_hashing_groups_balance_the_check_models_tensors():
     assert sorted(i for g in groups for i in g) == list(range(len(nbytes))) and len(groups) == 8
     sizes = [sum(nbytes[i] for i in g) for g in groups]
     assert max(sizes) <= 1.2 * sum(nbytes) / 8, sizes
+
+
+def test_a_larger_submission_replaces_the_buffers_and_the_hashing_process():
+    """Submissions growing (a gradient that was None, then a larger model's tensors), shrinking and growing again,
+    several in flight: every digest is still its own tensor's; the buffers and the hashing process are replaced only
+    when a submission is larger than any before, the old process ended."""
+    g = torch.Generator().manual_seed(6)
+    sizes = [3, 10, 10, 2, 5000, 7, 5000, 20000]
+    with StepDigests(torch.device("cpu"), depth=2, threads=2, hasher="process") as digests:
+        keys, expected, procs = [], [], []
+        for i, n in enumerate(sizes):
+            ts = {"a": torch.randn(n, generator=g), "b": None if i == 0 else torch.randn(n // 2 + 1, generator=g)}
+            keys.append(digests.submit(ts))
+            expected.append({k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()})
+            if not procs or procs[-1] is not digests._worker.proc:
+                procs.append(digests._worker.proc)
+        assert [r.sha256 for r in digests.results(keys)] == expected
+        assert len(procs) == 4  # sizes 3 (b None), 10, 5000, 20000
+        assert all(p.poll() == 0 for p in procs[:-1])
+        last = procs[-1]
+    assert last.poll() == 0  # close ended it
+
+
+def test_a_dead_hashing_process_is_an_error_not_a_hang():
+    """The hashing process killed: the result of a submission it did not answer raises ``RuntimeError`` naming it,
+    and close() still returns."""
+    g = torch.Generator().manual_seed(7)
+    digests = StepDigests(torch.device("cpu"), depth=2, threads=1, hasher="process")
+    ok = digests.submit({"w": torch.randn(100, generator=g)})
+    assert digests.result(ok).sha256["w"]
+    digests._worker.proc.kill()
+    digests._worker.proc.wait()
+    key = digests.submit({"w": torch.randn(100, generator=g)})
+    with pytest.raises(RuntimeError, match=r"the SHA-256 hashing process \(pid \d+\) exited with code -9"):
+        digests.result(key)
+    digests.close()
+
+
+def test_the_hashing_process_imports_neither_torch_nor_ordered_ssd():
+    """The worker script runs by path in an isolated interpreter: its imports are the standard library's (it starts
+    in a fraction of torch's import time and cannot touch CUDA)."""
+    import ast
+
+    from ordered_ssd.apps.check.digests import WORKER_SCRIPT
+
+    tree = ast.parse(open(WORKER_SCRIPT).read())
+    imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"hashlib", "json", "mmap", "sys", "concurrent", "typing"}

@@ -1,5 +1,6 @@
 """``StepDigests`` on CUDA: the snapshot, pinned copy and hashing overlap the next step and still give
 ``tensor_sha256`` of each tensor as it was at ``submit``."""
+import pytest
 import torch
 
 from ordered_ssd.apps.check.digests import StepDigests
@@ -7,12 +8,20 @@ from ordered_ssd.digest import tensor_sha256
 from tests.apps.check.test_digests import _tensors
 
 
-def test_cuda_digests_overlap_and_match():
+@pytest.mark.parametrize("hasher, registered", [("process", True), ("process", False), ("threads", None)])
+def test_cuda_digests_overlap_and_match(monkeypatch, hasher, registered):
+    """Each hasher; the process's shared buffers registered as page-locked memory, or (the driver refusing) copied
+    to through a pinned staging buffer."""
+    from ordered_ssd.apps.check import digests as module
+
+    if registered is False:
+        monkeypatch.setattr(module, "_register", lambda tensor, device: False)
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(1)
     ts = {k: (v.to(dev) if v is not None else None) for k, v in _tensors(g).items()}
+    ts["big"] = torch.randn(3_000_000, generator=g).to(dev)  # 12 MB: the copy still running when the hashing asks
     expected, keys = [], []
-    with StepDigests(dev, depth=2) as digests:
+    with StepDigests(dev, depth=2, hasher=hasher) as digests:
         for _ in range(5):
             keys.append(digests.submit(ts))
             expected.append({k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()})
@@ -20,6 +29,10 @@ def test_cuda_digests_overlap_and_match():
                 if v is not None and v.numel():
                     v.mul_(3).add_(1)
         assert [r.sha256 for r in digests.results(keys)] == expected
+        if hasher == "process":
+            assert all(slot.host.registered is registered for slot in digests._slots)
+            assert all((slot.host.staging is None) is registered for slot in digests._slots)
+            assert all(slot.host_buf.is_pinned() for slot in digests._slots)  # the device copies asynchronously
 
 
 def test_cuda_norms_are_the_device_float64_norms_at_submit():
