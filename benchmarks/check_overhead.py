@@ -20,8 +20,8 @@ that falls behind the training shows there. ``--digest-threads N`` sets the hash
 run (``StepDigests``' ``hasher``: a hashing process, the default, or threads of the training process).
 
 ``--parts`` also times, in the same rounds, the check's loop with one part left out or done another way
-(:data:`PARTS`), to see where its overhead goes. Those variants are measurements only: they swap the check's classes in this process for the
-length of their run, and their records are not checks.
+(:data:`PARTS`), to see where its overhead goes. Those variants are measurements only: they swap the check's classes
+in this process for the length of their run, and their records are not checks.
 """
 import argparse
 import contextlib

@@ -53,7 +53,8 @@ def test_a_part_left_out_is_not_in_the_record(tmp_path, part, grads_hashed, outp
 
 
 def test_an_unknown_part_is_refused():
-    with pytest.raises(ValueError, match="part: expected one of other_hasher, no_outputs, no_norms, no_digests, got 'x'"):
+    with pytest.raises(ValueError,
+                       match="part: expected one of other_hasher, no_outputs, no_norms, no_digests, got 'x'"):
         with check_overhead._without("x"):
             pass
 

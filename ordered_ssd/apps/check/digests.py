@@ -15,11 +15,11 @@ SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
 
 Where the hashing runs (``hasher``): ``"process"`` (the default on POSIX systems), a hashing process
 (:mod:`ordered_ssd.apps.check.sha256_worker`, standard library only) reading the host buffers through shared memory
-(an anonymous shared file mapped in both processes, registered with CUDA as page-locked memory on CUDA), asked for a
-submission's digests in one message; ``"threads"``, hashing threads in this process. Both give the same digests. The
-threads cost the training thread its GIL: ``hashlib`` releases it while it hashes, but takes it back twice per
-tensor, and a training loop launching kernels from Python holds it nearly all the time, so every hand-over stalls
-one of them; the process has its own GIL.
+(an anonymous shared file mapped in both processes; on CUDA registered with the driver as page-locked memory, else
+copied to through a pinned staging buffer), asked for a submission's digests in one message; ``"threads"``, hashing
+threads in this process. Both give the same digests. The threads cost the training thread its GIL: ``hashlib``
+releases it while it hashes, but takes it back twice per tensor, and a training loop launching kernels from Python
+holds it nearly all the time, so every hand-over stalls one of them; the process has its own GIL.
 
 With ``norms=True`` each floating tensor's L2 norm in float64 is taken too: on CUDA on the device at :meth:`submit`
 (:func:`device_norms`: the snapshot's tensors widened to float64 a group at a time and one ``torch._foreach_norm``,
@@ -28,8 +28,8 @@ threads of this process. Either way a device gives the same norm for the same bi
 
 At most ``depth`` submissions are in flight (a further :meth:`submit` waits for the oldest);
 :meth:`StepDigests.result` of a submission blocks until its digests are done. Memory: ``depth`` snapshots of the
-largest submission on the device and as many host buffers (reused; a larger submission waits for everything in
-flight and replaces them, and the hashing process with them).
+largest submission on the device and as many host buffers (twice as many where CUDA refused to register them;
+reused; a larger submission waits for everything in flight and replaces them, and the hashing process with them).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -155,40 +156,62 @@ def _shared_file(nbytes: int) -> int:
     return fd
 
 
-def _register(tensor: torch.Tensor, device: torch.device) -> bool:
-    """Register ``tensor``'s host memory with CUDA as page-locked (portable), so that a device copy into it runs
-    asynchronously on the copy engine; False where the driver refuses. Called in a thread of its own: a refusal
-    leaves its error in that thread's CUDA runtime state, not in the training thread's (whose next kernel launch would
-    report it)."""
-    done: List[bool] = []
+def _in_thread(device: torch.device, call) -> int:
+    """``call()`` (a CUDA runtime call returning its error code) in a thread of its own, on ``device`` (an index
+    resolved here), as an int (0: success). A failure leaves its error in that thread's CUDA runtime state, not in the
+    training thread's, whose next kernel launch would report it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    done: List[int] = []
 
     def run() -> None:
-        torch.cuda.set_device(device)
-        rc = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel(), 1)  # cudaHostRegisterPortable
-        done.append(int(rc) == 0)
+        try:
+            torch.cuda.set_device(index)
+            done.append(int(call()))
+        except Exception:  # noqa: BLE001 - reported as a failure code
+            done.append(-1)
 
     t = threading.Thread(target=run, name="ordered-ssd-register")
     t.start()
     t.join()
-    return bool(done and done[0])
+    return done[0] if done else -1
+
+
+def _unregister(ptr: int, index: int) -> None:
+    _in_thread(torch.device("cuda", index), lambda: torch.cuda.cudart().cudaHostUnregister(ptr))
 
 
 class _HostBuffer:
     """A host buffer of ``nbytes`` bytes the hashing process can read: an anonymous shared file (:func:`_shared_file`)
-    mapped here as ``tensor``. On CUDA it is registered as page-locked memory; where the driver refuses, the device
-    copies into a pinned ``staging`` buffer instead, and the bytes are copied on into the shared one before hashing."""
+    mapped here as ``tensor``. On CUDA it is registered with the driver as page-locked (portable) memory, so that the
+    device copies into it asynchronously on the copy engine; where the driver refuses, the device copies into a
+    pinned ``staging`` buffer instead (twice the host memory), and the bytes are copied on into the shared one before
+    hashing. Unregistered by :meth:`release`, or when the buffer is garbage-collected (before the mapping goes)."""
 
     def __init__(self, nbytes: int, device: torch.device):
         self.fd = _shared_file(nbytes)
-        self.tensor = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
-        self.registered = device.type == "cuda" and _register(self.tensor, device)
-        self.staging = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-                        if device.type == "cuda" and not self.registered else None)
+        self.registered = False
+        self.staging = None
+        self._finalizer = None
+        try:
+            self.tensor = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
+            if device.type == "cuda":
+                ptr = self.tensor.data_ptr()
+                self.registered = _in_thread(device, lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0
+                if self.registered:
+                    index = device.index if device.index is not None else torch.cuda.current_device()
+                    self._finalizer = weakref.finalize(self, _unregister, ptr, index)
+                else:
+                    self.staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except BaseException:
+            if self._finalizer is not None:
+                self._finalizer()
+            os.close(self.fd)
+            raise
 
     def release(self) -> None:
         """Unregister and drop the buffer (nothing in flight may use it); the mapping goes with the last view."""
-        if self.registered:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+        if self._finalizer is not None:
+            self._finalizer()  # once: cudaHostUnregister
             self.registered = False
         self.tensor = self.staging = None
         os.close(self.fd)
@@ -200,7 +223,8 @@ class _Hasher:
 
     def __init__(self, fds: Sequence[int], threads: int):
         self.proc = subprocess.Popen([sys.executable, "-I", WORKER_SCRIPT, str(threads), *map(str, fds)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=tuple(fds), text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=tuple(fds), text=True,
+                                     start_new_session=True)  # a Ctrl-C at the terminal is for the training
         self.lock = threading.Lock()
 
     def digests(self, index: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
@@ -266,8 +290,9 @@ class StepDigests:
 
     The digests equal :func:`ordered_ssd.digest.tensor_sha256` of each tensor at the time of :meth:`submit`
     (its bytes, contiguous); a ``None`` tensor gives ``"none"``. Raises ``TypeError`` for a value that is neither
-    a tensor nor None, ``ValueError`` for a tensor on another device or a bad argument; :meth:`result` raises
-    ``RuntimeError`` if the hashing process died.
+    a tensor nor None, ``ValueError`` for a tensor on another device or a bad argument, ``RuntimeError`` for a
+    submission after :meth:`close`; :meth:`result` of a submission the hashing process did not answer (it died)
+    raises ``RuntimeError``, and so may :meth:`close`.
     """
 
     def __init__(self, device: torch.device, depth: int = 4, threads: Optional[int] = None,
@@ -293,6 +318,7 @@ class StepDigests:
         self._padding = torch.zeros(SPAN_ALIGN, dtype=torch.uint8, device=self.device)
         self._keys: Dict[int, Future] = {}
         self._count = 0
+        self._closed = False
         #: seconds spent in :meth:`submit` (``"submit_s"``), of which waiting for the oldest submission's digests
         #: (``"wait_s"``: the hashing behind the training), and the number of submissions
         self.stats = {"submits": 0, "submit_s": 0.0, "wait_s": 0.0}
@@ -333,6 +359,8 @@ class StepDigests:
         tensor's L2 norm in float64: on CUDA on the device, :func:`device_norms`; on the CPU from the host copy, in
         threads of this process); returns the key of :meth:`result`."""
         t_enter = time.perf_counter()
+        if self._closed:
+            raise RuntimeError("StepDigests: submit after close()")
         names = list(tensors)
         views: List[torch.Tensor] = []
         layout: List[Tuple[str, int, int, Optional[torch.dtype]]] = []  # (name, offset, nbytes, dtype); -1: None
@@ -362,9 +390,9 @@ class StepDigests:
         index = self._next
         slot = self._slots[index]
         self._next = (self._next + 1) % len(self._slots)
-        if slot.future is not None:
+        if slot.future is not None:  # the oldest step in flight must be hashed before its buffers are reused
             t_wait = time.perf_counter()
-            slot.future.result()  # the oldest step in flight must be hashed before its buffers are reused
+            futures.wait([slot.future])  # (its error, if any, is left to its result())
             self.stats["wait_s"] += time.perf_counter() - t_wait
         if views:
             torch.cat(views, out=slot.device_buf[:offset])  # the snapshot, in the current stream's order
@@ -374,17 +402,22 @@ class StepDigests:
             norms_dev = device_norms(slot.device_buf, [(off, n, dt) for _, off, n, dt in floating])
         event = None
         if self._cuda:
+            event = torch.cuda.Event()  # what can fail is made before the copy that writes into the host buffer
+            if norms_dev is not None:
+                host_norms = torch.empty(norms_dev.shape, dtype=torch.float64, pin_memory=True)
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
-            with torch.cuda.stream(self._stream):
-                slot.host_buf[:offset].copy_(slot.device_buf[:offset], non_blocking=True)
-                if norms_dev is not None:
-                    host_norms = torch.empty(norms_dev.shape, dtype=torch.float64, pin_memory=True)
-                    host_norms.copy_(norms_dev, non_blocking=True)
-                    norms_dev.record_stream(self._stream)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            slot.device_buf.record_stream(self._stream)
+            try:
+                with torch.cuda.stream(self._stream):
+                    slot.host_buf[:offset].copy_(slot.device_buf[:offset], non_blocking=True)
+                    if norms_dev is not None:
+                        host_norms.copy_(norms_dev, non_blocking=True)
+                        norms_dev.record_stream(self._stream)
+                    event.record(self._stream)
+                slot.device_buf.record_stream(self._stream)
+            except BaseException:
+                self._stream.synchronize()  # no copy may still write into a buffer that close() may then free
+                raise
         host = slot.host.tensor if slot.host is not None else slot.host_buf  # the bytes hashed
         staging = slot.host.staging if slot.host is not None else None
         worker = self._worker
@@ -431,6 +464,7 @@ class StepDigests:
 
     def close(self) -> None:
         """Wait for everything in flight, stop the threads and the hashing process, and free the buffers."""
+        self._closed = True
         try:
             for f in list(self._keys.values()):
                 f.result()

@@ -7,11 +7,12 @@ instead, with its own GIL: the training process writes each step's bytes into sh
 of its spans in one line; the only GIL the training process gives up is its coordinating thread's, a few times a
 submission.
 
-Run by :class:`StepDigests` as ``python sha256_worker.py THREADS FD [FD ...]`` (by path, so that importing it imports
-neither torch nor ordered_ssd): each ``FD`` is a file descriptor (inherited) of a shared buffer. Protocol, one JSON
-line per message: a request ``[buffer index, [[offset, nbytes], ...]]`` on stdin, its answer on stdout, in order:
-the hex SHA-256 of each span, in the order given. End of stdin ends the process (so does the training process's
-death: its end of the pipe closes).
+Run by :class:`StepDigests` as ``python -I sha256_worker.py THREADS FD [FD ...]`` in a session of its own (by path, so
+that importing it imports neither torch nor ordered_ssd; a Ctrl-C at the terminal reaches the training process only):
+each ``FD`` is a file descriptor (inherited) of a shared buffer. Protocol, one JSON line per message: a request
+``[buffer index, [[offset, nbytes], ...]]`` on stdin, its answer on stdout, in order: the hex SHA-256 of each span,
+in the order given. End of stdin ends the process (so does the training process's death: its end of the pipe
+closes).
 """
 import hashlib
 import json

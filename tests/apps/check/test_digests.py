@@ -194,18 +194,28 @@ def test_a_larger_submission_replaces_the_buffers_and_the_hashing_process():
 
 
 def test_a_dead_hashing_process_is_an_error_not_a_hang():
-    """The hashing process killed: the result of a submission it did not answer raises ``RuntimeError`` naming it,
-    and close() still returns."""
+    """The hashing process killed: the result of each submission it did not answer raises ``RuntimeError`` naming
+    it (later submissions reusing the failed ones' slots still go in), and close() returns; a submission after
+    close() is refused, starting nothing. The process runs in a session of its own (a Ctrl-C at the terminal is the
+    training's)."""
+    import os
+
     g = torch.Generator().manual_seed(7)
     digests = StepDigests(torch.device("cpu"), depth=2, threads=1, hasher="process")
     ok = digests.submit({"w": torch.randn(100, generator=g)})
     assert digests.result(ok).sha256["w"]
-    digests._worker.proc.kill()
-    digests._worker.proc.wait()
-    key = digests.submit({"w": torch.randn(100, generator=g)})
-    with pytest.raises(RuntimeError, match=r"the SHA-256 hashing process \(pid \d+\) exited with code -9"):
-        digests.result(key)
+    proc = digests._worker.proc
+    assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+    proc.kill()
+    proc.wait()
+    keys = [digests.submit({"w": torch.randn(100, generator=g)}) for _ in range(5)]
+    for key in keys:
+        with pytest.raises(RuntimeError, match=r"the SHA-256 hashing process \(pid \d+\) exited with code -9"):
+            digests.result(key)
     digests.close()
+    with pytest.raises(RuntimeError, match=r"StepDigests: submit after close\(\)"):
+        digests.submit({"w": torch.zeros(3)})
+    assert digests._worker is None
 
 
 def test_the_hashing_process_imports_neither_torch_nor_ordered_ssd():
