@@ -222,9 +222,14 @@ class _Hasher:
     :meth:`digests` asks for the SHA-256 of spans of one buffer, one request at a time."""
 
     def __init__(self, fds: Sequence[int], threads: int):
-        self.proc = subprocess.Popen([sys.executable, "-I", WORKER_SCRIPT, str(threads), *map(str, fds)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=tuple(fds), text=True,
-                                     start_new_session=True)  # a Ctrl-C at the terminal is for the training
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", WORKER_SCRIPT, str(threads), *map(str, fds)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=tuple(fds),
+                                         text=True, start_new_session=True)  # a Ctrl-C at the terminal: the training's
+        except OSError as e:
+            python = sys.executable or "(sys.executable is empty)"
+            raise RuntimeError(f"could not start the SHA-256 hashing process ({python} -I {WORKER_SCRIPT}): {e}; "
+                               f"StepDigests(hasher='threads') hashes in this process instead") from e
         self.lock = threading.Lock()
 
     def digests(self, index: int, spans: Sequence[Tuple[int, int]]) -> List[str]:

@@ -229,3 +229,18 @@ def test_the_hashing_process_imports_neither_torch_nor_ordered_ssd():
     imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"hashlib", "json", "mmap", "sys", "concurrent", "typing"}
+
+
+def test_a_hashing_process_that_cannot_start_is_named(monkeypatch):
+    """No usable interpreter to start the hashing process: ``RuntimeError`` naming it and the threads hasher, at the
+    first submission; the threads hasher still works in the same process."""
+    import sys
+
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    digests = StepDigests(torch.device("cpu"), hasher="process")
+    with pytest.raises(RuntimeError, match=r"could not start the SHA-256 hashing process \(/nonexistent/python -I "
+                                           r".*sha256_worker.py\): .*StepDigests\(hasher='threads'\)"):
+        digests.submit({"w": torch.zeros(3)})
+    digests.close()
+    with StepDigests(torch.device("cpu"), hasher="threads") as threads:
+        assert threads.result(threads.submit({"w": torch.zeros(3)})).sha256["w"] == tensor_sha256(torch.zeros(3))
