@@ -156,11 +156,10 @@ def _shared_file(nbytes: int) -> int:
     return fd
 
 
-def _in_thread(device: torch.device, call) -> int:
-    """``call()`` (a CUDA runtime call returning its error code) in a thread of its own, on ``device`` (an index
-    resolved here), as an int (0: success). A failure leaves its error in that thread's CUDA runtime state, not in the
-    training thread's, whose next kernel launch would report it."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _in_thread(index: int, call) -> int:
+    """``call()`` (a CUDA runtime call returning its error code) in a thread of its own, on CUDA device ``index``,
+    as an int (0: success). A failure leaves its error in that thread's CUDA runtime state, not in the training
+    thread's, whose next kernel launch would report it."""
     done: List[int] = []
 
     def run() -> None:
@@ -177,7 +176,7 @@ def _in_thread(device: torch.device, call) -> int:
 
 
 def _unregister(ptr: int, index: int) -> None:
-    _in_thread(torch.device("cuda", index), lambda: torch.cuda.cudart().cudaHostUnregister(ptr))
+    _in_thread(index, lambda: torch.cuda.cudart().cudaHostUnregister(ptr))
 
 
 class _HostBuffer:
@@ -196,9 +195,9 @@ class _HostBuffer:
             self.tensor = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)  # keeps the mapping alive
             if device.type == "cuda":
                 ptr = self.tensor.data_ptr()
-                self.registered = _in_thread(device, lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                self.registered = _in_thread(index, lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1)) == 0
                 if self.registered:
-                    index = device.index if device.index is not None else torch.cuda.current_device()
                     self._finalizer = weakref.finalize(self, _unregister, ptr, index)
                 else:
                     self.staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -237,7 +236,7 @@ class _Hasher:
         if the hashing process has exited."""
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps([index, [list(s) for s in spans]]) + "\n")
+                self.proc.stdin.write(json.dumps([index, spans]) + "\n")
                 self.proc.stdin.flush()
                 line = self.proc.stdout.readline()
             except (BrokenPipeError, OSError, ValueError):
@@ -265,13 +264,12 @@ class _Hasher:
 
 
 class _Slot:
-    """One submission in flight: its device snapshot, host buffer, the copy's event and the hashing's future."""
+    """One submission in flight: its device snapshot, host buffer and the hashing's future."""
 
     def __init__(self) -> None:
         self.device_buf: Optional[torch.Tensor] = None
         self.host: Optional[_HostBuffer] = None  # the process hasher's shared buffer
         self.host_buf: Optional[torch.Tensor] = None  # where the device copies to (pinned on CUDA)
-        self.event = None
         self.future: Optional[Future] = None
 
 
@@ -336,7 +334,7 @@ class StepDigests:
             slot.future = None
             if slot.host is not None:
                 slot.host.release()
-            slot.device_buf = slot.host_buf = slot.host = slot.event = None
+            slot.device_buf = slot.host_buf = slot.host = None
         if self._worker is not None:
             self._worker.close()
             self._worker = None
@@ -346,15 +344,14 @@ class StepDigests:
         """Every slot's buffers of ``nbytes`` bytes (after :meth:`_release`), and the hashing process over them."""
         self._release()
         for slot in self._slots:
-            slot.device_buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             if self.hasher == "process":
                 slot.host = _HostBuffer(nbytes, self.device)
                 slot.host_buf = slot.host.staging if slot.host.staging is not None else slot.host.tensor
-                if not self._cuda:
-                    slot.device_buf = slot.host.tensor  # the snapshot is taken straight into the shared buffer
             else:
-                slot.host_buf = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) if self._cuda
-                                 else slot.device_buf)
+                slot.host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
+            # on the CPU the snapshot is taken straight into the host buffer (the shared one for the process)
+            slot.device_buf = (torch.empty(nbytes, dtype=torch.uint8, device=self.device) if self._cuda
+                               else slot.host_buf)
         if self.hasher == "process":
             self._worker = _Hasher([slot.host.fd for slot in self._slots], self._threads)
         self._capacity = nbytes

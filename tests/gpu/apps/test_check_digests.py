@@ -15,7 +15,7 @@ def test_cuda_digests_overlap_and_match(monkeypatch, hasher, registered):
     from ordered_ssd.apps.check import digests as module
 
     if registered is False:
-        monkeypatch.setattr(module, "_in_thread", lambda device, call: 1)  # cudaHostRegister refused
+        monkeypatch.setattr(module, "_in_thread", lambda index, call: 1)  # cudaHostRegister refused
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(1)
     ts = {k: (v.to(dev) if v is not None else None) for k, v in _tensors(g).items()}
