@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/check_overhead.py [--device cuda] [--steps 200] [--rounds 2] [--parts] [--digest-threads N]
-        [--hasher process|threads] [--json PATH] [check flags...]
+        [--hasher process|threads] [--json PATH] [--profile PATH] [check flags...]
 
 Both run in this process on the check's model and data (the device's defaults unless flags say otherwise):
 
@@ -22,11 +22,18 @@ run (``StepDigests``' ``hasher``: a hashing process, the default, or threads of 
 ``--parts`` also times, in the same rounds, the check's loop with one part left out or done another way
 (:data:`PARTS`), to see where its overhead goes. Those variants are measurements only: they swap the check's classes
 in this process for the length of their run, and their records are not checks.
+
+``--profile PATH`` runs the check's loop once more after the timed rounds under :mod:`cProfile` (the training
+thread's Python calls; the profiler slows every call, so its times are shares, not costs) and writes the functions
+by their own time and by their cumulative time to ``PATH`` (text).
 """
 import argparse
 import contextlib
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -55,8 +62,8 @@ class _NoOutputs:
     def __init__(self, model, names):
         pass
 
-    def take(self):
-        return {}
+    def take_deferred(self):
+        return dict
 
     def remove(self):
         pass
@@ -174,6 +181,17 @@ def _checked(spec, device, steps, out, threads=None, hasher=None):
     return record["train_s"], (dict(getattr(made[-1], "stats", {})) if made else {})
 
 
+def _write_profile(profiler, path, steps):
+    """The profile's functions by own time, then by cumulative time (the first 60 of each), into ``path``."""
+    text = io.StringIO()
+    text.write(f"cProfile of the check's loop, {steps} steps (times inflated by the profiler)\n")
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(60)
+    stats.sort_stats("cumulative").print_stats(60)
+    with open(path, "w") as fh:
+        fh.write(text.getvalue())
+
+
 def main(argv=None) -> int:
     from ordered_ssd.apps.check.train import build_model
 
@@ -185,6 +203,8 @@ def main(argv=None) -> int:
                    help="the check loop's hashing threads (default: StepDigests' default, half the cores, 4 to 8)")
     p.add_argument("--hasher", choices=["process", "threads"], default=None,
                    help="where the check loop's hashing runs (default: StepDigests' default, a process on POSIX)")
+    p.add_argument("--profile", default=None, metavar="PATH",
+                   help="after the timed rounds, profile one more run of the check's loop (cProfile) into PATH")
     a, rest = p.parse_known_args(argv)
     from ordered_ssd.apps.check.digests import default_hasher
 
@@ -205,6 +225,10 @@ def main(argv=None) -> int:
                 with _without(part):
                     how = other if part == "other_hasher" else hasher
                     times[part].append(_checked(spec, device, steps, out, a.digest_threads, how)[0])
+        if a.profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(_checked, spec, device, steps, out, a.digest_threads, hasher)
+            _write_profile(profiler, a.profile, steps)
     plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
     n_params = sum(p.numel() for p in build_model(spec, torch.device("cpu"))[0].parameters())
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

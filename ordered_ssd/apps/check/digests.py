@@ -5,8 +5,10 @@ device-to-host copy and a SHA-256 of the whole model per step, with the device i
 takes the same digests off the training path without weakening them (every byte of every tensor goes through
 SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
 
-1. :meth:`StepDigests.submit` snapshots the tensors' bytes into one flat device buffer (one copy on the device, in
-   stream order: the optimizer step that follows cannot change what was snapshotted);
+1. :meth:`StepDigests.submit` snapshots the tensors' bytes into one flat device buffer (one multi-tensor copy of
+   bytes, ``torch._foreach_copy_``, in stream order: the optimizer step that follows cannot change what was
+   snapshotted); where each tensor goes is worked out once per set of names, dtypes and shapes and kept
+   (:data:`MAX_LAYOUTS` of them), so a step's submission costs the training thread a few calls into torch;
 2. on CUDA a side stream copies the snapshot into page-locked host memory (the copy engine, beside the next step's
    kernels) and records an event;
 3. a coordinating thread waits for that event and has the bytes hashed, each tensor's span on its own, in at most
@@ -56,9 +58,82 @@ __all__ = ["StepDigests", "StepResult", "default_threads", "default_hasher", "ha
 #: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64): a larger tensor is
 #: widened in pieces of this many elements
 NORM_GROUP_ELEMENTS = 1 << 23
+#: the most layouts (names, dtypes, shapes) a :class:`StepDigests` keeps; one more forgets them all
+MAX_LAYOUTS = 16
 #: each tensor's offset in a :class:`StepDigests` snapshot is a multiple of this many bytes (so that every span can be
 #: viewed as its dtype); the padding bytes between spans are never hashed
 SPAN_ALIGN = 16
+
+
+class _NormPlan(NamedTuple):
+    """How :func:`device_norms` widens a snapshot's spans: ``groups`` ``(start, end, dtype, sizes)``, each a byte
+    range widened to float64 at once and split into ``sizes`` elements (spans and the padding between them, in
+    turn), and ``where``, per span its indices into the widened tensors (several for a span widened in pieces)."""
+
+    groups: Tuple[Tuple[int, int, torch.dtype, Tuple[int, ...]], ...]
+    where: Tuple[Tuple[int, ...], ...]
+
+
+def _norm_plan(spans: Sequence[Tuple[int, int, torch.dtype]]) -> _NormPlan:
+    """The widening of :func:`device_norms` for ``spans`` (see there); depends on the layout only."""
+    groups: List[Tuple[int, int, torch.dtype, Tuple[int, ...]]] = []
+    where: List[Tuple[int, ...]] = []
+    group: List[Tuple[int, int, torch.dtype]] = []
+    widened = 0  # the tensors widened so far (a group's spans, each piece of a long span)
+
+    def flush() -> None:
+        nonlocal widened
+        if group:
+            start, dt = group[0][0], group[0][2]
+            sizes: List[int] = []
+            for i, (off, n, _) in enumerate(group):
+                gap = group[i + 1][0] - (off + n) if i + 1 < len(group) else 0
+                sizes += [n // dt.itemsize, gap // dt.itemsize]
+            groups.append((start, group[-1][0] + group[-1][1], dt, tuple(sizes)))
+            widened += len(group)
+            group.clear()
+
+    count = 0
+    for off, n, dt in spans:
+        elems = n // dt.itemsize
+        if elems > NORM_GROUP_ELEMENTS:
+            flush()
+            step = NORM_GROUP_ELEMENTS * dt.itemsize
+            first = widened
+            for p in range(off, off + n, step):
+                end = min(p + step, off + n)
+                groups.append((p, end, dt, ((end - p) // dt.itemsize, 0)))
+                widened += 1
+            where.append(tuple(range(first, widened)))
+            continue
+        if group:
+            gap = off - (group[-1][0] + group[-1][1])
+            if dt != group[-1][2] or not 0 <= gap < SPAN_ALIGN or \
+                    count + gap // dt.itemsize + elems > NORM_GROUP_ELEMENTS:
+                flush()
+            else:
+                count += gap // dt.itemsize  # the padding is widened with the group (and left out after)
+        if not group:
+            count = 0
+        group.append((off, n, dt))
+        count += elems
+        where.append((widened + len(group) - 1,))
+    flush()
+    return _NormPlan(tuple(groups), tuple(where))
+
+
+def _planned_norms(snap: torch.Tensor, plan: _NormPlan) -> torch.Tensor:
+    """:func:`device_norms` of ``snap`` by a plan of :func:`_norm_plan`."""
+    if not plan.where:
+        return torch.zeros(0, dtype=torch.float64, device=snap.device)
+    wide: List[torch.Tensor] = []
+    for start, end, dt, sizes in plan.groups:
+        wide.extend(snap[start:end].view(dt).to(torch.float64).split(sizes)[0::2])  # without the padding
+    norms = list(torch._foreach_norm(wide, 2))
+    if len(wide) == len(plan.where):  # one widened tensor per span, in order
+        return torch.stack(norms)
+    return torch.stack([norms[ix[0]] if len(ix) == 1 else torch.linalg.vector_norm(torch.stack([norms[i] for i in ix]))
+                        for ix in plan.where])
 
 
 def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype]]) -> torch.Tensor:
@@ -72,52 +147,7 @@ def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype
     float64 at a time. The same bytes in the same layout give the same bits (``_foreach_norm``'s split of a tensor
     among its accumulators depends on the tensor's alignment in the widened buffer, so a tensor's norm may differ in
     its last bits between layouts; norms are recorded, never compared)."""
-    wide: List[torch.Tensor] = []
-    where: List[List[int]] = []  # per span: its indices into wide (several for a span widened in pieces)
-    group: List[Tuple[int, int, torch.dtype]] = []
-
-    def flush() -> None:
-        if group:
-            start, dt = group[0][0], group[0][2]
-            end = group[-1][0] + group[-1][1]
-            as64 = snap[start:end].view(dt).to(torch.float64)
-            sizes = []
-            for i, (off, n, _) in enumerate(group):
-                gap = group[i + 1][0] - (off + n) if i + 1 < len(group) else 0
-                sizes += [n // dt.itemsize, gap // dt.itemsize]
-            wide.extend(as64.split(sizes)[0::2])  # the spans, without the padding between them
-            group.clear()
-
-    count = 0
-    for off, n, dt in spans:
-        elems = n // dt.itemsize
-        if elems > NORM_GROUP_ELEMENTS:
-            flush()
-            step = NORM_GROUP_ELEMENTS * dt.itemsize
-            first = len(wide)
-            for p in range(off, off + n, step):
-                wide.append(snap[p:min(p + step, off + n)].view(dt).to(torch.float64))
-            where.append(list(range(first, len(wide))))
-            continue
-        if group:
-            gap = off - (group[-1][0] + group[-1][1])
-            if dt != group[-1][2] or not 0 <= gap < SPAN_ALIGN or \
-                    count + gap // dt.itemsize + elems > NORM_GROUP_ELEMENTS:
-                flush()
-            else:
-                count += gap // dt.itemsize  # the padding is widened with the group (and left out after)
-        if not group:
-            count = 0
-        group.append((off, n, dt))
-        count += elems
-        where.append([len(wide) + len(group) - 1])
-    flush()
-    norms = list(torch._foreach_norm(wide, 2)) if wide else []
-    picked = [norms[ix[0]] if len(ix) == 1 else torch.linalg.vector_norm(torch.stack([norms[i] for i in ix]))
-              for ix in where]
-    if not picked:
-        return torch.zeros(0, dtype=torch.float64, device=snap.device)
-    return torch.stack(picked)
+    return _planned_norms(snap, _norm_plan(spans))
 
 
 class StepResult(NamedTuple):
@@ -231,12 +261,12 @@ class _Hasher:
                                f"StepDigests(hasher='threads') hashes in this process instead") from e
         self.lock = threading.Lock()
 
-    def digests(self, index: int, spans: Sequence[Tuple[int, int]]) -> List[str]:
-        """The hex SHA-256 of each ``(offset, nbytes)`` span of buffer ``index``, in order. Raises ``RuntimeError``
-        if the hashing process has exited."""
+    def digests(self, index: int, spans_json: str, count: int) -> List[str]:
+        """The hex SHA-256 of each of the ``count`` spans of buffer ``index`` that ``spans_json`` lists (a JSON list of
+        ``[offset, nbytes]``), in order. Raises ``RuntimeError`` if the hashing process has exited."""
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps([index, spans]) + "\n")
+                self.proc.stdin.write(f"[{index}, {spans_json}]\n")
                 self.proc.stdin.flush()
                 line = self.proc.stdout.readline()
             except (BrokenPipeError, OSError, ValueError):
@@ -245,8 +275,8 @@ class _Hasher:
                 raise RuntimeError(f"the SHA-256 hashing process (pid {self.proc.pid}) exited with code "
                                    f"{self.proc.poll()} before answering (its error, if any, is on stderr above)")
             digests = json.loads(line)
-        if len(digests) != len(spans):
-            raise RuntimeError(f"the SHA-256 hashing process answered {len(digests)} digests for {len(spans)} spans")
+        if len(digests) != count:
+            raise RuntimeError(f"the SHA-256 hashing process answered {len(digests)} digests for {count} spans")
         return digests
 
     def close(self) -> None:
@@ -263,14 +293,59 @@ class _Hasher:
         self.proc.stdout.close()
 
 
+class _Layout(NamedTuple):
+    """Where a submission's tensors go in the snapshot, kept for every later submission of the same names, dtypes,
+    shapes and contiguity: ``entries`` ``(name, offset, nbytes, dtype)`` in order (offset -1 for a None tensor),
+    ``nbytes`` in all; ``copies`` ``(position, offset, nbytes, shape, direct)`` for each tensor with bytes to copy
+    (its position among the values; ``shape`` that of its bytes as uint8: the tensor's own viewed as uint8 where
+    ``direct``, it being contiguous and of at least one dimension, else flat after ``contiguous()``); ``spans``
+    ``(offset, nbytes)`` of the non-None tensors, hashed (``spans_json``: as the hashing process reads them);
+    ``floating`` ``(index in entries, offset, nbytes, dtype)`` of the floating ones, and their :class:`_NormPlan`."""
+
+    entries: Tuple[Tuple[str, int, int, Optional[torch.dtype]], ...]
+    nbytes: int
+    copies: Tuple[Tuple[int, int, int, Tuple[int, ...], bool], ...]
+    spans: Tuple[Tuple[int, int], ...]
+    spans_json: str
+    floating: Tuple[Tuple[int, int, int, torch.dtype], ...]
+    norm_plan: _NormPlan
+
+
+def _layout(values: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> _Layout:
+    """The :class:`_Layout` of the ``(name, tensor or None)`` values: each tensor's bytes at the next multiple of
+    :data:`SPAN_ALIGN` (so that every span can be viewed as its dtype; the padding is never hashed)."""
+    entries, copies, offset = [], [], 0
+    for position, (name, t) in enumerate(values):
+        if t is None:
+            entries.append((name, -1, 0, None))
+            continue
+        offset += -offset % SPAN_ALIGN
+        n = t.numel() * t.element_size()
+        direct = t.dim() > 0 and t.is_contiguous()
+        shape = (*t.shape[:-1], t.shape[-1] * t.element_size()) if direct else (n,)
+        if n:
+            copies.append((position, offset, n, tuple(shape), direct))
+        entries.append((name, offset, n, t.dtype))
+        offset += n
+    spans = tuple((off, n) for _, off, n, _ in entries if off >= 0)
+    floating = tuple((i, off, n, dt) for i, (_, off, n, dt) in enumerate(entries)
+                     if off >= 0 and dt.is_floating_point)
+    return _Layout(tuple(entries), offset, tuple(copies), spans, json.dumps(spans), floating,
+                   _norm_plan([(off, n, dt) for _, off, n, dt in floating]))
+
+
 class _Slot:
-    """One submission in flight: its device snapshot, host buffer and the hashing's future."""
+    """One submission in flight: its device snapshot, host buffer and the hashing's future; the views of its
+    snapshot each layout copies into (by layout key), its event and pinned norms buffer (CUDA)."""
 
     def __init__(self) -> None:
         self.device_buf: Optional[torch.Tensor] = None
         self.host: Optional[_HostBuffer] = None  # the process hasher's shared buffer
         self.host_buf: Optional[torch.Tensor] = None  # where the device copies to (pinned on CUDA)
         self.future: Optional[Future] = None
+        self.targets: Dict[tuple, List[torch.Tensor]] = {}
+        self.event = None
+        self.host_norms: Optional[torch.Tensor] = None
 
 
 class StepDigests:
@@ -318,8 +393,8 @@ class StepDigests:
         self._threads = threads
         self._worker: Optional[_Hasher] = None
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self._padding = torch.zeros(SPAN_ALIGN, dtype=torch.uint8, device=self.device)
-        self._keys: Dict[int, Future] = {}
+        self._layouts: Dict[tuple, _Layout] = {}
+        self._keys: Dict[int, Tuple[Future, _Layout]] = {}
         self._count = 0
         self._closed = False
         #: seconds spent in :meth:`submit` (``"submit_s"``), of which waiting for the oldest submission's digests
@@ -335,6 +410,7 @@ class StepDigests:
             if slot.host is not None:
                 slot.host.release()
             slot.device_buf = slot.host_buf = slot.host = None
+            slot.targets.clear()
         if self._worker is not None:
             self._worker.close()
             self._worker = None
@@ -348,9 +424,10 @@ class StepDigests:
                 slot.host = _HostBuffer(nbytes, self.device)
                 slot.host_buf = slot.host.staging if slot.host.staging is not None else slot.host.tensor
             else:
-                slot.host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
-            # on the CPU the snapshot is taken straight into the host buffer (the shared one for the process)
-            slot.device_buf = (torch.empty(nbytes, dtype=torch.uint8, device=self.device) if self._cuda
+                slot.host_buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
+            # on the CPU the snapshot is taken straight into the host buffer (the shared one for the process); the
+            # padding between spans stays zero
+            slot.device_buf = (torch.zeros(nbytes, dtype=torch.uint8, device=self.device) if self._cuda
                                else slot.host_buf)
         if self.hasher == "process":
             self._worker = _Hasher([slot.host.fd for slot in self._slots], self._threads)
@@ -363,28 +440,27 @@ class StepDigests:
         t_enter = time.perf_counter()
         if self._closed:
             raise RuntimeError("StepDigests: submit after close()")
-        names = list(tensors)
-        views: List[torch.Tensor] = []
-        layout: List[Tuple[str, int, int, Optional[torch.dtype]]] = []  # (name, offset, nbytes, dtype); -1: None
-        offset = 0
-        for name in names:
-            t = tensors[name]
+        values = list(tensors.items())
+        shapes = []  # the layout's key
+        for name, t in values:
             if t is None:
-                layout.append((name, -1, 0, None))
+                shapes.append((name,))
                 continue
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
             if t.device != self.device and not (t.device.type == self.device.type == "cuda"
                                                  and self.device.index is None):
                 raise ValueError(f"tensors[{name!r}]: expected a tensor on {self.device}, got {t.device}")
-            b = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            pad = -offset % SPAN_ALIGN
-            if pad:  # every span starts aligned (a view as its dtype); the padding is never hashed
-                views.append(self._padding[:pad])
-                offset += pad
-            views.append(b)
-            layout.append((name, offset, b.numel(), t.dtype))
-            offset += b.numel()
+            shapes.append((name, t.dtype, t.shape, t.is_contiguous()))
+        shapes = tuple(shapes)
+        layout = self._layouts.get(shapes)
+        if layout is None:
+            if len(self._layouts) >= MAX_LAYOUTS:
+                self._layouts.clear()
+                for other in self._slots:
+                    other.targets.clear()
+            layout = self._layouts[shapes] = _layout(values)
+        offset = layout.nbytes
         if offset > self._capacity:  # the first submission, or a larger one: new buffers (waits for those in flight)
             t_wait = time.perf_counter()
             self._allocate(max(offset, SPAN_ALIGN))
@@ -396,17 +472,30 @@ class StepDigests:
             t_wait = time.perf_counter()
             futures.wait([slot.future])  # (its error, if any, is left to its result())
             self.stats["wait_s"] += time.perf_counter() - t_wait
-        if views:
-            torch.cat(views, out=slot.device_buf[:offset])  # the snapshot, in the current stream's order
+        targets = slot.targets.get(shapes)
+        if targets is None:
+            targets = slot.targets[shapes] = [slot.device_buf[off:off + n].view(shape)
+                                           for _, off, n, shape, _ in layout.copies]
+        if layout.copies:
+            with torch.no_grad():  # the snapshot, in the current stream's order: one multi-tensor copy of bytes
+                sources = [values[i][1].view(torch.uint8) if direct else
+                           values[i][1].contiguous().reshape(-1).view(torch.uint8)
+                           for i, _, _, _, direct in layout.copies]
+                torch._foreach_copy_(targets, sources)
+        floating = layout.floating
         norms_dev = host_norms = None
-        floating = [(i, off, n, dt) for i, (_, off, n, dt) in enumerate(layout) if off >= 0 and dt.is_floating_point]
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
-            norms_dev = device_norms(slot.device_buf, [(off, n, dt) for _, off, n, dt in floating])
+            norms_dev = _planned_norms(slot.device_buf, layout.norm_plan)
         event = None
         if self._cuda:
-            event = torch.cuda.Event()  # what can fail is made before the copy that writes into the host buffer
+            # what can fail is made before the copy that writes into the host buffer
+            if slot.event is None:
+                slot.event = torch.cuda.Event()
+            event = slot.event
             if norms_dev is not None:
-                host_norms = torch.empty(norms_dev.shape, dtype=torch.float64, pin_memory=True)
+                if slot.host_norms is None or slot.host_norms.numel() < len(floating):
+                    slot.host_norms = torch.empty(len(floating), dtype=torch.float64, pin_memory=True)
+                host_norms = slot.host_norms[:len(floating)]
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
             try:
@@ -423,12 +512,14 @@ class StepDigests:
         host = slot.host.tensor if slot.host is not None else slot.host_buf  # the bytes hashed
         staging = slot.host.staging if slot.host is not None else None
         worker = self._worker
-        spans = [(off, n) for _, off, n, _ in layout if off >= 0]
+        spans = layout.spans
 
-        def host_norm(off: int, n: int, dtype) -> str:
-            return float(host[off:off + n].view(dtype).double().norm()).hex()
+        def host_norm(off: int, n: int, dtype) -> float:
+            return float(host[off:off + n].view(dtype).double().norm())
 
-        def work() -> StepResult:
+        def work() -> Tuple[List[str], Optional[List[float]]]:
+            # the least Python here (this thread takes the GIL from the training thread): the digests and norms as
+            # they come, made into a StepResult by result()
             if event is not None:
                 event.synchronize()
             if staging is not None and offset:  # the driver refused to register the shared buffer
@@ -436,30 +527,34 @@ class StepDigests:
             if norms and not self._cuda:
                 norm_tasks = [self._hashers.submit(host_norm, off, n, dt) for _, off, n, dt in floating]
             if worker is not None:
-                by_span = worker.digests(index, spans)
+                by_span = worker.digests(index, layout.spans_json, len(spans))
             else:
                 view = memoryview(host[:offset].numpy()) if offset else memoryview(b"")
                 by_span = sha256_spans(self._hashers, self._threads, view, spans)
-            hashes = iter(by_span)
-            sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout}
             if not norms:
-                return StepResult(sha, {})
-            values = ([float(v).hex() for v in host_norms.tolist()] if host_norms is not None
-                      else [t.result() for t in norm_tasks] if not self._cuda else [])
-            by_index = {i: v for (i, _, _, _), v in zip(floating, values)}
-            return StepResult(sha, {name: by_index.get(i, "none") for i, (name, _, _, _) in enumerate(layout)})
+                return by_span, None
+            # the pinned norms are read now: the slot's next submission writes over them
+            return by_span, (host_norms.tolist() if host_norms is not None
+                             else [t.result() for t in norm_tasks] if not self._cuda else [])
 
         slot.future = self._pool.submit(work)
         key = self._count
         self._count += 1
-        self._keys[key] = slot.future
+        self._keys[key] = (slot.future, layout)
         self.stats["submits"] += 1
         self.stats["submit_s"] += time.perf_counter() - t_enter
         return key
 
     def result(self, key: int) -> StepResult:
         """The digests of submission ``key`` (blocks until they are done); each key can be read once."""
-        return self._keys.pop(key).result()
+        future, layout = self._keys.pop(key)
+        by_span, values = future.result()
+        hashes = iter(by_span)
+        sha = {name: ("none" if off < 0 else next(hashes)) for name, off, _, _ in layout.entries}
+        if values is None:
+            return StepResult(sha, {})
+        by_index = {i: float(v).hex() for (i, _, _, _), v in zip(layout.floating, values)}
+        return StepResult(sha, {name: by_index.get(i, "none") for i, (name, _, _, _) in enumerate(layout.entries)})
 
     def results(self, keys: Sequence[int]) -> List[StepResult]:
         return [self.result(k) for k in keys]
@@ -468,7 +563,7 @@ class StepDigests:
         """Wait for everything in flight, stop the threads and the hashing process, and free the buffers."""
         self._closed = True
         try:
-            for f in list(self._keys.values()):
+            for f, _ in list(self._keys.values()):
                 f.result()
         finally:
             try:

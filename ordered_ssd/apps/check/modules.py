@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -109,11 +109,21 @@ class OutputDigests:
         return record
 
     def take(self) -> Dict[str, str]:
-        names = list(self._sums)
-        values = torch.stack([self._sums[n] for n in names]).cpu().tolist() if names else []  # one host read
-        out = {n: hashlib.sha256(f"{v}|{','.join(self._meta[n])}".encode()).hexdigest() for n, v in zip(names, values)}
+        """The step's ``{module: SHA-256}`` (one host read, a synchronisation), and the next step starts."""
+        return self.take_deferred()()
+
+    def take_deferred(self) -> Callable[[], Dict[str, str]]:
+        """What :meth:`take` returns, as a function called later: the step's fingerprints stay on the device (one
+        stacked tensor) until it is called, so the training loop does not wait for the device every step. The next
+        step starts now."""
+        names, meta = list(self._sums), self._meta
+        stacked = torch.stack([self._sums[n] for n in names]) if names else None
         self._sums, self._meta = {}, {}
-        return out
+
+        def resolve() -> Dict[str, str]:
+            values = stacked.cpu().tolist() if stacked is not None else []  # one host read
+            return {n: hashlib.sha256(f"{v}|{','.join(meta[n])}".encode()).hexdigest() for n, v in zip(names, values)}
+        return resolve
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -24,6 +24,10 @@ from .world import world_of
 
 
 # ----------------------------------------------------------------------------------------------- progress
+#: the least seconds between two redraws of the progress line on a terminal (each reads the loss: a wait for the device)
+REDRAW_S = 0.25
+
+
 class Progress:
     """A one-line progress display on stderr (redrawn in place on a terminal, every 10% otherwise)."""
 
@@ -33,22 +37,35 @@ class Progress:
         self.t0 = time.perf_counter()
         self.start = start
         self.last_pct = -1
+        self.drawn = float("-inf")  # when the line was last drawn
 
-    def update(self, step: int, loss: float) -> None:
+    def update(self, step: int, loss) -> None:
+        """Step ``step`` done with ``loss`` (a float, or a 0-dim tensor read only when the line is drawn: on a
+        terminal at most every :data:`REDRAW_S` seconds and at the last step, else every 10%)."""
         if not self.enabled:
             return
         done = step + 1
         pct = int(100 * done / max(self.total, 1))
-        rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
+        now = time.perf_counter()
+        last = done == self.total
+        if self.tty:
+            draw = last or now - self.drawn >= REDRAW_S
+        else:
+            draw = pct // 10 != self.last_pct // 10 or last
+        self.last_pct = pct
+        if not draw:
+            return
+        self.drawn = now
+        loss = float(loss)
+        rate = (done - self.start) / max(now - self.t0, 1e-9)
         width = 24
         bar = "#" * int(width * done / max(self.total, 1))
         line = f"[{self.label:>8}] |{bar:<{width}}| {done}/{self.total} loss {loss:.4f} {rate:.1f} step/s"
         if self.tty:
-            sys.stderr.write("\r" + line + ("\n" if done == self.total else ""))
+            sys.stderr.write("\r" + line + ("\n" if last else ""))
             sys.stderr.flush()
-        elif pct // 10 != self.last_pct // 10 or done == self.total:
+        else:
             sys.stderr.write(line + "\n")
-        self.last_pct = pct
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -128,8 +145,13 @@ def logits_fn(spec: dict):
 
 
 def _resolve(digests: StepDigests, steps: List[dict], names: List[str]) -> None:
-    """Put the finished digests into the steps still holding :class:`StepDigests` keys (waits for them)."""
+    """Put the finished digests into the steps still holding :class:`StepDigests` keys (waits for them), and the
+    losses and output fingerprints still on the device into them as read on the host."""
     for entry in steps:
+        if isinstance(entry.get("loss"), torch.Tensor):
+            entry["loss"] = float(entry["loss"].item()).hex()
+        if callable(entry.get("outputs")):
+            entry["outputs"] = entry["outputs"]()
         if isinstance(entry.get("grads"), int):
             entry["grads"], entry["grad_norms"] = digests.result(entry["grads"])
             entry["modules"] = module_digests(entry["grads"], names)
@@ -305,12 +327,13 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
                                 for name, p in model.named_parameters()}, norms=True)
         world.clip(model, spec["clip"])
         optimizer.step()
-        value = world.global_loss(losses)
-        steps.append({"step": step, "loss": value.hex(), "grads": grads})
+        # the loss and the outputs' fingerprints stay on the device until resolved: no wait for the device a step
+        loss = world.global_loss(losses)
+        steps.append({"step": step, "loss": loss, "grads": grads})
         if outputs is not None:
-            steps[-1]["outputs"] = outputs.take()
+            steps[-1]["outputs"] = outputs.take_deferred()
         steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()}, norms=True)
-        bar.update(step, value)
+        bar.update(step, loss)
         if first_step_s is None:  # compiles and first-launch timings happen here: one synchronisation, once
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

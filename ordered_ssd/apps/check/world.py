@@ -160,10 +160,11 @@ class SingleProcess:
     def wrap(self, model: torch.nn.Module, spec: dict) -> torch.nn.Module:
         return model
 
-    def global_loss(self, losses: Sequence[torch.Tensor]) -> float:
-        """The loss of the step from the losses of this process's blocks (here: the one block's loss)."""
+    def global_loss(self, losses: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The loss of the step from the losses of this process's blocks (here: the one block's loss), a 0-dim
+        tensor on the device (read on the host later, so that the step need not wait for the device)."""
         (loss,) = losses
-        return float(loss.item())
+        return loss.detach()
 
     def gather(self, model: torch.nn.Module, steps: List[dict], final: Optional[dict], train_s: float) -> List[dict]:
         """What every rank has at the end (here: this process's time and RNG state)."""
@@ -298,13 +299,13 @@ class DataParallel:
         distributed.register_ordered_hook(self.ddp)
         return self.ddp
 
-    def global_loss(self, losses: Sequence[torch.Tensor]) -> float:
-        """The mean over the global batch, the same on every rank: the rank-ordered mean of the ranks' losses; in a
-        split-invariance run the pairwise tree sum of every block's loss in global block order, divided by
-        ``R*m`` (the same bits for every split with the same ``R*m``)."""
+    def global_loss(self, losses: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The mean over the global batch, the same on every rank, as a 0-dim tensor on the device: the rank-ordered
+        mean of the ranks' losses; in a split-invariance run the pairwise tree sum of every block's loss in global
+        block order, divided by ``R*m`` (the same bits for every split with the same ``R*m``)."""
         if self.split is None:
             (loss,) = losses
-            return float(distributed.ordered_mean(loss.detach()).item())
+            return distributed.ordered_mean(loss.detach())
         from ...accumulate import tree_sum
 
         mine = torch.stack([loss.detach().float() for loss in losses])
@@ -313,7 +314,7 @@ class DataParallel:
         by_id = {k: loss for r, rank_losses in enumerate(every)
                  for k, loss in zip(split_block_ids(self.split, r, self.world_size), rank_losses.unbind(0))}
         blocks = [by_id[k] for k in sorted(by_id)]  # global block order
-        return float((tree_sum(blocks) / len(blocks)).item())
+        return tree_sum(blocks) / len(blocks)
 
     def gather(self, model: torch.nn.Module, steps: List[dict], final: Optional[dict], train_s: float) -> List[dict]:
         """Every rank's time, RNG state and digests of its steps, final and current parameters (index = rank)."""

@@ -244,3 +244,34 @@ def test_a_hashing_process_that_cannot_start_is_named(monkeypatch):
     digests.close()
     with StepDigests(torch.device("cpu"), hasher="threads") as threads:
         assert threads.result(threads.submit({"w": torch.zeros(3)})).sha256["w"] == tensor_sha256(torch.zeros(3))
+
+
+def test_a_layout_is_kept_per_names_dtypes_and_shapes(monkeypatch):
+    """Submissions of the same names, dtypes, shapes and contiguity share one layout (and each slot its views of the
+    snapshot); another shape, dtype or a tensor turned None gets its own, and the digests stay the tensors' own.
+    Past ``MAX_LAYOUTS`` layouts the kept ones are forgotten, and the digests still follow."""
+    from ordered_ssd.apps.check import digests as module
+
+    g = torch.Generator().manual_seed(4)
+    base = {"w": torch.randn(4, 3, generator=g), "s": torch.tensor(2.5), "b": torch.randn(6, generator=g).half(),
+            "t": torch.randn(3, 5, generator=g).t(), "none": None}
+    variants = [base, {**base, "w": torch.randn(2, 3, generator=g)}, {**base, "b": base["b"].float()},
+                {**base, "none": torch.ones(2)}, {**base, "t": base["t"].contiguous()}, base]
+    monkeypatch.setattr(module, "MAX_LAYOUTS", 3)
+    with StepDigests(torch.device("cpu"), depth=2, threads=2) as digests:
+        keys, expected, kept = [], [], []
+        for i, ts in enumerate(variants + variants):
+            keys.append(digests.submit(ts, norms=True))
+            expected.append({k: "none" if v is None else tensor_sha256(v) for k, v in ts.items()})
+            kept.append(len(digests._layouts))
+            if i == 0:
+                again = digests.submit(dict(ts))
+                assert len(digests._layouts) == 1
+                assert digests.result(again).sha256 == expected[0]
+        got = digests.results(keys)
+    assert [r.sha256 for r in got] == expected
+    assert kept == [1, 2, 3, 1, 2, 3, 3, 1, 2, 3, 1, 2]  # base kept at 6; past 3 layouts all are forgotten
+    for r, ts in zip(got, variants + variants):
+        for k, v in ts.items():
+            flat = None if v is None else v.contiguous().reshape(-1)  # the snapshot's order of the elements
+            assert r.norms[k] == ("none" if v is None else float(flat.double().norm()).hex()), k

@@ -92,9 +92,14 @@ def test_output_digests_fold_every_output_on_its_device_and_name_none_for_other_
     second = outs.take()
     assert list(first) == ["scalar", "pair"] and first["scalar"] == second["scalar"]
     assert first["pair"] != second["pair"]
+    model["scalar"](torch.tensor(3.0))
+    model["pair"]((None, a))
+    later = outs.take_deferred()  # read on the host when called; the next step starts now
+    model["pair"]((None, b))
+    assert outs.take() == {"pair": second["pair"]} and later() == first
     outs.remove()
     model["pair"]((None, a))
-    assert outs.take() == {}
+    assert outs.take() == {} and outs.take_deferred()() == {}
 
 
 def test_output_fingerprint_is_the_weighted_word_sum_modulo_2_64(monkeypatch):

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 
+import pytest
 import torch
 
 from ordered_ssd.apps.check import train as train_module
@@ -116,3 +117,42 @@ def test_one_loop_serves_one_process_and_every_rank(ddp_check, tmp_path, monkeyp
     assert one["final"] is not None and one["final"] == ranked["final"]
     assert one["val_loss"] == ranked["val_loss"]
     assert json.loads((tmp_path / "ranked.json").read_text())["steps"] == ranked["steps"]
+
+
+class _Loss:
+    """A loss that counts how often it is read on the host."""
+
+    def __init__(self, value):
+        self.value, self.reads = value, 0
+
+    def __float__(self):
+        self.reads += 1
+        return self.value
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_reads_the_loss_only_when_it_draws(monkeypatch, capsys, tty):
+    """Off a terminal the line is drawn every 10% of the steps; on one at most every REDRAW_S seconds and at the last
+    step. Each draw reads the loss (a wait for the device); steps not drawn never read it."""
+    import sys
+
+    from ordered_ssd.apps.check import train
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: next(clock) * 0.1)  # every step 0.1 s later
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    bar = train.Progress("a", 20)
+    losses = [_Loss(1.0 + i) for i in range(20)]
+    for step, loss in enumerate(losses):
+        bar.update(step, loss)
+    err = capsys.readouterr().err
+    drawn = [i for i, loss in enumerate(losses) if loss.reads]
+    assert all(loss.reads <= 1 for loss in losses)
+    if tty:  # the first step, then every third (0.3 s >= 0.25 s), and the last
+        assert drawn == [0, 3, 6, 9, 12, 15, 18, 19]
+        assert err.count("\r") == len(drawn) and err.endswith("step/s\n")
+        assert "| 20/20 loss 20.0000 " in err.split("\r")[-1]
+    else:
+        assert drawn == [0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19]  # the first step, then each 10%
+        assert [line.split(" loss ")[1].split()[0] for line in err.splitlines()] == \
+            [f"{1.0 + i:.4f}" for i in drawn]
