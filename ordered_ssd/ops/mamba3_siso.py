@@ -80,8 +80,12 @@ def ordered_mamba3_siso_fwd(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=No
     return res
 
 
-def _bwd_partials(dout, Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, saved: dict, chunk_size: int) -> dict:
-    """The kernels' gradients, the cross-example partials unfolded (``dD`` [B, H], biases [B, nchunks, H, N])."""
+def _bwd_partials(dout, Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, saved: dict, chunk_size: int,
+                  fold_shared: bool = False) -> dict:
+    """The kernels' gradients, the cross-example partials unfolded (``dD`` [B, H], biases [B, nchunks, H, N]); with
+    ``fold_shared`` (the fast path: every example in one batch) folded instead, in the same
+    :func:`~ordered_ssd.fold.fold_many` launch as ``dscale`` and ``dgamma`` (each result has the bits of its own
+    :func:`~ordered_ssd.fold.fold_dims`, as :func:`_fold_partials` gives them: one launch fewer)."""
     b = _bindings()
     if Z is not None:
         dZ, do = b.launch_dzdo(dout, Z, saved["out_v"])
@@ -91,11 +95,24 @@ def _bwd_partials(dout, Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z, saved: 
                       saved["ssm_states"], do, D, chunk_size=chunk_size)
     r = b.launch_rotary_bias_angles(Q, K, saved["scale"], saved["gamma"], Q_bias, K_bias, saved["theta"], g["dq"],
                                     g["dk"], g["dqk"], chunk_size=chunk_size)
-    dscale, dgamma = fold_many([(r["dscale"], 2, torch.float32), (r["dgamma"], 2, torch.float32)])
+    shared = [g["dD"], r["dq_bias"], r["dk_bias"]]
+    requests = [(r["dscale"], 2, torch.float32), (r["dgamma"], 2, torch.float32)]
+    if fold_shared:
+        requests += _shared_requests(*shared, Q_bias, K_bias, D)
+    dscale, dgamma, *folded = fold_many(requests)
     ddt, dtrap = b.launch_ddt_dtrap(dscale, dgamma, DT, Trap.float().contiguous())
     dangles, ddt_angle = b.launch_angle_dt_bwd(r["dtheta"], Angles, DT, chunk_size)
+    dD, dQ_bias, dK_bias = folded if fold_shared else shared
     return dict(dQ=r["dq"], dK=r["dk"], dV=g["dv"], dADT=g["dadt"], dDT=ddt + ddt_angle, dTrap=dtrap,
-                dAngles=dangles, dZ=dZ, dD=g["dD"], dQ_bias=r["dq_bias"], dK_bias=r["dk_bias"])
+                dAngles=dangles, dZ=dZ, dD=dD, dQ_bias=dQ_bias, dK_bias=dK_bias)
+
+
+def _shared_requests(dD, dQ_bias, dK_bias, Q_bias, K_bias, D) -> list:
+    """The :func:`~ordered_ssd.fold.fold_many` requests of the shared parameters' gradients ``[dD, dQ_bias,
+    dK_bias]`` from their partials (the module docstring's order: ``dD`` over examples, the biases over examples
+    then chunks), each in its parameter's dtype."""
+    return [(dD, 0, D.dtype) if D is not None else None,
+            (dQ_bias, (0, 1), Q_bias.dtype), (dK_bias, (0, 1), K_bias.dtype)]
 
 
 def _fold_partials(p: dict, Q_bias, K_bias, D) -> dict:
@@ -103,9 +120,8 @@ def _fold_partials(p: dict, Q_bias, K_bias, D) -> dict:
     (:func:`~ordered_ssd.fold.fold_many`: each result has the bits of its own
     :func:`~ordered_ssd.fold.fold_dims`)."""
     out = dict(p)
-    out["dD"], out["dQ_bias"], out["dK_bias"] = fold_many([
-        (p["dD"], 0, D.dtype) if D is not None else None,
-        (p["dQ_bias"], (0, 1), Q_bias.dtype), (p["dK_bias"], (0, 1), K_bias.dtype)])
+    out["dD"], out["dQ_bias"], out["dK_bias"] = fold_many(
+        _shared_requests(p["dD"], p["dQ_bias"], p["dK_bias"], Q_bias, K_bias, D))
     return out
 
 
@@ -122,7 +138,7 @@ def ordered_mamba3_siso_bwd(dout, Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles
     """
     args = (Q, K, V, DT, Trap, Q_bias, K_bias, Angles, D, Z)
     if not literal:
-        return _fold_partials(_bwd_partials(dout, *args, saved, chunk_size), Q_bias, K_bias, D)
+        return _bwd_partials(dout, *args, saved, chunk_size, fold_shared=True)
     batch = dout.shape[0]
     per_example = []
     for i in range(batch):
