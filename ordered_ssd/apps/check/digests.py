@@ -298,7 +298,7 @@ class _Layout(NamedTuple):
     shapes and contiguity: ``entries`` ``(name, offset, nbytes, dtype)`` in order (offset -1 for a None tensor),
     ``nbytes`` in all; ``copies`` ``(position, offset, nbytes, shape, direct)`` for each tensor with bytes to copy
     (its position among the values; ``shape`` that of its bytes as uint8: the tensor's own viewed as uint8 where
-    ``direct``, it being contiguous and of at least one dimension, else flat after ``contiguous()``); ``spans``
+    ``direct`` (:func:`_direct`), else flat, from a contiguous copy); ``spans``
     ``(offset, nbytes)`` of the non-None tensors, hashed (``spans_json``: as the hashing process reads them);
     ``floating`` ``(index in entries, offset, nbytes, dtype)`` of the floating ones, and their :class:`_NormPlan`."""
 
@@ -311,6 +311,13 @@ class _Layout(NamedTuple):
     norm_plan: _NormPlan
 
 
+def _direct(t: torch.Tensor) -> bool:
+    """Whether ``t.view(torch.uint8)`` gives ``t``'s bytes in their order: ``t`` contiguous, of at least one
+    dimension, its last of stride 1 (a contiguous tensor may have any stride along a dimension of size 1, which
+    ``view`` to a narrower dtype refuses). Any other tensor is copied to a contiguous one first."""
+    return t.dim() > 0 and t.is_contiguous() and t.stride(-1) == 1
+
+
 def _layout(values: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> _Layout:
     """The :class:`_Layout` of the ``(name, tensor or None)`` values: each tensor's bytes at the next multiple of
     :data:`SPAN_ALIGN` (so that every span can be viewed as its dtype; the padding is never hashed)."""
@@ -321,7 +328,7 @@ def _layout(values: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> _Layout:
             continue
         offset += -offset % SPAN_ALIGN
         n = t.numel() * t.element_size()
-        direct = t.dim() > 0 and t.is_contiguous()
+        direct = _direct(t)
         shape = (*t.shape[:-1], t.shape[-1] * t.element_size()) if direct else (n,)
         if n:
             copies.append((position, offset, n, tuple(shape), direct))
@@ -424,10 +431,10 @@ class StepDigests:
                 slot.host = _HostBuffer(nbytes, self.device)
                 slot.host_buf = slot.host.staging if slot.host.staging is not None else slot.host.tensor
             else:
-                slot.host_buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
+                slot.host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
             # on the CPU the snapshot is taken straight into the host buffer (the shared one for the process); the
-            # padding between spans stays zero
-            slot.device_buf = (torch.zeros(nbytes, dtype=torch.uint8, device=self.device) if self._cuda
+            # padding between spans is never written, hashed or normed
+            slot.device_buf = (torch.empty(nbytes, dtype=torch.uint8, device=self.device) if self._cuda
                                else slot.host_buf)
         if self.hasher == "process":
             self._worker = _Hasher([slot.host.fd for slot in self._slots], self._threads)
@@ -451,7 +458,7 @@ class StepDigests:
             if t.device != self.device and not (t.device.type == self.device.type == "cuda"
                                                  and self.device.index is None):
                 raise ValueError(f"tensors[{name!r}]: expected a tensor on {self.device}, got {t.device}")
-            shapes.append((name, t.dtype, t.shape, t.is_contiguous()))
+            shapes.append((name, t.dtype, t.shape, _direct(t)))
         shapes = tuple(shapes)
         layout = self._layouts.get(shapes)
         if layout is None:
@@ -479,7 +486,7 @@ class StepDigests:
         if layout.copies:
             with torch.no_grad():  # the snapshot, in the current stream's order: one multi-tensor copy of bytes
                 sources = [values[i][1].view(torch.uint8) if direct else
-                           values[i][1].contiguous().reshape(-1).view(torch.uint8)
+                           values[i][1].clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
                            for i, _, _, _, direct in layout.copies]
                 torch._foreach_copy_(targets, sources)
         floating = layout.floating

@@ -31,8 +31,11 @@ REDRAW_S = 0.25
 class Progress:
     """A one-line progress display on stderr (redrawn in place on a terminal, every 10% otherwise)."""
 
-    def __init__(self, label: str, total: int, start: int = 0, enabled: bool = True):
+    def __init__(self, label: str, total: int, start: int = 0, enabled: bool = True, stop: Optional[int] = None):
+        """``total`` steps in the run, of which this process trains ``[start, stop)`` (``stop`` default
+        ``total``): the line is drawn at ``stop`` whatever the redraw interval."""
         self.label, self.total, self.enabled = label, total, enabled
+        self.stop = total if stop is None else stop
         self.tty = sys.stderr.isatty()
         self.t0 = time.perf_counter()
         self.start = start
@@ -41,13 +44,14 @@ class Progress:
 
     def update(self, step: int, loss) -> None:
         """Step ``step`` done with ``loss`` (a float, or a 0-dim tensor read only when the line is drawn: on a
-        terminal at most every :data:`REDRAW_S` seconds and at the last step, else every 10%)."""
+        terminal at most every :data:`REDRAW_S` seconds and at the last step this process trains, else every 10%
+        and at that step)."""
         if not self.enabled:
             return
         done = step + 1
         pct = int(100 * done / max(self.total, 1))
         now = time.perf_counter()
-        last = done == self.total
+        last = done >= self.stop
         if self.tty:
             draw = last or now - self.drawn >= REDRAW_S
         else:
@@ -299,8 +303,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     outputs = OutputDigests(model, modules) if acc is None and world.world_size == 1 else None
     logits = logits_fn(spec)
     recorded_before = len(steps)
-    bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0)
     end = spec["steps"] if stop_at is None else min(stop_at, spec["steps"])
+    bar = Progress(label, spec["steps"], start, enabled=progress and world.rank == 0, stop=end)
     kill = kill_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and \
         world.rank == world.world_size - 1
     digests = StepDigests(device)

@@ -10,7 +10,9 @@ from ordered_ssd.digest import tensor_sha256
 def _tensors(g):
     return {"w": torch.randn(5, 3, generator=g), "none": None,
             "strided": torch.randn(9, generator=g, dtype=torch.float64)[::2],
-            "empty": torch.zeros(0), "ints": torch.randint(0, 9, (4,), generator=g), "half": torch.randn(3).half()}
+            "empty": torch.zeros(0), "ints": torch.randint(0, 9, (4,), generator=g), "half": torch.randn(3).half(),
+            # contiguous, but of stride != 1 along a last dimension of size 1 (view as uint8 refuses them)
+            "column": torch.randn(1, 3, generator=g).t(), "single": torch.randn(2, generator=g)[::2]}
 
 
 @pytest.mark.parametrize("hasher", ["process", "threads"])

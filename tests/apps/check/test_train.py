@@ -156,3 +156,9 @@ def test_progress_reads_the_loss_only_when_it_draws(monkeypatch, capsys, tty):
         assert drawn == [0, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19]  # the first step, then each 10%
         assert [line.split(" loss ")[1].split()[0] for line in err.splitlines()] == \
             [f"{1.0 + i:.4f}" for i in drawn]
+    # a run that stops early (a restart's first part) draws its last step too
+    bar = train.Progress("a", 20, stop=8)
+    losses = [_Loss(1.0 + i) for i in range(8)]
+    for step, loss in enumerate(losses):
+        bar.update(step, loss)
+    assert losses[-1].reads == 1 and "8/20 loss 8.0000" in capsys.readouterr().err
