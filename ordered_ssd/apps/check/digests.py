@@ -440,6 +440,21 @@ class StepDigests:
             self._worker = _Hasher([slot.host.fd for slot in self._slots], self._threads)
         self._capacity = nbytes
 
+    def reserve(self, tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+        """Allocate the buffers for submissions of tensors like ``tensors`` (their names, dtypes and shapes; on any
+        device, ``meta`` included: nothing is read) and start the hashing process now, rather than at the first
+        :meth:`submit`: the registration of the host buffers with the driver and the process's start are then out
+        of a timed loop. A larger submission later still replaces them. Raises ``TypeError`` for a value that is
+        neither a tensor nor None, ``RuntimeError`` after :meth:`close`."""
+        if self._closed:
+            raise RuntimeError("StepDigests: reserve after close()")
+        for name, t in tensors.items():
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
+        nbytes = _layout(list(tensors.items())).nbytes
+        if nbytes > self._capacity:
+            self._allocate(max(nbytes, SPAN_ALIGN))
+
     def submit(self, tensors: Dict[str, Optional[torch.Tensor]], norms: bool = False) -> int:
         """Snapshot ``tensors`` (in stream order) and start hashing them (with ``norms``, also taking each floating
         tensor's L2 norm in float64: on CUDA on the device, :func:`device_norms`; on the CPU from the host copy, in

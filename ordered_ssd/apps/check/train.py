@@ -236,7 +236,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     ``param_norms``, their float64 L2 norms as ``float.hex``, for the picture's magnitudes),
     ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
     ``val_loss``, timings (``train_s``; ``timings``: ``setup_s`` from the call to the first step (data, model,
-    checkpoint), ``first_step_s`` (the first step, synchronised: compiles and first-launch timings),
+    checkpoint, the digests' buffers and hashing process), ``first_step_s`` (the first step, synchronised: compiles and first-launch timings),
     ``train_s``, ``val_s``) and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
     ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
     bits).
@@ -308,6 +308,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     kill = kill_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and \
         world.rank == world.world_size - 1
     digests = StepDigests(device)
+    # the snapshot buffers and the hashing process before the timed loop (a gradient has its parameter's shape)
+    digests.reserve({name: torch.empty(p.shape, dtype=p.dtype, device="meta") for name, p in model.named_parameters()})
     t0 = time.perf_counter()
     setup_s, first_step_s = t0 - t_enter, None
     for step in range(start, end):
@@ -351,10 +353,10 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     if outputs is not None:
         outputs.remove()
     _resolve(digests, steps, names)
-    digests.close()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_s = time.perf_counter() - t0
+    digests.close()  # the buffers and the hashing process go (every digest is in the steps already)
     final = None
     if end >= spec["steps"]:  # the last step's parameter digests are the final ones (hashed once)
         final = (dict(steps[-1]["params"]) if steps and steps[-1]["step"] == end - 1

@@ -277,3 +277,28 @@ def test_a_layout_is_kept_per_names_dtypes_and_shapes(monkeypatch):
         for k, v in ts.items():
             flat = None if v is None else v.contiguous().reshape(-1)  # the snapshot's order of the elements
             assert r.norms[k] == ("none" if v is None else float(flat.double().norm()).hex()), k
+
+
+def test_reserve_allocates_before_the_first_submission():
+    """``reserve`` (from meta tensors: nothing read) allocates every slot's buffers and starts the hashing process;
+    a submission that fits reuses them (the same process), a larger one replaces them; bad values and a reserve
+    after close are refused."""
+    ts = {"w": torch.randn(4, 3), "none": None, "h": torch.randn(5).half()}
+    with StepDigests(torch.device("cpu"), depth=2, threads=2, hasher="process") as digests:
+        digests.reserve({k: None if v is None else torch.empty(v.shape, dtype=v.dtype, device="meta")
+                         for k, v in ts.items()})
+        worker, capacity = digests._worker, digests._capacity
+        assert worker is not None and worker.proc.poll() is None and capacity >= 48 + 10
+        assert all(slot.host is not None for slot in digests._slots)
+        got = digests.result(digests.submit(ts))
+        assert digests._worker is worker and digests._capacity == capacity and digests.stats["wait_s"] == 0.0
+        assert got.sha256 == {"w": tensor_sha256(ts["w"]), "none": "none", "h": tensor_sha256(ts["h"])}
+        digests.reserve({"w": torch.empty(2, device="meta")})  # smaller: nothing changes
+        assert digests._worker is worker
+        big = {"w": torch.randn(100)}
+        assert digests.result(digests.submit(big)).sha256["w"] == tensor_sha256(big["w"])
+        assert digests._worker is not worker and worker.proc.wait(timeout=30) == 0
+        with pytest.raises(TypeError, match=r"tensors\['x'\]: expected a tensor or None, got int"):
+            digests.reserve({"x": 3})
+    with pytest.raises(RuntimeError, match="reserve after close"):
+        digests.reserve({"w": torch.empty(2, device="meta")})
