@@ -236,10 +236,10 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     ``param_norms``, their float64 L2 norms as ``float.hex``, for the picture's magnitudes),
     ``final`` (SHA-256 of every parameter at the end, if the run reached the last step),
     ``val_loss``, timings (``train_s``; ``timings``: ``setup_s`` from the call to the first step (data, model,
-    checkpoint, the digests' buffers and hashing process), ``first_step_s`` (the first step, synchronised: compiles and first-launch timings),
-    ``train_s``, ``val_s``) and the fingerprint; a data-parallel run adds ``world_size``, ``backend``,
-    ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss, gradient and final parameter
-    bits).
+    checkpoint, the digests' buffers and hashing process), ``first_step_s`` (the first step, synchronised:
+    compiles and first-launch timings), ``train_s``, ``val_s``) and the fingerprint; a data-parallel run adds
+    ``world_size``, ``backend``, ``rank_s_per_step`` and ``ranks_agree`` (whether every rank saw the same loss,
+    gradient and final parameter bits).
 
     Checkpoints. The plain check (1 process or DDP): stopping at ``stop_at`` writes one file (rank 0,
     atomically): model and optimizer (identical on every rank), every rank's RNG state, data position, step and
@@ -296,7 +296,8 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     net = world.wrap(model, spec)
     acc = world.accumulator(model)  # None: one block, the gradients backward leaves (the plain check)
     add_test_grad_noise(model)  # testing only: nothing unless ORDERED_SSD_TEST_GRAD_NOISE names a module
-    names = [name for name, _ in model.named_parameters()]
+    named = list(model.named_parameters())  # walked once: the loop reads each step's gradients through it
+    names = [name for name, _ in named]
     modules = module_names(names)
     # forward outputs depend on how a step's rows are split into blocks and ranks: recorded in one process without
     # the accumulator only (in a data-parallel run rank 0's outputs alone could not tell where a difference arose)
@@ -308,54 +309,61 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
     kill = kill_at is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and \
         world.rank == world.world_size - 1
     digests = StepDigests(device)
-    # the snapshot buffers and the hashing process before the timed loop (a gradient has its parameter's shape)
-    digests.reserve({name: torch.empty(p.shape, dtype=p.dtype, device="meta") for name, p in model.named_parameters()})
-    t0 = time.perf_counter()
-    setup_s, first_step_s = t0 - t_enter, None
-    for step in range(start, end):
-        optimizer.zero_grad(set_to_none=True)
-        losses = []
-        for offset, count in blocks:
-            x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
-            x, y = x.to(device), y.to(device)
-            loss = lm_loss(logits(net, x), y)  # mean over the block's rows
-            loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
-            losses.append(loss.detach())
-            if kill and step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)  # the crash test: this rank dies in the middle of the step
+    try:  # on an error the hashing process and the buffers go at once (not when this process ends)
+        # the snapshot buffers and the hashing process before the timed loop (a gradient has its parameter's shape)
+        digests.reserve({name: torch.empty(p.shape, dtype=p.dtype, device="meta") for name, p in named})
+        t0 = time.perf_counter()
+        setup_s, first_step_s = t0 - t_enter, None
+        for step in range(start, end):
+            optimizer.zero_grad(set_to_none=True)
+            losses = []
+            for offset, count in blocks:
+                x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
+                x, y = x.to(device), y.to(device)
+                loss = lm_loss(logits(net, x), y)  # mean over the block's rows
+                loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
+                losses.append(loss.detach())
+                if kill and step == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)  # the crash test: this rank dies in the middle of the step
+                if acc is not None:
+                    acc.add_block()
             if acc is not None:
-                acc.add_block()
-        if acc is not None:
-            acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
-        # the digests are taken off the training path: a snapshot in stream order now, SHA-256 while later steps
-        # train (StepDigests); the record's entry gets them when resolved
-        grads = digests.submit({name: None if p.grad is None else _full(p.grad)
-                                for name, p in model.named_parameters()}, norms=True)
-        world.clip(model, spec["clip"])
-        optimizer.step()
-        # the loss and the outputs' fingerprints stay on the device until resolved: no wait for the device a step
-        loss = world.global_loss(losses)
-        steps.append({"step": step, "loss": loss, "grads": grads})
+                acc.write_grads()  # the tree sum over every rank's blocks / (R*m), the same on every rank
+            # the digests are taken off the training path: a snapshot in stream order now, SHA-256 while later steps
+            # train (StepDigests); the record's entry gets them when resolved
+            grads = digests.submit({name: None if p.grad is None else _full(p.grad)
+                                    for name, p in named}, norms=True)
+            world.clip(model, spec["clip"])
+            optimizer.step()
+            # the loss and the outputs' fingerprints stay on the device until resolved: no wait for the device a step
+            loss = world.global_loss(losses)
+            steps.append({"step": step, "loss": loss, "grads": grads})
+            if outputs is not None:
+                steps[-1]["outputs"] = outputs.take_deferred()
+            steps[-1]["params"] = digests.submit({name: _full(p) for name, p in named}, norms=True)
+            bar.update(step, loss)
+            if first_step_s is None:  # compiles and first-launch timings happen here: one synchronisation, once
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                first_step_s = time.perf_counter() - t0
+                if after_first_step is not None:
+                    after_first_step()
+            done = step + 1
+            if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
+                _resolve(digests, steps, names)
+                _save_sharded(ckpt_path, done, model, optimizer, steps, fingerprint_info, device)
         if outputs is not None:
-            steps[-1]["outputs"] = outputs.take_deferred()
-        steps[-1]["params"] = digests.submit({name: _full(p) for name, p in model.named_parameters()}, norms=True)
-        bar.update(step, loss)
-        if first_step_s is None:  # compiles and first-launch timings happen here: one synchronisation, once
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            first_step_s = time.perf_counter() - t0
-            if after_first_step is not None:
-                after_first_step()
-        done = step + 1
-        if sharded_ckpt and ckpt_every and done % ckpt_every == 0 and done < end and ckpt_path is not None:
-            _resolve(digests, steps, names)
-            _save_sharded(ckpt_path, done, model, optimizer, steps, fingerprint_info, device)
-    if outputs is not None:
-        outputs.remove()
-    _resolve(digests, steps, names)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    train_s = time.perf_counter() - t0
+            outputs.remove()
+        _resolve(digests, steps, names)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        train_s = time.perf_counter() - t0
+    except BaseException:
+        try:
+            digests.close()
+        except Exception:  # noqa: BLE001 - the error being raised is the one to report
+            pass
+        raise
     digests.close()  # the buffers and the hashing process go (every digest is in the steps already)
     final = None
     if end >= spec["steps"]:  # the last step's parameter digests are the final ones (hashed once)

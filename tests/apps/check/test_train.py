@@ -162,3 +162,29 @@ def test_progress_reads_the_loss_only_when_it_draws(monkeypatch, capsys, tty):
     for step, loss in enumerate(losses):
         bar.update(step, loss)
     assert losses[-1].reads == 1 and "8/20 loss 8.0000" in capsys.readouterr().err
+
+
+def test_an_error_in_a_step_ends_the_hashing_process(check_run, tmp_path, monkeypatch):
+    """A failing step (here the loss of step 0 raises) closes the run's StepDigests before the error goes on: its
+    hashing process has exited and its buffers are released, not left until this process ends."""
+    from ordered_ssd.apps.check import digests as digests_module
+
+    _, out = check_run
+    spec = json.loads((out / "runs" / "spec.json").read_text())
+    made = []
+
+    class Recording(digests_module.StepDigests):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    def failing(logits, targets):
+        raise RuntimeError("a step that fails")
+
+    monkeypatch.setattr(train_module, "StepDigests", Recording)
+    monkeypatch.setattr(train_module, "lm_loss", failing)
+    with pytest.raises(RuntimeError, match="a step that fails"):
+        train_module.train_run(spec, str(tmp_path / "r.json"), label="x", progress=False)
+    (digests,) = made
+    assert digests._closed and digests._worker is None and digests._capacity == -1
+    assert all(slot.host is None and slot.device_buf is None for slot in digests._slots)
