@@ -10,16 +10,18 @@ out) of the host time of one call, the device synchronised before each (so nothi
 
 * ``submit, norms``, ``submit``: :meth:`~ordered_ssd.apps.check.digests.StepDigests.submit` with and without the
   norms (its digests resolved after each call, outside the time);
-* ``views``: the tensors viewed as bytes (the Python half of the snapshot);
+* ``views``: the tensors viewed as bytes, as ``submit`` views them;
 * ``foreach_copy``: the snapshot's one ``torch._foreach_copy_`` into the slot's views, and ``cat``: the same bytes
-  by ``torch.cat`` into the buffer, for comparison;
-* ``norms``: the float64 norms of the snapshot (:func:`~ordered_ssd.apps.check.digests._planned_norms`);
-* CUDA only (on the CPU the snapshot is taken in the host buffer itself): ``copy to host``, the snapshot copied to
-  the slot's host buffer on a side stream (non-blocking), and ``wait_stream + event``, the side stream made to wait
-  for the current one, an event recorded on it;
+  by ``torch.cat`` into the buffer (without the padding), for comparison;
+* CUDA only (on the CPU the norms are taken from the host copy in other threads, and the snapshot is taken in the
+  host buffer itself): ``norms``, the float64 norms of the snapshot
+  (:func:`~ordered_ssd.apps.check.digests._planned_norms`); ``copy to host``, the snapshot copied to the slot's host
+  buffer on a side stream (non-blocking); ``wait_stream + event``, the side stream made to wait for the current one,
+  an event recorded on it;
 
 plus, on CUDA, the copy's bandwidth to the host buffer (GB/s, one synchronised copy) and whether the buffer was
-registered with the driver. The parts are measured apart from each other: their sum need not be ``submit``'s time.
+registered with the driver. The parts are measured apart from each other: their sum need not be ``submit``'s time,
+which also has the checks of its arguments and the lookup of their layout (not timed apart).
 """
 import argparse
 import json
@@ -72,16 +74,22 @@ def measure(spec, device, repeats):
         (shapes, layout), = digests._layouts.items()
         slot = digests._slots[0]
         targets = slot.targets[shapes]
-        sources = [t.view(torch.uint8) for t in tensors.values()]
-        views = [t.reshape(-1).view(torch.uint8) for t in tensors.values()]
-        out["views"] = _median_ms(lambda: [t.view(torch.uint8) for t in tensors.values()], device, repeats)
+        values = list(tensors.values())
+
+        def byte_views():  # as submit takes them (every tensor of the check's models is direct)
+            return [values[i].view(torch.uint8) if direct else
+                    values[i].clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
+                    for i, _, _, _, direct in layout.copies]
+        sources = byte_views()
+        flat = [v.reshape(-1) for v in sources]
+        out["views"] = _median_ms(byte_views, device, repeats)
         out["foreach_copy"] = _median_ms(lambda: torch._foreach_copy_(targets, sources), device, repeats)
-        total = sum(v.numel() for v in views)
-        out["cat"] = _median_ms(lambda: torch.cat(views, out=slot.device_buf[:total]), device, repeats)
-        out["norms"] = _median_ms(lambda: _planned_norms(slot.device_buf, layout.norm_plan), device, repeats)
+        total = sum(v.numel() for v in flat)
+        out["cat"] = _median_ms(lambda: torch.cat(flat, out=slot.device_buf[:total]), device, repeats)
         n = layout.nbytes
         out["bytes"] = n
         if device.type == "cuda":
+            out["norms"] = _median_ms(lambda: _planned_norms(slot.device_buf, layout.norm_plan), device, repeats)
             side = torch.cuda.Stream(device)
             event = torch.cuda.Event()
 
