@@ -70,38 +70,12 @@ def failure_reason(lines: List[str], returncode: int) -> str:
     return rest[-1][:REASON_CHARS] if rest else "it printed nothing"
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
-    """Send ``sig`` to ``proc``, and to every process of its process group where it leads one of its own (a child
-    started in a session of its own: its children, e.g. a compiler it runs, go with it)."""
-    try:
-        if os.name == "posix" and os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, sig)
-            return
-    except OSError:  # already gone
-        pass
-    try:
-        proc.send_signal(sig)
-    except OSError:
-        pass
-
-
-def _end(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM to ``proc`` (:func:`_signal`: its group where it leads one), SIGKILL after ``grace_s`` seconds."""
-    _signal(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal(proc, signal.SIGKILL)
-        proc.wait()
-
-
 def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dict] = None,
-                started: Optional[Callable] = None, own_session: bool = False) -> Tuple[int, List[str]]:
+                started: Optional[Callable] = None) -> Tuple[int, List[str]]:
     """Run ``cmd`` with its stdout and stderr written to ``log_path`` (and kept), its progress lines forwarded to
     this process's stderr when ``progress``; ``(exit status, output lines)``. An interrupt (or any error here)
-    terminates the child (torchrun forwards SIGTERM to its ranks; with ``own_session`` the child runs in a session
-    of its own, and its whole process group is signalled) and is raised again. ``started(proc)`` is called with the
-    child's ``Popen`` once it runs, and ``started(None)`` when it has ended.
+    terminates the child (torchrun forwards SIGTERM to its ranks) and is raised again. ``started(proc)`` is called
+    with the child's ``Popen`` once it runs, and ``started(None)`` when it has ended.
 
     Raises:
         CheckError: the log cannot be written (``log_path`` names a directory, no permission).
@@ -111,7 +85,7 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
         log = open(log_path, "w")
     with log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, env=env, bufsize=1, errors="replace", start_new_session=own_session)
+                                text=True, env=env, bufsize=1, errors="replace")
         if started is not None:
             started(proc)
         try:
@@ -123,7 +97,12 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
                     sys.stderr.flush()
             returncode = proc.wait()
         except BaseException:
-            _end(proc)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             raise
         finally:
             if started is not None:
@@ -132,18 +111,16 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
 
 
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
-                      log_path: str, started: Optional[Callable] = None, env: Optional[dict] = None,
-                      own_session: bool = False) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process (in ``env``, default this process's environment; with
-    ``own_session`` in a session of its own, :func:`_run_logged`); its output goes to ``log_path``, its progress
-    lines to stderr.
+                      log_path: str, started: Optional[Callable] = None, env: Optional[dict] = None) -> None:
+    """Run ``ordered-ssd _train`` in a fresh process (in ``env``, default this process's environment); its output
+    goes to ``log_path``, its progress lines to stderr.
 
     Raises:
         CheckError: the process exits non-zero (the message names the run, the exit code, the reason
             (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    returncode, lines = _run_logged(cmd, log_path, progress, env=env, started=started, own_session=own_session)
+    returncode, lines = _run_logged(cmd, log_path, progress, env=env, started=started)
     if returncode != 0:
         raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
@@ -206,8 +183,6 @@ class Launcher:
         self._children: dict = {}  # the running children of background runs, by run name
         self._lock = threading.Lock()
         self._stopping = threading.Event()  # set by stop(): no background child starts or keeps running after it
-        self._expired: set = set()  # precompile workers past their deadline (stopped as they start)
-        self._stopped_late: set = set()  # precompile workers stopped at their deadline
 
     def record(self, name: str) -> str:
         return os.path.join(self.runs_dir, f"{name}.json")
@@ -222,15 +197,14 @@ class Launcher:
             self.wall_s[name] = time.perf_counter() - t0
 
     def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None,
-                env=None, own_session=False) -> None:
+                env=None) -> None:
         progress = self.progress if progress is None else progress
         if nproc is not None:
             run_torchrun(spec_path, self.record(name), label, extra, progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, progress,
-                              os.path.join(self.runs_dir, f"{name}.log"), started=started, env=env,
-                              own_session=own_session)
+                              os.path.join(self.runs_dir, f"{name}.log"), started=started, env=env)
 
     def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]],
                   after: Optional[Future] = None) -> List[Future]:
@@ -248,10 +222,8 @@ class Launcher:
         :mod:`.precompile`; outputs in ``runs/precompile-I.log``); a future of ``(seconds until the last ended, the
         failures' one-line descriptions)``, which never raises (a worker that fails only costs its share of the
         compiles). A worker still running ``timeout_s`` seconds after the start (default
-        :data:`PRECOMPILE_TIMEOUT_S`) is terminated with its process group (each worker runs in a session of its
-        own, so a compiler it started goes too; SIGKILL 30 s later) and named among the failures, so that a hung
-        worker cannot hold the control back; one not started by then is not started. :meth:`stop` ends them as it
-        ends the runs."""
+        :data:`PRECOMPILE_TIMEOUT_S`) is terminated (killed 30 s later) and named among the failures, so that a
+        hung worker cannot hold the control back. :meth:`stop` ends them as it ends the runs."""
         deadline = PRECOMPILE_TIMEOUT_S if timeout_s is None else timeout_s
         pool = ThreadPoolExecutor(max_workers=max(1, jobs) + 1, thread_name_prefix="check-precompile")
         t0 = time.perf_counter()
@@ -259,30 +231,22 @@ class Launcher:
 
         def gather() -> Tuple[float, List[str]]:
             _, late = futures.wait(workers, timeout=deadline)
-            names = {w: f"precompile-{i}" for i, w in enumerate(workers)}
-            with self._lock:  # a late worker not started yet is stopped as it starts (_on_child)
-                self._expired.update(names[w] for w in late)
-                procs = {names[w]: self._children.get(names[w]) for w in late}
-            for name, proc in procs.items():
-                if proc is not None and proc.poll() is None:
-                    self._stopped_late.add(name)
-                    _signal(proc, signal.SIGTERM)
-            done, hung = futures.wait(late, timeout=30)
-            for w in hung:  # SIGTERM not enough
-                proc = procs.get(names[w])
-                if proc is not None:
-                    _signal(proc, signal.SIGKILL)
-            done, hung = futures.wait(late, timeout=30)
+            with self._lock:
+                procs = [self._children.get(f"precompile-{i}") for i, w in enumerate(workers) if w in late]
+            procs = [proc for proc in procs if proc is not None]
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             failures = []
-            for w in workers:
-                name = names[w]
-                if w in hung:  # its thread is left to end on its own
-                    why = f"{name}: still running after {deadline:g} s and could not be stopped"
-                elif name in self._stopped_late:
-                    why = (f"{name}: still running after {deadline:g} s, stopped (the control's runs compile its "
-                           f"share themselves)")
-                else:
-                    why = w.result()
+            for i, w in enumerate(workers):
+                why = w.result()
+                if w in late:
+                    why = (f"precompile-{i}: still running after {deadline:g} s, stopped (the control's runs compile "
+                           f"its share themselves)")
                 if why is not None:
                     failures.append(why)
             return time.perf_counter() - t0, failures
@@ -299,12 +263,10 @@ class Launcher:
         name = f"precompile-{index}"
         if self._stopping.is_set():
             return f"{name}: not started (the check was stopping)"
-        if name in self._expired:
-            return f"{name}: not started before its deadline"
         env = {k: v for k, v in os.environ.items() if k != AUTOTUNE_CACHE_ENV}
         try:
             self._launch(spec_path, name, f"precompile {index}/{count}", ["--precompile", f"{index}/{count}"],
-                         None, 0, progress=False, started=self._on_child(name), env=env, own_session=True)
+                         None, 0, progress=False, started=self._on_child(name), env=env)
         except CheckError as e:
             return f"{name}: {e}"
         except Exception as e:  # noqa: BLE001: a worker never stops the check (the module docstring)
@@ -317,10 +279,7 @@ class Launcher:
                 if proc is None:
                     self._children.pop(name, None)
                 elif self._stopping.is_set():  # stop() came first: this child must not run
-                    _signal(proc, signal.SIGTERM)
-                elif name in self._expired:  # its deadline came first (precompile)
-                    self._stopped_late.add(name)
-                    _signal(proc, signal.SIGTERM)
+                    proc.terminate()
                 else:
                     self._children[name] = proc
         return on_child
@@ -344,9 +303,9 @@ class Launcher:
             self._stopping.set()
             procs = list(self._children.values())
         for proc in procs:
-            _signal(proc, signal.SIGTERM)  # a precompile worker with its process group
+            proc.terminate()
         for proc in procs:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                _signal(proc, signal.SIGKILL)
+                proc.kill()
