@@ -9,16 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Tuple
 
 from .errors import CheckError, plural, writing
 
 ERROR_PREFIX = "ordered-ssd _train: error: "
-#: seconds a precompile worker may run (:meth:`Launcher.precompile`); a worker compiles its share of mamba-ssm's
-#: candidate configurations, a minute or two on a fresh machine
-PRECOMPILE_TIMEOUT_S = 1200.0
 #: an uncaught exception's last line, in a rank's output ``[rankN]: XError: ...`` (torch prefixes the ranks' lines)
 _RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_.]*(Error|Exception|Interrupt)\b.*")
 #: an uncaught exception's last line (``IsADirectoryError: [Errno 21] ...``), or argparse's ``prog: error: ...``
@@ -217,38 +213,17 @@ class Launcher:
         pool.shutdown(wait=False)
         return futures
 
-    def precompile(self, spec_path: str, jobs: int, timeout_s: Optional[float] = None) -> Future:
+    def precompile(self, spec_path: str, jobs: int) -> Future:
         """Start ``jobs`` precompile workers of ``spec_path`` at once in the background (``_train --precompile I/K``,
         :mod:`.precompile`; outputs in ``runs/precompile-I.log``); a future of ``(seconds until the last ended, the
         failures' one-line descriptions)``, which never raises (a worker that fails only costs its share of the
-        compiles). A worker still running ``timeout_s`` seconds after the start (default
-        :data:`PRECOMPILE_TIMEOUT_S`) is terminated (killed 30 s later) and named among the failures, so that a
-        hung worker cannot hold the control back. :meth:`stop` ends them as it ends the runs."""
-        deadline = PRECOMPILE_TIMEOUT_S if timeout_s is None else timeout_s
+        compiles). :meth:`stop` ends them as it ends the runs."""
         pool = ThreadPoolExecutor(max_workers=max(1, jobs) + 1, thread_name_prefix="check-precompile")
         t0 = time.perf_counter()
         workers = [pool.submit(self._worker, spec_path, i, jobs) for i in range(jobs)]
 
         def gather() -> Tuple[float, List[str]]:
-            _, late = futures.wait(workers, timeout=deadline)
-            with self._lock:
-                procs = [self._children.get(f"precompile-{i}") for i, w in enumerate(workers) if w in late]
-            procs = [proc for proc in procs if proc is not None]
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            failures = []
-            for i, w in enumerate(workers):
-                why = w.result()
-                if w in late:
-                    why = (f"precompile-{i}: still running after {deadline:g} s, stopped (the control's runs compile "
-                           f"its share themselves)")
-                if why is not None:
-                    failures.append(why)
+            failures = [why for why in (w.result() for w in workers) if why is not None]
             return time.perf_counter() - t0, failures
         done = pool.submit(gather)
         pool.shutdown(wait=False)
