@@ -15,7 +15,7 @@ out) of the host time of one call, the device synchronised before each (so nothi
   by ``torch.cat`` into the buffer (without the padding), for comparison;
 * CUDA only (on the CPU the norms are taken from the host copy in other threads, and the snapshot is taken in the
   host buffer itself): ``norms``, the float64 norms of the snapshot
-  (:func:`~ordered_ssd.apps.check.digests._planned_norms`); ``copy to host``, the snapshot copied to the slot's host
+  (:func:`~ordered_ssd.apps.check.norms.planned_norms`); ``copy to host``, the snapshot copied to the slot's host
   buffer on a side stream (non-blocking); ``wait_stream + event``, the side stream made to wait for the current one,
   an event recorded on it;
 
@@ -53,7 +53,8 @@ def _median_ms(fn, device, repeats):
 
 def measure(spec, device, repeats):
     """``{part: ms}`` and facts about the tensors (see the module docstring)."""
-    from ordered_ssd.apps.check.digests import StepDigests, _planned_norms
+    from ordered_ssd.apps.check.digests import StepDigests
+    from ordered_ssd.apps.check.norms import planned_norms
     from ordered_ssd.apps.check.train import build_model
 
     model, _ = build_model(spec, device)
@@ -89,7 +90,7 @@ def measure(spec, device, repeats):
         n = layout.nbytes
         out["bytes"] = n
         if device.type == "cuda":
-            out["norms"] = _median_ms(lambda: _planned_norms(slot.device_buf, layout.norm_plan), device, repeats)
+            out["norms"] = _median_ms(lambda: planned_norms(slot.device_buf, layout.norm_plan), device, repeats)
             side = torch.cuda.Stream(device)
             event = torch.cuda.Event()
 

@@ -51,103 +51,14 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from .launch import usable_cores
+from .norms import SPAN_ALIGN, NormPlan, device_norms, norm_plan, planned_norms
 from .sha256_worker import hashing_groups, sha256_spans
 
-__all__ = ["StepDigests", "StepResult", "default_threads", "default_hasher", "hashing_groups", "device_norms"]
+__all__ = ["StepDigests", "StepResult", "default_threads", "default_hasher", "hashing_groups", "device_norms",
+           "SPAN_ALIGN"]
 
-#: the most elements :func:`device_norms` widens to float64 in one copy (64 MiB of float64): a larger tensor is
-#: widened in pieces of this many elements
-NORM_GROUP_ELEMENTS = 1 << 23
 #: the most layouts (names, dtypes, shapes) a :class:`StepDigests` keeps; one more forgets them all
 MAX_LAYOUTS = 16
-#: each tensor's offset in a :class:`StepDigests` snapshot is a multiple of this many bytes (so that every span can be
-#: viewed as its dtype); the padding bytes between spans are never hashed
-SPAN_ALIGN = 16
-
-
-class _NormPlan(NamedTuple):
-    """How :func:`device_norms` widens a snapshot's spans: ``groups`` ``(start, end, dtype, sizes)``, each a byte
-    range widened to float64 at once and split into ``sizes`` elements (spans and the padding between them, in
-    turn), and ``where``, per span its indices into the widened tensors (several for a span widened in pieces)."""
-
-    groups: Tuple[Tuple[int, int, torch.dtype, Tuple[int, ...]], ...]
-    where: Tuple[Tuple[int, ...], ...]
-
-
-def _norm_plan(spans: Sequence[Tuple[int, int, torch.dtype]]) -> _NormPlan:
-    """The widening of :func:`device_norms` for ``spans`` (see there); depends on the layout only."""
-    groups: List[Tuple[int, int, torch.dtype, Tuple[int, ...]]] = []
-    where: List[Tuple[int, ...]] = []
-    group: List[Tuple[int, int, torch.dtype]] = []
-    widened = 0  # the tensors widened so far (a group's spans, each piece of a long span)
-
-    def flush() -> None:
-        nonlocal widened
-        if group:
-            start, dt = group[0][0], group[0][2]
-            sizes: List[int] = []
-            for i, (off, n, _) in enumerate(group):
-                gap = group[i + 1][0] - (off + n) if i + 1 < len(group) else 0
-                sizes += [n // dt.itemsize, gap // dt.itemsize]
-            groups.append((start, group[-1][0] + group[-1][1], dt, tuple(sizes)))
-            widened += len(group)
-            group.clear()
-
-    count = 0
-    for off, n, dt in spans:
-        elems = n // dt.itemsize
-        if elems > NORM_GROUP_ELEMENTS:
-            flush()
-            step = NORM_GROUP_ELEMENTS * dt.itemsize
-            first = widened
-            for p in range(off, off + n, step):
-                end = min(p + step, off + n)
-                groups.append((p, end, dt, ((end - p) // dt.itemsize, 0)))
-                widened += 1
-            where.append(tuple(range(first, widened)))
-            continue
-        if group:
-            gap = off - (group[-1][0] + group[-1][1])
-            if dt != group[-1][2] or not 0 <= gap < SPAN_ALIGN or \
-                    count + gap // dt.itemsize + elems > NORM_GROUP_ELEMENTS:
-                flush()
-            else:
-                count += gap // dt.itemsize  # the padding is widened with the group (and left out after)
-        if not group:
-            count = 0
-        group.append((off, n, dt))
-        count += elems
-        where.append((widened + len(group) - 1,))
-    flush()
-    return _NormPlan(tuple(groups), tuple(where))
-
-
-def _planned_norms(snap: torch.Tensor, plan: _NormPlan) -> torch.Tensor:
-    """:func:`device_norms` of ``snap`` by a plan of :func:`_norm_plan`."""
-    if not plan.where:
-        return torch.zeros(0, dtype=torch.float64, device=snap.device)
-    wide: List[torch.Tensor] = []
-    for start, end, dt, sizes in plan.groups:
-        wide.extend(snap[start:end].view(dt).to(torch.float64).split(sizes)[0::2])  # without the padding
-    norms = list(torch._foreach_norm(wide, 2))
-    if len(wide) == len(plan.where):  # one widened tensor per span, in order
-        return torch.stack(norms)
-    return torch.stack([norms[ix[0]] if len(ix) == 1 else torch.linalg.vector_norm(torch.stack([norms[i] for i in ix]))
-                        for ix in plan.where])
-
-
-def device_norms(snap: torch.Tensor, spans: Sequence[Tuple[int, int, torch.dtype]]) -> torch.Tensor:
-    """The float64 L2 norm of each tensor ``(offset, nbytes, dtype)`` of the flat byte buffer ``snap`` (offsets
-    multiples of the dtype's size), in the order given, as one float64 tensor on ``snap``'s device.
-
-    Consecutive spans of one dtype separated by less than :data:`SPAN_ALIGN` bytes (the snapshot's alignment padding)
-    are widened to float64 together, at most :data:`NORM_GROUP_ELEMENTS` elements at a time (a longer span in pieces
-    of that many, whose norms are then combined as the norm of their norms), and every widened tensor's norm comes from
-    one ``torch._foreach_norm``: a few launches in all, instead of one or two per tensor, and at most 64 MiB of
-    float64 at a time. The same bytes in the same layout give the same bits (``_foreach_norm``'s split of a tensor
-    among its accumulators depends on the tensor's alignment in the widened buffer, so a tensor's norm may differ in
-    its last bits between layouts; norms are recorded, never compared)."""
-    return _planned_norms(snap, _norm_plan(spans))
 
 
 class StepResult(NamedTuple):
@@ -300,7 +211,7 @@ class _Layout(NamedTuple):
     (its position among the values; ``shape`` that of its bytes as uint8: the tensor's own viewed as uint8 where
     ``direct`` (:func:`_direct`), else flat, from a contiguous copy); ``spans``
     ``(offset, nbytes)`` of the non-None tensors, hashed (``spans_json``: as the hashing process reads them);
-    ``floating`` ``(index in entries, offset, nbytes, dtype)`` of the floating ones, and their :class:`_NormPlan`."""
+    ``floating`` ``(index in entries, offset, nbytes, dtype)`` of the floating ones, and their :class:`NormPlan`."""
 
     entries: Tuple[Tuple[str, int, int, Optional[torch.dtype]], ...]
     nbytes: int
@@ -308,7 +219,7 @@ class _Layout(NamedTuple):
     spans: Tuple[Tuple[int, int], ...]
     spans_json: str
     floating: Tuple[Tuple[int, int, int, torch.dtype], ...]
-    norm_plan: _NormPlan
+    norm_plan: NormPlan
 
 
 def _direct(t: torch.Tensor) -> bool:
@@ -338,7 +249,7 @@ def _layout(values: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> _Layout:
     floating = tuple((i, off, n, dt) for i, (_, off, n, dt) in enumerate(entries)
                      if off >= 0 and dt.is_floating_point)
     return _Layout(tuple(entries), offset, tuple(copies), spans, json.dumps(spans), floating,
-                   _norm_plan([(off, n, dt) for _, off, n, dt in floating]))
+                   norm_plan([(off, n, dt) for _, off, n, dt in floating]))
 
 
 class _Slot:
@@ -507,7 +418,7 @@ class StepDigests:
         floating = layout.floating
         norms_dev = host_norms = None
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
-            norms_dev = _planned_norms(slot.device_buf, layout.norm_plan)
+            norms_dev = planned_norms(slot.device_buf, layout.norm_plan)
         event = None
         if self._cuda:
             # what can fail is made before the copy that writes into the host buffer

@@ -76,7 +76,7 @@ def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(mon
     bytes as its dtype, in the order given, whether the span was widened with its neighbours (same dtype, touching or
     apart by less than ``SPAN_ALIGN`` bytes of padding), alone (another dtype, or the group full), or in pieces (more
     than ``NORM_GROUP_ELEMENTS`` elements); the same bytes give the same bits."""
-    from ordered_ssd.apps.check import digests
+    from ordered_ssd.apps.check import norms
 
     g = torch.Generator().manual_seed(5)
     ts = [torch.randn(2, generator=g, dtype=torch.float64), torch.zeros(0), torch.randn(6, generator=g),
@@ -95,14 +95,14 @@ def test_device_norms_group_the_snapshot_and_equal_each_tensors_float64_norm(mon
     snap = torch.cat(parts)
     want = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in ts]
     for cap in (1 << 23, 16, 5):  # 16: the 40-element span in 3 pieces; 5: every float32 span alone or in pieces
-        monkeypatch.setattr(digests, "NORM_GROUP_ELEMENTS", cap)
-        got = digests.device_norms(snap, spans)
+        monkeypatch.setattr(norms, "NORM_GROUP_ELEMENTS", cap)
+        got = norms.device_norms(snap, spans)
         assert got.dtype == torch.float64 and got.shape == (len(ts),)
         for i, (a, b) in enumerate(zip(got.tolist(), want)):
             assert a == pytest.approx(float(b), rel=1e-13, abs=0.0), (cap, i)
-        again = digests.device_norms(snap.clone(), spans)
+        again = norms.device_norms(snap.clone(), spans)
         assert torch.equal(got.view(torch.int64), again.view(torch.int64)), cap
-    assert digests.device_norms(snap, []).shape == (0,)
+    assert norms.device_norms(snap, []).shape == (0,)
 
 
 def test_spans_of_any_dtypes_are_aligned_in_the_snapshot():
