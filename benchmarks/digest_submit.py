@@ -41,6 +41,11 @@ from _torchrun import sync  # noqa: E402
 from check_overhead import check_setup  # noqa: E402
 
 
+def _median_of(times):
+    """The median in ms of the seconds ``times``, the first five left out (where there are more)."""
+    return 1000 * statistics.median(times[5:] if len(times) > 5 else times)
+
+
 def _median_ms(fn, device, repeats):
     times = []
     for _ in range(repeats):
@@ -48,12 +53,12 @@ def _median_ms(fn, device, repeats):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times[5:] if len(times) > 5 else times)
+    return _median_of(times)
 
 
 def measure(spec, device, repeats):
     """``{part: ms}`` and facts about the tensors (see the module docstring)."""
-    from ordered_ssd.apps.check.digests import StepDigests
+    from ordered_ssd.apps.check.digests import StepDigests, _byte_sources
     from ordered_ssd.apps.check.norms import planned_norms
     from ordered_ssd.apps.check.train import build_model
 
@@ -71,19 +76,14 @@ def measure(spec, device, repeats):
                 key = digests.submit(tensors, norms=norms)
                 times.append(time.perf_counter() - t)
                 digests.result(key)
-            out["submit, norms" if norms else "submit"] = 1000 * statistics.median(times[5:] if repeats > 5 else times)
+            out["submit, norms" if norms else "submit"] = _median_of(times)
         (shapes, layout), = digests._layouts.items()
         slot = digests._slots[0]
         targets = slot.targets[shapes]
-        values = list(tensors.values())
-
-        def byte_views():  # as submit takes them (every tensor of the check's models is direct)
-            return [values[i].view(torch.uint8) if direct else
-                    values[i].clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
-                    for i, _, _, _, direct in layout.copies]
-        sources = byte_views()
+        values = list(tensors.items())
+        sources = _byte_sources(values, layout)
         flat = [v.reshape(-1) for v in sources]
-        out["views"] = _median_ms(byte_views, device, repeats)
+        out["views"] = _median_ms(lambda: _byte_sources(values, layout), device, repeats)
         out["foreach_copy"] = _median_ms(lambda: torch._foreach_copy_(targets, sources), device, repeats)
         total = sum(v.numel() for v in flat)
         out["cat"] = _median_ms(lambda: torch.cat(flat, out=slot.device_buf[:total]), device, repeats)

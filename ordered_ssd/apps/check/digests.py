@@ -229,6 +229,20 @@ def _direct(t: torch.Tensor) -> bool:
     return t.dim() > 0 and t.is_contiguous() and t.stride(-1) == 1
 
 
+def _check_value(name: str, t) -> None:
+    """A submitted value must be a tensor or None: ``TypeError`` naming it otherwise."""
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
+
+
+def _byte_sources(values: Sequence[Tuple[str, Optional[torch.Tensor]]], layout: _Layout) -> List[torch.Tensor]:
+    """The bytes of each tensor of ``layout.copies`` (of the ``(name, tensor)`` values it was made for), shaped as
+    its target view of the snapshot: the tensor viewed as uint8 where direct, else a contiguous flat copy."""
+    return [values[i][1].view(torch.uint8) if direct else
+            values[i][1].clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
+            for i, _, _, _, direct in layout.copies]
+
+
 def _layout(values: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> _Layout:
     """The :class:`_Layout` of the ``(name, tensor or None)`` values: each tensor's bytes at the next multiple of
     :data:`SPAN_ALIGN` (so that every span can be viewed as its dtype; the padding is never hashed)."""
@@ -360,8 +374,7 @@ class StepDigests:
         if self._closed:
             raise RuntimeError("StepDigests: reserve after close()")
         for name, t in tensors.items():
-            if t is not None and not isinstance(t, torch.Tensor):
-                raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
+            _check_value(name, t)
         nbytes = _layout(list(tensors.items())).nbytes
         if nbytes > self._capacity:
             self._allocate(max(nbytes, SPAN_ALIGN))
@@ -379,8 +392,7 @@ class StepDigests:
             if t is None:
                 shapes.append((name,))
                 continue
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"tensors[{name!r}]: expected a tensor or None, got {type(t).__name__}")
+            _check_value(name, t)
             if t.device != self.device and not (t.device.type == self.device.type == "cuda"
                                                  and self.device.index is None):
                 raise ValueError(f"tensors[{name!r}]: expected a tensor on {self.device}, got {t.device}")
@@ -411,10 +423,7 @@ class StepDigests:
                                            for _, off, n, shape, _ in layout.copies]
         if layout.copies:
             with torch.no_grad():  # the snapshot, in the current stream's order: one multi-tensor copy of bytes
-                sources = [values[i][1].view(torch.uint8) if direct else
-                           values[i][1].clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
-                           for i, _, _, _, direct in layout.copies]
-                torch._foreach_copy_(targets, sources)
+                torch._foreach_copy_(targets, _byte_sources(values, layout))
         floating = layout.floating
         norms_dev = host_norms = None
         if self._cuda and norms and floating:  # on the device, from the snapshot, in stream order
