@@ -432,7 +432,9 @@ class StepDigests:
         if self._cuda:
             # what can fail is made before the copy that writes into the host buffer
             if slot.event is None:
-                slot.event = torch.cuda.Event()
+                # blocking: the coordinating thread sleeps in its synchronize() instead of spinning in the driver
+                # beside the training thread's launches for most of a step
+                slot.event = torch.cuda.Event(blocking=True)
             event = slot.event
             if norms_dev is not None:
                 if slot.host_norms is None or slot.host_norms.numel() < len(floating):
