@@ -11,7 +11,8 @@ SHA-256, exactly :func:`ordered_ssd.digest.tensor_sha256`):
    (:data:`MAX_LAYOUTS` of them), so a step's submission costs the training thread a few calls into torch;
 2. on CUDA a side stream copies the snapshot into page-locked host memory (the copy engine, beside the next step's
    kernels) and records an event;
-3. a coordinating thread waits for that event and has the bytes hashed, each tensor's span on its own, in at most
+3. a coordinating thread waits for that event (made blocking: the thread sleeps in the driver rather than spinning
+   beside the training thread's launches) and has the bytes hashed, each tensor's span on its own, in at most
    ``threads`` tasks of about equal bytes (:func:`~ordered_ssd.apps.check.sha256_worker.hashing_groups`), while the
    training thread goes on.
 
