@@ -3,17 +3,21 @@ thread's CPU time of plain training and of the check's loop, and of the check's 
 
 Usage::
 
-    python benchmarks/check_host_time.py [--device cuda] [--steps 150] [--rounds 2] [--json PATH] [check flags...]
+    python benchmarks/check_host_time.py [--device cuda] [--steps N] [--rounds 2] [--json PATH] [check flags...]
 
-In one process, on the check's model and data (the device's defaults unless flags say otherwise), interleaved per
-round: **plain** (:func:`check_overhead.plain_step`, nothing checked), **check** (the check's
+In one process, on the check's model and data (the device's defaults unless flags say otherwise: 200 steps on
+CUDA), interleaved per round: **plain** (:func:`check_overhead.plain_step`, nothing checked), **check** (the check's
 :func:`~ordered_ssd.apps.check.train.train_loop`, as :mod:`check_overhead` runs it) and, on CUDA, **spin_event**
-(the same loop with its ``StepDigests``' CUDA events made without ``blocking=True``: the threads that wait for each
-snapshot's copy to the host then busy-wait in ``cudaEventSynchronize``, the driver's default). For each, after
-five steps: ``wall_ms`` per step, and ``thread_cpu_ms``, the training thread's CPU time per step
-(``time.thread_time``); the check's loops also give ``train_ms``, their own ``train_s`` per step (every step, the
-digests resolved, synchronised: what :mod:`check_overhead` times). A training thread whose CPU time grows while
-it does the same work is slowed by something beside it (another thread in the CUDA driver, for one).
+(the same loop with the events of :func:`~ordered_ssd.apps.check.digests.copy_event` made without
+``blocking=True``: the threads that wait for each snapshot's copy to the host then busy-wait in
+``cudaEventSynchronize``, the driver's default). Each loop is marked after every step (plain: after the optimizer
+step; the check: at its progress update, after the step's two submissions). Per step over the steps after the
+first :data:`SKIP` (mark to mark, no synchronisation: the same span in every mode): ``wall_ms``, and
+``thread_cpu_ms``, the training thread's CPU time (``time.thread_time``). The check's loops also give ``train_ms``,
+their own ``train_s`` per step (every step, the digests resolved, synchronised: what :mod:`check_overhead` times),
+and ``submit_ms`` / ``wait_ms``, the time a step spent in ``StepDigests.submit`` and, of it, waiting for earlier
+submissions' hashing. The training thread's CPU time counts its own busy waits in the driver too: more of it for the
+same work says that its calls took longer, not by itself why.
 """
 import argparse
 import contextlib
@@ -39,12 +43,12 @@ SKIP = 5
 
 
 def _per_step(marks):
-    """``(wall ms, thread CPU ms)`` per step from ``(perf_counter, thread_time)`` marks, after :data:`SKIP`."""
-    marks = marks[SKIP:]
-    n = len(marks) - 1
-    if n < 1:
-        raise ValueError(f"--steps: expected more than {SKIP + 1}, got {len(marks)}")
-    return 1000 * (marks[-1][0] - marks[0][0]) / n, 1000 * (marks[-1][1] - marks[0][1]) / n
+    """``(wall ms, thread CPU ms)`` per step over the steps after the first :data:`SKIP`, from ``(perf_counter,
+    thread_time)`` marks taken after each step (``marks[i]`` after step ``i``)."""
+    if len(marks) <= SKIP:
+        raise ValueError(f"marks: expected more than {SKIP} (one after each step), got {len(marks)}")
+    first, last, n = marks[SKIP - 1], marks[-1], len(marks) - SKIP
+    return 1000 * (last[0] - first[0]) / n, 1000 * (last[1] - first[1]) / n
 
 
 def _mark(marks):
@@ -52,7 +56,7 @@ def _mark(marks):
 
 
 def plain(spec, data, device, steps):
-    """Plain training's marks, one after each step and one after the final synchronisation."""
+    """Plain training's marks, one after each step (the device synchronised after the last, outside them)."""
     from ordered_ssd.apps.check.train import build_model
 
     model, optimizer = build_model(spec, device)
@@ -62,14 +66,13 @@ def plain(spec, data, device, steps):
         check_overhead.plain_step(spec, data, device, model, optimizer, step)
         _mark(marks)
     sync(device)
-    _mark(marks)
     return marks
 
 
 @contextlib.contextmanager
 def _spinning_events():
-    """``torch.cuda.Event`` made without ``blocking`` for the length of the block (StepDigests makes its events
-    blocking)."""
+    """``torch.cuda.Event`` made without ``blocking`` for the length of the block: the events of
+    :func:`~ordered_ssd.apps.check.digests.copy_event` (blocking otherwise) spin."""
     made = torch.cuda.Event
 
     def spinning(*args, **kwargs):
@@ -84,7 +87,9 @@ def _spinning_events():
 
 
 def checked(spec, device, steps, out, spin=False):
-    """``(marks, train_s)`` of the check's loop: a mark at each step's progress update (after its submissions)."""
+    """``(marks, train_s, stats)`` of the check's loop: a mark at each step's progress update (after its
+    submissions), its ``train_s`` and its ``StepDigests.stats``; ``spin``: its events made spinning
+    (:func:`_spinning_events`)."""
     from ordered_ssd.apps.check import train
 
     marks = []
@@ -98,10 +103,10 @@ def checked(spec, device, steps, out, spin=False):
     train.Progress = Marking
     try:
         with _spinning_events() if spin else contextlib.nullcontext():
-            train_s, _ = check_overhead._checked(spec, device, steps, out)
+            train_s, stats = check_overhead._checked(spec, device, steps, out)
     finally:
         train.Progress = progress
-    return marks, train_s
+    return marks, train_s, stats
 
 
 def main(argv=None) -> int:
@@ -109,8 +114,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     a, rest = p.parse_known_args(argv)
+    if a.rounds < 1:
+        raise ValueError(f"--rounds: expected >= 1, got {a.rounds}")
     spec, device, data = check_overhead.check_setup(rest)
     steps = spec["steps"]
+    if steps <= SKIP:
+        raise ValueError(f"--steps: expected more than {SKIP} (the first {SKIP} are left out), got {steps}")
     modes = ["plain", "check"] + (["spin_event"] if device.type == "cuda" else [])
     rows = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as out:
@@ -122,17 +131,20 @@ def main(argv=None) -> int:
                     wall, cpu = _per_step(plain(spec, data, device, steps))
                     rows[mode].append({"wall_ms": wall, "thread_cpu_ms": cpu})
                 else:
-                    marks, train_s = checked(spec, device, steps, out, spin=mode == "spin_event")
+                    marks, train_s, stats = checked(spec, device, steps, out, spin=mode == "spin_event")
                     wall, cpu = _per_step(marks)
-                    rows[mode].append({"wall_ms": wall, "thread_cpu_ms": cpu, "train_ms": 1000 * train_s / steps})
+                    rows[mode].append({"wall_ms": wall, "thread_cpu_ms": cpu, "train_ms": 1000 * train_s / steps,
+                                       "submit_ms": 1000 * stats.get("submit_s", 0.0) / steps,
+                                       "wait_ms": 1000 * stats.get("wait_s", 0.0) / steps})
     result = {"device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "torch": torch.__version__, "steps": steps, "skip": SKIP, "rounds": rows}
     print(f"check_host_time: {device} {result['gpu'] or ''} torch {torch.__version__}; {steps} steps of batch "
-          f"{spec['batch']} x {spec['seq_len']}, per step after {SKIP}")
+          f"{spec['batch']} x {spec['seq_len']}, per step after the first {SKIP}")
     for i in range(a.rounds):
         for mode in modes:
             row = rows[mode][i]
-            extra = f", train_s {row['train_ms']:.2f}" if "train_ms" in row else ""
+            extra = (f", train_s {row['train_ms']:.2f} ms, submit {row['submit_ms']:.2f} ms (waiting "
+                     f"{row['wait_ms']:.2f})" if "train_ms" in row else "")
             print(f"  round {i} {mode:10s} wall {row['wall_ms']:.2f} ms, training thread CPU "
                   f"{row['thread_cpu_ms']:.2f} ms{extra}")
     if a.json:

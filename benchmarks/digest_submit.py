@@ -58,7 +58,7 @@ def _median_ms(fn, device, repeats):
 
 def measure(spec, device, repeats):
     """``{part: ms}`` and facts about the tensors (see the module docstring)."""
-    from ordered_ssd.apps.check.digests import StepDigests, _byte_sources
+    from ordered_ssd.apps.check.digests import StepDigests, _byte_sources, copy_event
     from ordered_ssd.apps.check.norms import planned_norms
     from ordered_ssd.apps.check.train import build_model
 
@@ -92,7 +92,7 @@ def measure(spec, device, repeats):
         if device.type == "cuda":
             out["norms"] = _median_ms(lambda: planned_norms(slot.device_buf, layout.norm_plan), device, repeats)
             side = torch.cuda.Stream(device)
-            event = torch.cuda.Event()
+            event = copy_event()
 
             def to_host():
                 with torch.cuda.stream(side):

@@ -55,8 +55,8 @@ from .launch import usable_cores
 from .norms import SPAN_ALIGN, NormPlan, device_norms, norm_plan, planned_norms
 from .sha256_worker import hashing_groups, sha256_spans
 
-__all__ = ["StepDigests", "StepResult", "default_threads", "default_hasher", "hashing_groups", "device_norms",
-           "SPAN_ALIGN"]
+__all__ = ["StepDigests", "StepResult", "copy_event", "default_threads", "default_hasher", "hashing_groups",
+           "device_norms", "SPAN_ALIGN"]
 
 #: the most layouts (names, dtypes, shapes) a :class:`StepDigests` keeps; one more forgets them all
 MAX_LAYOUTS = 16
@@ -221,6 +221,13 @@ class _Layout(NamedTuple):
     spans_json: str
     floating: Tuple[Tuple[int, int, int, torch.dtype], ...]
     norm_plan: NormPlan
+
+
+def copy_event():
+    """The CUDA event a submission's copy to the host records and its coordinating thread waits for: blocking
+    (``cudaEventBlockingSync``), so that the waiting thread sleeps in ``synchronize()`` instead of busy-waiting in the
+    driver, beside the training thread's launches, for most of a step (``benchmarks/check_host_time.py``)."""
+    return torch.cuda.Event(blocking=True)
 
 
 def _direct(t: torch.Tensor) -> bool:
@@ -433,9 +440,7 @@ class StepDigests:
         if self._cuda:
             # what can fail is made before the copy that writes into the host buffer
             if slot.event is None:
-                # blocking: the coordinating thread sleeps in its synchronize() instead of spinning in the driver
-                # beside the training thread's launches for most of a step
-                slot.event = torch.cuda.Event(blocking=True)
+                slot.event = copy_event()
             event = slot.event
             if norms_dev is not None:
                 if slot.host_norms is None or slot.host_norms.numel() < len(floating):
