@@ -31,13 +31,34 @@ def test_rounds_are_timed_per_step(tmp_path, capsys):
             assert row["wall_ms"] > 0 and row["thread_cpu_ms"] > 0
             assert ("train_ms" in row) == (mode == "check")
     for row in r["rounds"]["check"]:
-        # train_s covers every step and the digests' resolution, the marks the steps after the first SKIP: the same
-        # order of magnitude per step (a wrong divisor or a doubled mark would leave it)
-        assert 0.3 < row["train_ms"] / row["wall_ms"] < 5
-        assert row["submit_ms"] >= row["wait_ms"] >= 0 and row["submit_ms"] > 0
+        assert row["train_ms"] > 0 and row["submit_ms"] >= row["wait_ms"] >= 0 and row["submit_ms"] > 0
     printed = capsys.readouterr().out
     assert printed.count("round ") == 4 and "training thread CPU" in printed and "submit" in printed
     assert train.Progress is progress
+
+
+def test_check_rows_are_its_train_s_and_stats_per_step(tmp_path, monkeypatch):
+    def fake_checked(spec, device, steps, out):  # the marks of a loop, its train_s and StepDigests.stats
+        from ordered_ssd.apps.check import train
+
+        bar = train.Progress("a", steps, enabled=False)
+        for step in range(steps):
+            bar.update(step, None)
+        return 0.9, {"submits": 2 * steps, "submit_s": 0.18, "wait_s": 0.045}
+
+    monkeypatch.setattr(check_overhead, "_checked", fake_checked)
+    path = tmp_path / "h.json"
+    assert check_host_time.main([*TINY, "--steps", "9", "--rounds", "1", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rounds"]["check"]
+    assert row["train_ms"] == pytest.approx(100.0) and row["submit_ms"] == pytest.approx(20.0)
+    assert row["wait_ms"] == pytest.approx(5.0)
+
+
+def test_step_digests_make_their_events_with_copy_event():
+    from ordered_ssd.apps.check import digests
+
+    names = digests.StepDigests.submit.__code__.co_names  # the globals and attributes submit looks up
+    assert "copy_event" in names and "Event" not in names
 
 
 def test_one_mark_a_step(tmp_path):
@@ -58,7 +79,7 @@ def test_per_step_is_over_the_steps_after_the_first_skip():
 
 
 @pytest.mark.parametrize("flags, message", [(["--rounds", "0"], "--rounds: expected >= 1, got 0"),
-                                            (["--steps", "5"], "--steps: expected more than 5"),
+                                            (["--steps", "5"], "--steps: expected more than 5 .*, got 5$"),
                                             ])
 def test_bad_arguments_are_refused_before_training(flags, message, monkeypatch):
     monkeypatch.setattr(check_host_time, "plain", lambda *a, **k: pytest.fail("trained"))

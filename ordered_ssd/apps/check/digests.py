@@ -226,7 +226,7 @@ class _Layout(NamedTuple):
 def copy_event():
     """The CUDA event a submission's copy to the host records and its coordinating thread waits for: blocking
     (``cudaEventBlockingSync``), so that the waiting thread sleeps in ``synchronize()`` instead of busy-waiting in the
-    driver, beside the training thread's launches, for most of a step (``benchmarks/check_host_time.py``)."""
+    driver beside the training thread's launches (``benchmarks/check_host_time.py`` compares the two)."""
     return torch.cuda.Event(blocking=True)
 
 
