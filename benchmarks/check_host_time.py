@@ -36,7 +36,6 @@ for path in (ROOT, HERE):
 import torch  # noqa: E402
 
 import check_overhead  # noqa: E402
-from _torchrun import sync  # noqa: E402
 
 #: steps left out at the start of each loop (first launches, the allocator's growth)
 SKIP = 5
@@ -56,16 +55,10 @@ def _mark(marks):
 
 
 def plain(spec, data, device, steps):
-    """Plain training's marks, one after each step (the device synchronised after the last, outside them)."""
-    from ordered_ssd.apps.check.train import build_model
-
-    model, optimizer = build_model(spec, device)
-    sync(device)
+    """Plain training's marks (:func:`check_overhead._plain`'s loop), one after each step (the device synchronised
+    after the last, outside them)."""
     marks = []
-    for step in range(steps):
-        check_overhead.plain_step(spec, data, device, model, optimizer, step)
-        _mark(marks)
-    sync(device)
+    check_overhead._plain(spec, data, device, steps, after_step=lambda: _mark(marks))
     return marks
 
 
