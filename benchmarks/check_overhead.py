@@ -131,11 +131,11 @@ def check_setup(check_argv):
 
 def plain_step(spec, data, device, model, optimizer, step):
     """One step of plain training, nothing checked: forward, backward, clip, AdamW on step ``step``'s batch."""
-    from ordered_ssd.apps.lm import lm_loss
+    from ordered_ssd.apps.lm import batch_to, lm_loss
 
     optimizer.zero_grad(set_to_none=True)
     x, y = data.batch(spec["seed"], step, spec["batch"])
-    lm_loss(model(x.to(device)), y.to(device)).backward()
+    lm_loss(model(batch_to(x, device)), batch_to(y, device)).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"], foreach=False)
     optimizer.step()
 

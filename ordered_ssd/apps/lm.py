@@ -78,6 +78,22 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- data
+def batch_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (a batch on the CPU) copied to ``device`` without making the host wait for the device.
+
+    On CUDA the copy goes from pinned (page-locked) host memory with ``non_blocking=True``: a copy from pageable
+    memory makes PyTorch synchronise the stream, so the host would wait, every step, for the device to finish the
+    previous step before it could queue the next one. The pinned buffer (contiguous: a batch is a strided view of
+    its windows) comes from PyTorch's caching host allocator, which does not reuse it until the copy has run; the
+    result has the values and layout of ``tensor.to(device)`` (contiguous). Elsewhere ``tensor.to(device)``.
+    """
+    if device.type == "cuda":
+        pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        pinned.copy_(tensor)
+        return pinned.to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def stdlib_root() -> str:
     return sysconfig.get_paths()["stdlib"]
 

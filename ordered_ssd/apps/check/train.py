@@ -15,7 +15,7 @@ import torch
 from ...digest import tensor_sha256
 from ...fingerprint import fingerprint_diff, fingerprint_string
 from ..files import atomic_torch_save, atomic_write_json
-from ..lm import ByteData, ByteLM, ModelConfig, lm_loss, load_corpus
+from ..lm import ByteData, ByteLM, ModelConfig, batch_to, lm_loss, load_corpus
 from .checkpoint import check_model_state, load_optimizer_state, read_checkpoint
 from .errors import CheckError, describe_path, writing
 from .digests import StepDigests
@@ -213,7 +213,8 @@ def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=la
     with torch.no_grad():
         total, count = 0.0, 0
         for x_val, y_val in data.val_batches(batch, max_windows):
-            total += float(lm_loss(logits(model, x_val.to(device)), y_val.to(device))) * x_val.numel()
+            x_val, y_val = batch_to(x_val, device), batch_to(y_val, device)
+            total += float(lm_loss(logits(model, x_val), y_val)) * x_val.numel()
             count += x_val.numel()
     return (total / max(count, 1)).hex()
 
@@ -319,7 +320,7 @@ def train_loop(world, spec: dict, record_path: str, *, label: str, stop_at: Opti
             losses = []
             for offset, count in blocks:
                 x, y = data.batch(spec["seed"], step, spec["batch"], offset=offset, count=count)
-                x, y = x.to(device), y.to(device)
+                x, y = batch_to(x, device), batch_to(y, device)  # the host queues on; no wait
                 loss = lm_loss(logits(net, x), y)  # mean over the block's rows
                 loss.backward()  # in a data-parallel run the hook leaves mean-over-ranks gradients in p.grad
                 losses.append(loss.detach())
