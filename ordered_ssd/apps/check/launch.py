@@ -25,6 +25,9 @@ _TORCHRUN_OWN = ("ChildFailedError", "torch.distributed.elastic")
 #: ``exitcode  : -9 (pid: 123)``
 _SIGNALS = (re.compile(r"Signal \d+ \(\w+\) received by PID \d+"), re.compile(r"exitcode\s*:\s*-\d+.*"))
 REASON_CHARS = 500  # a reason longer than this is cut (the log holds all of it)
+#: seconds a precompile worker may run before it is killed (its compiles are then the control's to do; the
+#: workers of a Mamba-3 control took about 105 s on an H100)
+WORKER_TIMEOUT_S = 900.0
 
 
 def _train_command(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool) -> List[str]:
@@ -106,17 +109,53 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
     return returncode, lines
 
 
+def _run_to_log(cmd: List[str], log_path: str, env: Optional[dict], timeout: float,
+                started: Callable) -> Tuple[Optional[int], List[str]]:
+    """Run ``cmd`` with its stdout and stderr written straight to ``log_path`` (no pipe: nothing a child leaves
+    running can hold this up), killed after ``timeout`` seconds; ``(exit status, or None if it was killed at the
+    timeout; the log's lines)``. ``started(proc)`` / ``started(None)`` as in :func:`_run_logged`; an interrupt (or
+    any error here) terminates the child and is raised again.
+
+    Raises:
+        CheckError: the log cannot be written.
+    """
+    with writing("run log", log_path):
+        log = open(log_path, "w")
+    with log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        started(proc)
+        try:
+            try:
+                returncode: Optional[int] = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                returncode = None
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
+            started(None)
+    with open(log_path, errors="replace") as fh:
+        return returncode, fh.readlines()
+
+
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
-                      log_path: str, started: Optional[Callable] = None, env: Optional[dict] = None) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process (in ``env``, default this process's environment); its output
-    goes to ``log_path``, its progress lines to stderr.
+                      log_path: str, started: Optional[Callable] = None) -> None:
+    """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to
+    stderr.
 
     Raises:
         CheckError: the process exits non-zero (the message names the run, the exit code, the reason
             (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    returncode, lines = _run_logged(cmd, log_path, progress, env=env, started=started)
+    returncode, lines = _run_logged(cmd, log_path, progress, started=started)
     if returncode != 0:
         raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
                          f"{failure_reason(lines, returncode)} (full output: {log_path})")
@@ -174,6 +213,8 @@ class Launcher:
 
     def __init__(self, runs_dir: str, progress: bool, nproc: Optional[int], threads: Optional[int] = None):
         self.runs_dir, self.progress, self.nproc, self.threads = runs_dir, progress, nproc, threads
+        #: seconds a precompile worker may run before it is killed (:data:`WORKER_TIMEOUT_S`)
+        self.worker_timeout_s = WORKER_TIMEOUT_S
         #: ``{name: seconds}``: the wall time of each run launched, its processes' start-up included
         self.wall_s: dict = {}
         self._children: dict = {}  # the running children of background runs, by run name
@@ -192,15 +233,14 @@ class Launcher:
         finally:
             self.wall_s[name] = time.perf_counter() - t0
 
-    def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None,
-                env=None) -> None:
+    def _launch(self, spec_path, name, label, extra, nproc, max_restarts, progress=None, started=None) -> None:
         progress = self.progress if progress is None else progress
         if nproc is not None:
             run_torchrun(spec_path, self.record(name), label, extra, progress, nproc,
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, progress,
-                              os.path.join(self.runs_dir, f"{name}.log"), started=started, env=env)
+                              os.path.join(self.runs_dir, f"{name}.log"), started=started)
 
     def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]],
                   after: Optional[Future] = None) -> List[Future]:
@@ -217,7 +257,8 @@ class Launcher:
         """Start ``jobs`` precompile workers of ``spec_path`` at once in the background (``_train --precompile I/K``,
         :mod:`.precompile`; outputs in ``runs/precompile-I.log``); a future of ``(seconds until the last ended, the
         failures' one-line descriptions)``, which never raises (a worker that fails only costs its share of the
-        compiles). :meth:`stop` ends them as it ends the runs."""
+        compiles). A worker still running after :attr:`worker_timeout_s` seconds is killed and counted as failed;
+        :meth:`stop` ends them as it ends the runs."""
         pool = ThreadPoolExecutor(max_workers=max(1, jobs) + 1, thread_name_prefix="check-precompile")
         t0 = time.perf_counter()
         workers = [pool.submit(self._worker, spec_path, i, jobs) for i in range(jobs)]
@@ -239,13 +280,21 @@ class Launcher:
         if self._stopping.is_set():
             return f"{name}: not started (the check was stopping)"
         env = {k: v for k, v in os.environ.items() if k != AUTOTUNE_CACHE_ENV}
+        label, log_path = f"precompile {index}/{count}", os.path.join(self.runs_dir, f"{name}.log")
+        cmd = [sys.executable] + _train_command(spec_path, self.record(name), label,
+                                                ["--precompile", f"{index}/{count}"], False)
         try:
-            self._launch(spec_path, name, f"precompile {index}/{count}", ["--precompile", f"{index}/{count}"],
-                         None, 0, progress=False, started=self._on_child(name), env=env)
+            returncode, lines = _run_to_log(cmd, log_path, env, self.worker_timeout_s, self._on_child(name))
         except CheckError as e:
             return f"{name}: {e}"
         except Exception as e:  # noqa: BLE001: a worker never stops the check (the module docstring)
             return f"{name}: {type(e).__name__}: {e}"
+        if returncode is None:
+            return (f"{name}: run {label} (a fresh process) was killed after {self.worker_timeout_s:g} s, still "
+                    f"running (full output: {log_path})")
+        if returncode != 0:
+            return (f"{name}: run {label} (a fresh process) failed with exit code {returncode}: "
+                    f"{failure_reason(lines, returncode)} (full output: {log_path})")
         return None
 
     def _on_child(self, name: str):

@@ -1,7 +1,8 @@
 """The native control's precompile workers (:mod:`ordered_ssd.apps.check.precompile`, ``Launcher.precompile``) on
 the CPU: the slice syntax, a worker's one step (mamba-ssm's autotuners restricted to its slice, a forward and
 backward of the spec's model, nothing written), a failed worker named in one line without stopping anything, the
-control's runs starting only after the workers, and ``stop()`` ending the workers. What they fill is Triton's cache
+control's runs starting only after the workers, a hung worker killed at its timeout, and ``stop()`` ending the
+workers. What they fill is Triton's cache
 on a GPU; their effect on the wall time is measured there (docs/check.md)."""
 import json
 import time
@@ -111,6 +112,33 @@ def test_stop_ends_the_workers_and_the_control_never_starts(tmp_path, monkeypatc
     control.result(timeout=60)
     assert len(failures) == 2 and time.perf_counter() - t0 < 45, failures
     assert launch._children == {} and _sleepers(90) == [] and not (tmp_path / "native-1.log").exists()
+
+
+def test_a_hung_worker_is_killed_at_its_timeout_and_the_control_starts(tmp_path, monkeypatch):
+    """A worker that never ends (here it sleeps, and leaves a grandchild that holds its output open) is killed after
+    ``worker_timeout_s``: the future names it in one line, the other worker's success stands, and the control's
+    chain then starts."""
+    from ordered_ssd.apps.check import launch as launch_mod
+
+    hung = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "print('compiling', flush=True); time.sleep(91)")
+    monkeypatch.setattr(launch_mod, "_train_command", lambda spec_path, record_path, label, extra, progress: [
+        "-c", hung if label == "precompile 0/2" else "print('done')"])
+    launch = Launcher(str(tmp_path), False, None)
+    launch.worker_timeout_s = 3.0
+    t0 = time.perf_counter()
+    workers = launch.precompile("s", 2)
+    (control,) = launch.alongside([[("s", "native-1", "native-1", [])]], after=workers)
+    seconds, failures = workers.result(timeout=60)
+    waited = time.perf_counter() - t0
+    assert 3.0 <= seconds < 20 and waited < 20, (seconds, waited)
+    log = tmp_path / "precompile-0.log"
+    assert failures == [f"precompile-0: run precompile 0/2 (a fresh process) was killed after 3 s, still running "
+                        f"(full output: {log})"]
+    assert log.read_text() == "compiling\n" and (tmp_path / "precompile-1.log").read_text() == "done\n"
+    assert _sleepers(91) == [] and launch._children == {}
+    control.result(timeout=60)  # the control's chain (a stand-in that prints) ran after the workers
+    assert (tmp_path / "native-1.log").read_text() == "done\n"
 
 
 def test_workers_run_without_triton_autotuning_cache(tmp_path, monkeypatch):
