@@ -83,9 +83,10 @@ def batch_to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
     On CUDA the copy goes from pinned (page-locked) host memory with ``non_blocking=True``: a copy from pageable
     memory makes PyTorch synchronise the stream, so the host would wait, every step, for the device to finish the
-    previous step before it could queue the next one. The pinned buffer (contiguous: a batch is a strided view of
-    its windows) comes from PyTorch's caching host allocator, which does not reuse it until the copy has run; the
-    result has the values and layout of ``tensor.to(device)`` (contiguous). Elsewhere ``tensor.to(device)``.
+    previous step before it could queue the next one. The pinned buffer comes from PyTorch's caching host
+    allocator, which does not reuse it until the copy has run. The result is contiguous, with ``tensor``'s values:
+    the layout of ``tensor.to(device)`` for a batch (a strided view of its windows, not dense), but contiguous also
+    where ``.to`` would keep a dense tensor's strides. Elsewhere ``tensor.to(device)``.
     """
     if device.type == "cuda":
         pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)

@@ -15,7 +15,7 @@ def test_ddp_batch_rows_are_the_documented_slice():
 
 
 
-def test_batch_to_cpu_is_a_plain_copy():
+def test_batch_to_cpu_is_tensor_to():
     """On the CPU ``batch_to`` is ``tensor.to(device)``: the same values, dtype and device."""
     from ordered_ssd.apps.lm import batch_to
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -87,3 +88,20 @@ def test_the_hasher_reaches_the_check_loops_step_digests(tmp_path, monkeypatch, 
     check_overhead._checked(spec, check_overhead.torch.device("cpu"), 2, str(other),
                             hasher={"process": "threads", "threads": "process"}[hasher])
     assert json.loads((other / "record.json").read_text())["steps"][1]["grads"] == grads
+
+
+def test_plain_training_copies_its_batches_with_batch_to(monkeypatch):
+    """Plain training copies each step's inputs and targets as the check's loop does (``lm.batch_to``), so that
+    the two loops differ only by the check."""
+    from ordered_ssd.apps import lm
+    from ordered_ssd.apps.check.train import build_model
+
+    spec, device, data = check_overhead.check_setup(TINY)
+    seen = []
+    real = lm.batch_to
+    monkeypatch.setattr(lm, "batch_to", lambda tensor, dev: seen.append(tensor.clone()) or real(tensor, dev))
+    model, optimizer = build_model(spec, device)
+    for step in range(2):
+        check_overhead.plain_step(spec, data, device, model, optimizer, step)
+    expected = [t for step in range(2) for t in data.batch(spec["seed"], step, spec["batch"])]
+    assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, expected))

@@ -109,12 +109,38 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
     return returncode, lines
 
 
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to ``proc``, or to its whole process group where it leads one (a precompile worker:
+    :func:`_run_to_log`), so that what it started goes too; nothing once it has been waited for (its pid may
+    then be another process's)."""
+    if proc.returncode is not None:
+        return
+    try:
+        if hasattr(os, "killpg") and os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` (:func:`_signal`), and kill it if it has not ended 30 s later."""
+    _signal(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _signal(proc, signal.SIGKILL)
+        proc.wait()
+
+
 def _run_to_log(cmd: List[str], log_path: str, env: Optional[dict], timeout: float,
                 started: Callable) -> Tuple[Optional[int], List[str]]:
-    """Run ``cmd`` with its stdout and stderr written straight to ``log_path`` (no pipe: nothing a child leaves
-    running can hold this up), killed after ``timeout`` seconds; ``(exit status, or None if it was killed at the
-    timeout; the log's lines)``. ``started(proc)`` / ``started(None)`` as in :func:`_run_logged`; an interrupt (or
-    any error here) terminates the child and is raised again.
+    """Run ``cmd`` in a process group of its own (POSIX), with its stdout and stderr written straight to
+    ``log_path`` (no pipe: nothing a child leaves running can hold this up); after ``timeout`` seconds the group is
+    killed. ``(exit status, or None if it was killed at the timeout; the log's lines)``. ``started(proc)`` /
+    ``started(None)`` as in :func:`_run_logged`; an interrupt (or any error here) terminates the group and is raised
+    again (Ctrl-C does not reach a group of its own: :meth:`Launcher.stop` ends it).
 
     Raises:
         CheckError: the log cannot be written.
@@ -122,22 +148,18 @@ def _run_to_log(cmd: List[str], log_path: str, env: Optional[dict], timeout: flo
     with writing("run log", log_path):
         log = open(log_path, "w")
     with log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=hasattr(os, "killpg"))
         started(proc)
         try:
             try:
                 returncode: Optional[int] = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal(proc, signal.SIGKILL)
                 proc.wait()
                 returncode = None
         except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc)
             raise
         finally:
             started(None)
@@ -303,7 +325,7 @@ class Launcher:
                 if proc is None:
                     self._children.pop(name, None)
                 elif self._stopping.is_set():  # stop() came first: this child must not run
-                    proc.terminate()
+                    _signal(proc, signal.SIGTERM)
                 else:
                     self._children[name] = proc
         return on_child
@@ -327,9 +349,9 @@ class Launcher:
             self._stopping.set()
             procs = list(self._children.values())
         for proc in procs:
-            proc.terminate()
+            _signal(proc, signal.SIGTERM)
         for proc in procs:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal(proc, signal.SIGKILL)

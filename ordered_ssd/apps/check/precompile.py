@@ -11,8 +11,8 @@ each candidate once instead of timing it), so that between them every candidate 
 runs start after them and time the candidates from the cache. The workers train nothing and write nothing but
 Triton's cache and their logs (``runs/precompile-I.log``); their choices are thrown away with them. A worker that
 fails, or still runs after ``Launcher.worker_timeout_s`` (900 s) and is killed, is named in one line and the check
-goes on (the control's runs then compile what is missing themselves): the
-workers change the wall time only, never which kernels run or a bit. Runs a, b and c (the ordered layer) get none:
+goes on (the control's runs then compile what is missing themselves): the workers change the wall time only, never
+which kernels run or a bit. Runs a, b and c (the ordered layer) get none:
 their kernels compile in a's first step, faster than workers start (:func:`ordered_ssd.apps.check.run.run_check`).
 """
 from __future__ import annotations

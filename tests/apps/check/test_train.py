@@ -188,3 +188,26 @@ def test_an_error_in_a_step_ends_the_hashing_process(check_run, tmp_path, monkey
     (digests,) = made
     assert digests._closed and digests._worker is None and digests._capacity == -1
     assert all(slot.host is None and slot.device_buf is None for slot in digests._slots)
+
+
+def test_every_batch_goes_to_the_device_through_batch_to(check_run, tmp_path, monkeypatch):
+    """The loop copies each step's inputs and targets with ``batch_to`` (pinned, non-blocking on CUDA: no wait for
+    the device a step), in order, and so does the validation; the values are the step's batch."""
+    from ordered_ssd.apps import lm
+
+    _, out = check_run
+    spec = json.loads((out / "runs" / "spec.json").read_text())
+    seen = []
+
+    def recording(tensor, device):
+        seen.append(tensor.clone())
+        return lm.batch_to(tensor, device)
+
+    monkeypatch.setattr(train_module, "batch_to", recording)
+    train_module.train_run(spec, str(tmp_path / "r.json"), label="x", progress=False)
+    data = ByteData(load_corpus(spec["data"], spec["data_bytes"])[0], spec["seq_len"])
+    expected = [t for step in range(spec["steps"]) for t in data.batch(spec["seed"], step, spec["batch"])]
+    assert len(seen) > len(expected) and len(expected) == 2 * spec["steps"]
+    assert all(torch.equal(a, b) for a, b in zip(seen, expected))
+    x_val, y_val = next(data.val_batches(spec["batch"], spec.get("val_windows")))
+    assert torch.equal(seen[len(expected)], x_val) and torch.equal(seen[len(expected) + 1], y_val)

@@ -1,4 +1,4 @@
-"""The check's training loop on CUDA: its batches reach the device without making the host wait for it."""
+"""`batch_to` on CUDA, the copy of the check's batches: no synchronising call, the values of `tensor.to`."""
 import pytest
 import torch
 
