@@ -69,6 +69,31 @@ def failure_reason(lines: List[str], returncode: int) -> str:
     return rest[-1][:REASON_CHARS] if rest else "it printed nothing"
 
 
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to ``proc``, or to its whole process group where it leads one (a precompile worker:
+    :func:`_run_to_log`), so that what it started goes too; nothing once it has been waited for (its pid may
+    then be another process's)."""
+    if proc.returncode is not None:
+        return
+    try:
+        if hasattr(os, "killpg") and os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Terminate ``proc`` (:func:`_signal`), and kill it if it has not ended 30 s later."""
+    _signal(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _signal(proc, signal.SIGKILL)
+        proc.wait()
+
+
 def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dict] = None,
                 started: Optional[Callable] = None) -> Tuple[int, List[str]]:
     """Run ``cmd`` with its stdout and stderr written to ``log_path`` (and kept), its progress lines forwarded to
@@ -96,42 +121,12 @@ def _run_logged(cmd: List[str], log_path: str, progress: bool, env: Optional[dic
                     sys.stderr.flush()
             returncode = proc.wait()
         except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc)
             raise
         finally:
             if started is not None:
                 started(None)
     return returncode, lines
-
-
-def _signal(proc: subprocess.Popen, sig: int) -> None:
-    """Send ``sig`` to ``proc``, or to its whole process group where it leads one (a precompile worker:
-    :func:`_run_to_log`), so that what it started goes too; nothing once it has been waited for (its pid may
-    then be another process's)."""
-    if proc.returncode is not None:
-        return
-    try:
-        if hasattr(os, "killpg") and os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, sig)
-        else:
-            proc.send_signal(sig)
-    except ProcessLookupError:
-        pass
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """Terminate ``proc`` (:func:`_signal`), and kill it if it has not ended 30 s later."""
-    _signal(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        _signal(proc, signal.SIGKILL)
-        proc.wait()
 
 
 def _run_to_log(cmd: List[str], log_path: str, env: Optional[dict], timeout: float,
@@ -167,6 +162,13 @@ def _run_to_log(cmd: List[str], log_path: str, env: Optional[dict], timeout: flo
         return returncode, fh.readlines()
 
 
+def _fresh_failure(label: str, returncode: int, lines: List[str], log_path: str) -> str:
+    """The one line that says run ``label`` (a fresh process) exited with ``returncode``, why
+    (:func:`failure_reason`) and where its log is."""
+    return (f"run {label} (a fresh process) failed with exit code {returncode}: "
+            f"{failure_reason(lines, returncode)} (full output: {log_path})")
+
+
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
                       log_path: str, started: Optional[Callable] = None) -> None:
     """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to
@@ -179,8 +181,7 @@ def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
     returncode, lines = _run_logged(cmd, log_path, progress, started=started)
     if returncode != 0:
-        raise CheckError(f"run {label} (a fresh process) failed with exit code {returncode}: "
-                         f"{failure_reason(lines, returncode)} (full output: {log_path})")
+        raise CheckError(_fresh_failure(label, returncode, lines, log_path))
 
 
 def usable_cores() -> int:
@@ -315,8 +316,7 @@ class Launcher:
             return (f"{name}: run {label} (a fresh process) was killed after {self.worker_timeout_s:g} s, still "
                     f"running (full output: {log_path})")
         if returncode != 0:
-            return (f"{name}: run {label} (a fresh process) failed with exit code {returncode}: "
-                    f"{failure_reason(lines, returncode)} (full output: {log_path})")
+            return f"{name}: {_fresh_failure(label, returncode, lines, log_path)}"
         return None
 
     def _on_child(self, name: str):
