@@ -35,7 +35,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from _torchrun import sync  # noqa: E402
-from check_overhead import check_setup, plain_step  # noqa: E402
+from check_overhead import CHECK_FLAGS, check_setup, plain_step  # noqa: E402
 
 
 def compiled_kernels(cache_dir) -> dict:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from ordered_ssd.apps.bench.requirements import AUTOTUNE_CACHE_ENV
     from ordered_ssd.apps.check.train import build_model
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=CHECK_FLAGS)
     p.add_argument("--static", action="store_true", help="launch the static configurations (no timing)")
     p.add_argument("--first-steps", type=int, default=4, help="steps timed one by one (default 4)")
     p.add_argument("--json", default=None)

@@ -103,7 +103,7 @@ def checked(spec, device, steps, out, spin=False):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=check_overhead.CHECK_FLAGS)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     a, rest = p.parse_known_args(argv)

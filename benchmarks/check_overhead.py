@@ -115,6 +115,11 @@ def _without(part):
         train.OutputDigests, train.StepDigests, digests.StepDigests.submit = saved
 
 
+#: the help's last lines of the benchmarks that take the check's flags (:func:`check_setup`)
+CHECK_FLAGS = ("Every other flag is passed to ordered-ssd check's parser (ordered-ssd check --help), e.g. --device "
+               "cuda, --steps N, --batch B, --seq-len L: the model, data and steps of the check's loop.")
+
+
 def check_setup(check_argv):
     """``(spec, device, data)`` of the check's flags ``check_argv``: its spec (with ``data_sha256``), device and
     :class:`~ordered_ssd.apps.lm.ByteData`."""
@@ -201,7 +206,7 @@ def _write_profile(profiler, path, steps):
 def main(argv=None) -> int:
     from ordered_ssd.apps.check.train import build_model
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=CHECK_FLAGS)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--parts", action="store_true", help="also time the loop with one part left out (PARTS)")

@@ -38,7 +38,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from _torchrun import sync  # noqa: E402
-from check_overhead import check_setup  # noqa: E402
+from check_overhead import CHECK_FLAGS, check_setup  # noqa: E402
 
 
 def _median_of(times):
@@ -110,7 +110,7 @@ def measure(spec, device, repeats):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=CHECK_FLAGS)
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--json", default=None)
     a, rest = p.parse_known_args(argv)

@@ -11,14 +11,14 @@ from typing import List, Optional
 import torch
 
 from .._version import __version__
-from .errors import EXIT_OK, EXIT_USAGE, AppError, run_reporting
+from .errors import EXIT_OK, EXIT_USAGE, AppError, OneLineParser, run_reporting
 from .files import positive_float, positive_int
 from .lm import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``ordered-ssd`` (``bench`` takes its own arguments: see :func:`main`)."""
-    parser = argparse.ArgumentParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
+    parser = OneLineParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{check,env,bench}")  # _train: internal
 
@@ -281,6 +281,8 @@ def _main(argv: Optional[List[str]]) -> int:
     if argv and argv[0] == "bench":  # its own parser: REMAINDER would not take options such as --shapes
         return _cmd_bench(argv[1:])
     parser = build_parser()
+    if argv and not argv[0].startswith("-") and argv[0] not in ("check", "env", "_train"):
+        parser.error(f"command: expected check, env or bench, got {argv[0]!r}")  # argparse would list _train
     args = parser.parse_args(argv)
     commands = {"check": _cmd_check, "_train": _cmd_train, "env": _cmd_env,
                 "bench": lambda parsed: _cmd_bench(list(parsed.rest))}

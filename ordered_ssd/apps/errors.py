@@ -1,8 +1,9 @@
 """The applications' user-facing failures: one line on stderr, a documented exit status."""
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Callable, Tuple, Type
+from typing import Callable, NoReturn, Tuple, Type
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 
@@ -10,6 +11,15 @@ EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 class AppError(RuntimeError):
     """A user-facing failure (bad argument, missing requirement, unwritable output, failed run): one-line
     message, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose usage errors are one line, ``"<prog>: error: <message>"``, and exit
+    status 2, without argparse's usage lines before it (``--help`` still prints them). Its subcommands' parsers are
+    of this class too (``add_subparsers`` makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def run_reporting(prog: str, command: Callable[[], int],

@@ -63,6 +63,29 @@ def test_nproc_must_be_positive(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["check", "--steps", "0"], "ordered-ssd check: error: argument --steps: expected a positive integer, got 0"),
+    (["check", "--batch", "0"], "ordered-ssd check: error: argument --batch: expected a positive integer, got 0"),
+    (["check", "--no-such-flag"], "ordered-ssd: error: unrecognized arguments: --no-such-flag"),
+    (["foo"], "ordered-ssd: error: command: expected check, env or bench, got 'foo'"),
+    (["bench", "--shapes", "ZZ"], "ordered-ssd bench: error: argument --shapes: unknown shape 'ZZ'"),
+])
+def test_argparse_errors_are_the_error_line_alone(argv, line, capsys):
+    """argparse's own errors (types, unknown flags, commands) are one line on stderr, no usage lines, exit 2."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.count("\n") == 1 and err.startswith(line), err
+    assert "_train" not in err  # the internal command is not offered
+
+
+def test_help_still_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: ordered-ssd check")
+
+
 def test_bad_shape_on_the_command_line_exits_2(capsys):
     with pytest.raises(SystemExit) as ei:
         main(["bench", "--shape", "1,2,3"])

@@ -105,3 +105,20 @@ def test_plain_training_copies_its_batches_with_batch_to(monkeypatch):
         check_overhead.plain_step(spec, data, device, model, optimizer, step)
     expected = [t for step in range(2) for t in data.batch(spec["seed"], step, spec["batch"])]
     assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, expected))
+
+
+@pytest.mark.parametrize("script", ["check_overhead", "check_host_time", "digest_submit", "check_first_step"])
+def test_help_says_the_other_flags_are_the_checks(script, capsys):
+    """The benchmarks that pass unknown flags on to the check's parser say so in their --help, and those flags exist
+    there."""
+    import importlib
+
+    from ordered_ssd.apps.cli import build_parser
+
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0
+    assert " ".join(capsys.readouterr().out.split()).endswith(check_overhead.CHECK_FLAGS)
+    check_help = build_parser().parse_known_args(["check"])[0]
+    assert all(hasattr(check_help, name) for name in ("device", "steps", "batch", "seq_len"))

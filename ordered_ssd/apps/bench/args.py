@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Dict, List, Optional
 
+from ..errors import OneLineParser
 from ..files import nonnegative_int, positive_int
 from .requirements import INSTALL, BenchError
 from .shapes import (ALL_NAMED, GRID, LAYER_DEFAULT_SHAPES, LAYER_MODES, LAYER_NAMES, LAYERS, MAMBA3_SHAPES, MODES,
@@ -49,7 +50,7 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
     shapes = "; ".join(f"{s.name} {s.dims()}" for s in SHAPES.values())
     grid = "; ".join(f"{s.name} {s.dims()}" for s in GRID.values())
     mamba3 = "; ".join(f"{s.name} {s.dims()}" for s in MAMBA3_SHAPES.values())
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog, description="Time and measure one Mamba-2 layer's training step (forward + backward) with "
                                "mamba-ssm's Mamba2 (native, and upstream-det in a fresh process with its "
                                "deterministic switches) and OrderedMamba2 (ordered, literal); with --layer mamba3 "
