@@ -11,16 +11,21 @@ from typing import List, Optional
 import torch
 
 from .._version import __version__
-from .errors import EXIT_OK, EXIT_USAGE, AppError, OneLineParser, run_reporting
+from .errors import EXIT_OK, AppError, OneLineParser, run_reporting
 from .files import positive_float, positive_int
 from .lm import DataError
+
+
+#: the commands a user runs, as the usage and the unknown-command error name them (``_train``, one training run of
+#: ``check`` in a fresh process, is internal)
+COMMANDS = ("check", "env", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``ordered-ssd`` (``bench`` takes its own arguments: see :func:`main`)."""
     parser = OneLineParser(prog="ordered-ssd", description="Bitwise-reproducible Mamba-2 training.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{check,env,bench}")  # _train: internal
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
     check = sub.add_parser("check",
                            help="train a byte-level Mamba-2 LM on real text and prove the run is reproducible",
@@ -281,13 +286,10 @@ def _main(argv: Optional[List[str]]) -> int:
     if argv and argv[0] == "bench":  # its own parser: REMAINDER would not take options such as --shapes
         return _cmd_bench(argv[1:])
     parser = build_parser()
-    if argv and not argv[0].startswith("-") and argv[0] not in ("check", "env", "_train"):
-        parser.error(f"command: expected check, env or bench, got {argv[0]!r}")  # argparse would list _train
-    args = parser.parse_args(argv)
     commands = {"check": _cmd_check, "_train": _cmd_train, "env": _cmd_env,
                 "bench": lambda parsed: _cmd_bench(list(parsed.rest))}
-    if args.command not in commands:
-        parser.error(f"unknown command {args.command}")
-        return EXIT_USAGE
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:  # argparse's message would list _train
+        parser.error(f"command: expected {', '.join(COMMANDS[:-1])} or {COMMANDS[-1]}, got {argv[0]!r}")
+    args = parser.parse_args(argv)
     return run_reporting(f"ordered-ssd {args.command}", lambda: commands[args.command](args),
                          errors=(DataError, AppError))
