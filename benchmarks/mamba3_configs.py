@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import pprint
 import subprocess
 import sys
@@ -133,10 +134,38 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     ``"prefill"``: the forward returning final states), recorded on the CPU: the composition of
     :mod:`ordered_ssd.ops.mamba3_siso` runs on CPU tensors with every launch replaced by a recorder (nothing is
     computed; the launchers' arguments and reference tensors are what the GPU gets). No GPU needed."""
+    return [(k, key, dt) for k, key, dt, _ in _recorded(shape_name, mode, batch, seqlen)]
+
+
+def launch_programs(shape_name: str) -> dict:
+    """``{kernel: programs}``: the launch grid's size (programs) of each kernel of a training step at
+    ``shape_name``'s own ``B`` and ``L``, recorded on the CPU as :func:`launch_keys` records the keys."""
+    return {k: n for k, _, _, n in _recorded(shape_name, "train", SHAPES[shape_name][5], None)}
+
+
+def _recorded(shape_name: str, mode: str, batch: int, seqlen) -> list:
+    """``[(kernel, autotune key, dtype name, programs)]`` (:func:`launch_keys`)."""
+    from csrc_bindings._configs import dtype_name, order_of
+    from csrc_bindings._spec import key_of
+    from csrc_bindings.pinned.mamba3_params import ARCH
+
+    seen = []
+
+    def record(spec, grid, args, ref, config=None):
+        key = key_of(spec, args)
+        if callable(grid):  # a grid of the configuration's block sizes: the pinned one's
+            grid = grid(dict(order_of(spec, key, ref.dtype, ARCH).meta))
+        seen.append((spec.name, key, dtype_name(ref.dtype), math.prod(grid)))
+    _recorded_with(shape_name, mode, batch, seqlen, record)
+    return seen
+
+
+def _recorded_with(shape_name: str, mode: str, batch: int, seqlen, record) -> None:
+    """Run the composition of :mod:`ordered_ssd.ops.mamba3_siso` at ``shape_name`` (``batch``; ``seqlen``, or the
+    shape's ``L`` for None) in ``mode`` on CPU tensors, every launch of a kernel replaced by a call
+    ``record(spec, grid, args, ref, config)``."""
     import torch
 
-    from csrc_bindings._configs import dtype_name
-    from csrc_bindings._spec import key_of
     from csrc_bindings import _plans
     from csrc_bindings.mamba3 import angle_dt, mamba3_siso_bwd, mamba3_siso_fwd
     from ordered_ssd.apps.check.spec import rope_angles
@@ -145,10 +174,6 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     d_model, n, p, chunk, g, _, L = SHAPES[shape_name]
     L = L if seqlen is None else seqlen
     h, s = 2 * d_model // p, rope_angles(n)
-    seen = []
-
-    def record(spec, grid, args, ref, config=None):
-        seen.append((spec.name, key_of(spec, args), dtype_name(ref.dtype)))
     mods = (angle_dt, mamba3_siso_fwd, mamba3_siso_bwd)
     saved = [m.launch_kernel for m in mods]
     for m in mods:
@@ -170,7 +195,6 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     finally:
         for m, f in zip(mods, saved):
             m.launch_kernel = f
-    return seen
 
 
 def _arg_digest(spec, args) -> str:
@@ -364,16 +388,64 @@ def fastest_entries(timing: list, arch: str) -> dict:
     return out
 
 
+#: the smallest gain (summed relative time) for which :func:`few_program_entries` keeps an entry: timing noise of the
+#: best of 3 trials is about 1%, and an entry that gains less is not worth a second configuration
+FEW_PROGRAMS_MIN_GAIN = 0.03
+
+
+def few_program_entries(timing: list, arch: str, order: dict, neutral: dict, sms: int) -> dict:
+    """``{table key: bit-neutral parameter values}`` for launches whose grid has at most ``sms`` programs (rule
+    ``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`): per kernel and key, over the timing
+    rows of the shapes where the kernel launches that few programs (:func:`launch_programs`), the candidate with
+    the order parameters of the key's ``order`` entry and the smallest summed time relative to that entry's; kept
+    only where it differs from the entry in a parameter of ``neutral`` (the kernel's bit-neutral ones) and gains at
+    least :data:`FEW_PROGRAMS_MIN_GAIN`."""
+    import torch
+
+    from csrc_bindings._configs import table_key_of
+    specs, programs, by_key = _specs(), {}, {}
+    for r in timing:
+        kernel, names = r["kernel"], set(neutral.get(r["kernel"], ()))
+        if not names:
+            continue
+        if r["shape"] not in programs:
+            programs[r["shape"]] = launch_programs(r["shape"])
+        tk = table_key_of(specs[kernel], arch, getattr(torch, r["dtype"]), r["key"])
+        entry = order.get(tk)
+        if entry is None or programs[r["shape"]][kernel] > sms:
+            continue
+        base_ms = next((t["ms"] for t in r["times"] if t["config"] == entry and "ms" in t), None)
+        if base_ms is None:
+            continue
+        for t in r["times"]:
+            if "ms" in t and all(t["config"][n] == v for n, v in entry.items() if n not in names):
+                by_key.setdefault(tk, {}).setdefault(json.dumps(t["config"], sort_keys=True), []).append(
+                    t["ms"] / base_ms)
+    out = {}
+    for tk, cands in sorted(by_key.items()):
+        n = max(len(v) for v in cands.values())
+        full = {c: sum(v) for c, v in cands.items() if len(v) == n}
+        best = json.loads(min(full, key=lambda c: (full[c], c)))
+        names = neutral[tk.split("/")[2]]
+        if full[json.dumps(best, sort_keys=True)] <= n * (1 - FEW_PROGRAMS_MIN_GAIN) and any(
+                best[k] != order[tk][k] for k in names):
+            out[tk] = {k: best[k] for k in names}
+    return out
+
+
 def write_module(report: dict, path: Path = OUT_MODULE) -> None:
     v = report["verdicts"]
     neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
     proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
     order = _with_modes(fastest_entries(report["timing_all"], report["arch"])) if report.get("timing_all") else {}
+    few = (_with_modes(few_program_entries(report["timing_all"], report["arch"], order, neutral, report["sms"]))
+           if report.get("timing_all") else {})
     meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
     meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
     meta["shapes"] = {n: "d_model,d_state,headdim,chunk_size,ngroups,B,L = " + ",".join(map(str, SHAPES[n]))
                       for n in report["shapes"]}
     meta["timing"] = "best of 3 trials x 10 launches, CUDA events, at each shape's own B and L"
+    meta["sms"] = report.get("sms")
     text = ('"""The Mamba-3 SISO kernels\' pinned launch configurations and the proof of their bit-neutral '
             'parameters\n(generated by '
             '``python benchmarks/mamba3_configs.py --write REPORT``; do not edit by hand).\n\n'
@@ -383,9 +455,15 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
             'mode); a key without an\nentry takes the ``mincost-v1`` rule\'s configuration whole: '
             ':mod:`csrc_bindings._configs` reads ``ORDER`` beside the\nMamba-2 kernels\' table. ``NEUTRAL`` and '
             '``PROVEN`` record the proof (the parameters that left every output bit\nunchanged on the GPU of '
-            '``META``, and the key range it covered); nothing reads them at launch.\n"""\n\n'
+            '``META``, and the key range it covered). ``FEW_PROGRAMS``: per table key, the values of the\n'
+            'kernel\'s bit-neutral parameters for a launch of at most as many programs as the GPU has SMs (rule\n'
+            '``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`, which reads ``NEUTRAL`` and '
+            '``PROVEN``\ntoo): the fastest with the entry\'s order parameters at the timed shapes whose launch is '
+            'that small\n(``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.\n'
+            '"""\n\n'
             f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof and the timing ran on"
             f"\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"
+            f"FEW_PROGRAMS = {pprint.pformat(few, width=116)}\n\n"
             f"NEUTRAL = {pprint.pformat(neutral, width=116)}\n\n"
             f"PROVEN = {pprint.pformat(proven, width=116)}\n")
     path.write_text(text)
@@ -408,7 +486,7 @@ def merge(proof: dict, timing: dict) -> dict:
             raise ValueError(f"--merge: {row['shape']} {row['kernel']}: the timing ran key {row['key']} "
                              f"{row.get('dtype')}, the launchers launch {key} {dt}")
     out = dict(proof)
-    for k in ("timing_all", "warm_s", "time_all_s"):
+    for k in ("sms", "timing_all", "warm_s", "time_all_s"):
         if k in timing:
             out[k] = timing[k]
     out["generated_by"] = f"{proof['generated_by']} --prove; {timing['generated_by']} --time-all; --merge"
@@ -449,7 +527,8 @@ def main(argv=None) -> int:
     from csrc_bindings._configs import device_arch
     shapes = [s for s in a.shapes.split(",") if s]
     report = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-              "arch": device_arch(torch.device("cuda")), "shapes": shapes,
+              "arch": device_arch(torch.device("cuda")),
+              "sms": torch.cuda.get_device_properties(0).multi_processor_count, "shapes": shapes,
               "versions": {"mamba_ssm": mamba_ssm.__version__, "torch": torch.__version__,
                            "triton": triton.__version__},
               "generated_by": "python benchmarks/mamba3_configs.py"}

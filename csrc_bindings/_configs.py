@@ -28,6 +28,12 @@ A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the sp
   those of the order configuration. A shape-only choice as well, so every run launches the same configuration,
   but one that tuning may change without changing a bit.
 
+**Mamba-3 launches of few programs** (rule ``few-programs-v1``, :func:`few_programs_config`): a Mamba-3 kernel's
+launch whose grid has at most as many programs as the device has SMs takes, at a key of ``FEW_PROGRAMS``
+(:mod:`.pinned.mamba3_params`), other values of its bit-neutral parameters (the Mamba-3 proof's ``NEUTRAL``, on its
+arch and within its ``PROVEN`` range): with one program per SM or fewer a deeper software pipeline pays, where at
+more programs the shared memory it takes costs occupancy. A function of the shape and the GPU's SM count; never a bit.
+
 **Kernels whose every parameter is bit-neutral** (``NEUTRAL`` lists every block size, ``num_warps`` and
 ``num_stages`` of the kernel) and that write their outputs with plain stores only
 (:attr:`~csrc_bindings._spec.KernelSpec.timing_outputs`: ``chunk_scan_fwd``, ``chunk_state_fwd``,
@@ -60,7 +66,7 @@ import functools
 import hashlib
 import json
 import math
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 
@@ -73,6 +79,9 @@ RULE_NAME = "mincost-v1"
 #: The rule by which a key missing from the table takes a near entry's order parameters (kernels that allow it).
 NEAREST_ORDER_RULE = "nearest-order-v1"
 SPEED_RULE = "nearest-speed-v1"
+#: The rule by which a Mamba-3 launch of at most one program per SM takes other bit-neutral values
+#: (:func:`few_programs_config`).
+FEW_PROGRAMS_RULE = "few-programs-v1"
 #: The rule by which a kernel whose every parameter is bit-neutral takes upstream's autotuned choice (docstring).
 TIMED_RULE = "native-autotune-v1"
 #: Whether :func:`launch_config` may ask for ``native-autotune-v1`` (a test hook: False launches the static choice).
@@ -270,10 +279,11 @@ def _proof() -> tuple:
     return neutral_params.ARCH, neutral_params.PROVEN
 
 
-def _proven(kernel: str, key: Mapping, arch: str) -> bool:
-    """Whether the neutrality proof covers ``kernel`` at ``key`` on ``arch``: the arch it ran on, every key size
-    within the range its cases ran, every boolean key value one it ran."""
-    proof_arch, proven = _proof()
+def _proven(kernel: str, key: Mapping, arch: str, proof: Optional[tuple] = None) -> bool:
+    """Whether the neutrality proof (``(arch, PROVEN)``; the Mamba-2 kernels' by default) covers ``kernel`` at
+    ``key`` on ``arch``: the arch it ran on, every key size within the range its cases ran, every boolean key value
+    one it ran."""
+    proof_arch, proven = proof or _proof()
     ranges = proven.get(kernel)
     if arch != proof_arch or not ranges:
         return False
@@ -347,6 +357,46 @@ def _pinned(spec: KernelSpec, key_items: tuple, dtype, arch: str) -> KernelConfi
     meta = tuple((n, values.get(n, v)) for n, v in base.meta)
     return dataclasses.replace(base, meta=meta, num_warps=values.get("num_warps", base.num_warps),
                                num_stages=values.get("num_stages", base.num_stages), speed=source)
+
+
+def _mamba3_speed() -> tuple:
+    """``(ARCH, NEUTRAL, PROVEN, FEW_PROGRAMS)`` of :mod:`.pinned.mamba3_params`."""
+    from .pinned import mamba3_params as m
+    return m.ARCH, m.NEUTRAL, m.PROVEN, m.FEW_PROGRAMS
+
+
+def few_programs_config(spec: KernelSpec, cfg: KernelConfig, key: Mapping, programs: int, sms: int, dtype,
+                        arch: str) -> KernelConfig:
+    """The rule ``few-programs-v1`` (Mamba-3 kernels): a launch of at most ``sms`` programs (the device's SMs, so
+    at most one program per SM) takes the bit-neutral values of ``FEW_PROGRAMS`` at its table key
+    (:mod:`.pinned.mamba3_params`: timed at the shapes whose launch is that small, where they beat the key's entry);
+    ``cfg`` (the pinned configuration) with those values, marked ``speed="few-programs-v1"``. Only parameters of
+    the kernel's ``NEUTRAL`` change, only on the arch of that proof and within its key range (``PROVEN``); else,
+    for more programs, for a key without an entry or for an explicit ``cfg``, ``cfg`` itself. Never a bit."""
+    if programs > sms or cfg.source == "explicit":
+        return cfg
+    proof_arch, neutral, proven, few = _mamba3_speed()
+    names = neutral.get(spec.name, ())
+    entry = few.get(table_key_of(spec, arch, dtype, key))
+    if not entry or not names or not _proven(spec.name, key, arch, (proof_arch, proven)):
+        return cfg
+    values = {n: int(entry[n]) for n in names if n in entry}
+    meta = tuple((n, values.get(n, v)) for n, v in cfg.meta)
+    return dataclasses.replace(cfg, meta=meta, num_warps=values.get("num_warps", cfg.num_warps),
+                               num_stages=values.get("num_stages", cfg.num_stages), speed=FEW_PROGRAMS_RULE)
+
+
+def launch_config_for_grid(spec: KernelSpec, grid, args: Mapping, ref, config=None) -> KernelConfig:
+    """:func:`launch_config`, then, without an explicit ``config`` and on CUDA, :func:`few_programs_config` for the
+    launch's programs (``grid``: a tuple, or a function of the configuration's block sizes, evaluated at the
+    pinned configuration) and the device's SMs. The Mamba-3 launchers' configuration."""
+    cfg = launch_config(spec, args, ref, config)
+    if config is not None or not _on_cuda(ref):
+        return cfg
+    from ._resources import multiprocessor_count
+    programs = math.prod(grid(dict(cfg.meta)) if callable(grid) else grid)
+    return few_programs_config(spec, cfg, key_of(spec, args), programs, multiprocessor_count(ref.device),
+                               ref.dtype, device_arch(ref.device))
 
 
 def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -> KernelConfig:
@@ -522,8 +572,10 @@ def nearest_order_hash() -> str:
 
 def speed_hash() -> str:
     """SHA-256 (first 12 hex digits) of the canonical JSON of the bit-neutral parameters (``NEUTRAL``) and the speed
-    table, with the rule name: what decides the speed choices (never a bit)."""
-    blob = json.dumps({"neutral": _neutral(), "proof": _proof(), "speed": _speed(), "rule": SPEED_RULE},
+    table, with the rule name, and of the Mamba-3 kernels' proof and ``FEW_PROGRAMS`` with theirs: what decides the
+    speed choices (never a bit)."""
+    blob = json.dumps({"neutral": _neutral(), "proof": _proof(), "speed": _speed(), "rule": SPEED_RULE,
+                       "mamba3": _mamba3_speed(), "few": FEW_PROGRAMS_RULE},
                       sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -92,12 +92,13 @@ def allocator():
 def launch_kernel(spec, grid, args: dict, ref: torch.Tensor, config=None) -> None:
     """One launch of a Mamba-3 kernel: upstream's modules imported (:func:`import_kernels`; called by the launchers
     after their checks, so bad input is refused first), the pinned (or given) configuration
-    (:func:`csrc_bindings._configs.launch_config`), :func:`csrc_bindings._native.launch` under :func:`allocator`."""
-    from .._configs import launch_config
+    (:func:`csrc_bindings._configs.launch_config_for_grid`: the rule ``few-programs-v1`` may change its bit-neutral
+    parameters for a launch of few programs), :func:`csrc_bindings._native.launch` under :func:`allocator`."""
+    from .._configs import launch_config_for_grid
     from .._native import launch
 
     import_kernels()
-    cfg = launch_config(spec, args, ref, config)
+    cfg = launch_config_for_grid(spec, grid, args, ref, config)
     with allocator():
         launch(spec, grid, args, cfg, ref)
 

@@ -6,7 +6,11 @@ the fastest of upstream's candidates timed at the shapes of ``META`` (the forwar
 for the no-grad and prefill keys, so a forward has the same configuration in every mode); a key without an
 entry takes the ``mincost-v1`` rule's configuration whole: :mod:`csrc_bindings._configs` reads ``ORDER`` beside the
 Mamba-2 kernels' table. ``NEUTRAL`` and ``PROVEN`` record the proof (the parameters that left every output bit
-unchanged on the GPU of ``META``, and the key range it covered); nothing reads them at launch.
+unchanged on the GPU of ``META``, and the key range it covered). ``FEW_PROGRAMS``: per table key, the values of the
+kernel's bit-neutral parameters for a launch of at most as many programs as the GPU has SMs (rule
+``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`, which reads ``NEUTRAL`` and ``PROVEN``
+too): the fastest with the entry's order parameters at the timed shapes whose launch is that small
+(``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.
 """
 
 META = {'cases': {'mamba3_angle_dt_bwd': '7 cases',
@@ -27,6 +31,7 @@ META = {'cases': {'mamba3_angle_dt_bwd': '7 cases',
             'M5': 'd_model,d_state,headdim,chunk_size,ngroups,B,L = 1024,128,64,64,1,8,2048',
             'M6': 'd_model,d_state,headdim,chunk_size,ngroups,B,L = 2048,128,64,64,2,1,4096',
             'check': 'd_model,d_state,headdim,chunk_size,ngroups,B,L = 512,64,64,128,1,8,512'},
+ 'sms': 132,
  'timing': "best of 3 trials x 10 launches, CUDA events, at each shape's own B and L",
  'versions': {'mamba_ssm': '2.3.2.post1', 'torch': '2.11.0+cu130', 'triton': '3.6.0'}}
 
@@ -110,6 +115,11 @@ ORDER = {'sm_90/bfloat16/mamba3_angle_dt_bwd/CHUNK_SIZE=128,BLOCK_D=16,HAS_INIT_
  'sm_90/float32/mamba3_siso_bwd_ddt_dtrap/HEADDIM_V=64,HEADDIM_QK=128,HAS_INPUT_STATE=False,IS_VARLEN=False': {'CHUNK_SIZE': 256,
                                                                                                                'num_stages': 2,
                                                                                                                'num_warps': 4}}
+
+FEW_PROGRAMS = {'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=False,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=False,IS_VARLEN=False': {'num_stages': 3},
+ 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=False,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=True,IS_VARLEN=False': {'num_stages': 3},
+ 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=True,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=False,IS_VARLEN=False': {'num_stages': 3},
+ 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=True,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=True,IS_VARLEN=False': {'num_stages': 3}}
 
 NEUTRAL = {'mamba3_angle_dt_bwd': ('num_stages',),
  'mamba3_angle_dt_fwd': ('num_stages',),

@@ -31,8 +31,9 @@ __all__ = ["fold_many", "fold_example_sums", "FOLD_MANY_MAX"]
 #: How many folds one launch of :func:`fold_many` takes (a larger request is split into launches of this many).
 FOLD_MANY_MAX = 8
 _BLOCK = 256
-#: positions per iteration of :func:`~ordered_ssd.fold.kernels.example_sums_kernel`'s loop (bit-neutral)
-_EXAMPLE_SUMS_UNROLL = 32
+#: positions per iteration of :func:`~ordered_ssd.fold.kernels.example_sums_kernel`'s loop (bit-neutral: how many
+#: loads are in flight before their additions; ``benchmarks/example_sums_bench.py`` times 16 to 256)
+_EXAMPLE_SUMS_UNROLL = 256
 
 
 def _runs(sizes: Sequence[int], strides: Sequence[int]) -> List[Tuple[int, int]]:
@@ -155,7 +156,9 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
     (:func:`~ordered_ssd.ops.linear.ordered_linear_weight_grad`).
 
     Args:
-        t: ``[E, L, M]``, any float dtype and strides. dtype: the dtype of the result (the bias's).
+        t: ``[E, L, M]``, any float dtype and strides (on the Triton path, a copy with a unit-stride last dim when
+            it has another, so that the kernel's load of a position's features is coalesced: the same values).
+            dtype: the dtype of the result (the bias's).
         use_triton: two launches (default: on CUDA with an fp32 accumulation; ``True`` on the CPU runs the first
             under ``TRITON_INTERPRET=1`` and the second as a PyTorch loop of the same additions):
             :func:`~ordered_ssd.fold.kernels.example_sums_kernel`, one program per
@@ -184,6 +187,8 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
     if -(-M // block) > 65535:
         raise ValueError(f"t: expected at most {65535 * block} features (the last dim) on the Triton path, got {M}")
     from . import kernels  # imports triton: only here
+    if M > 1 and t.stride(2) != 1:  # bit-neutral: the kernel loads a position's M features at once, coalesced
+        t = t.contiguous()
     sums = torch.empty(E, M, dtype=torch.float32, device=t.device)
     with device_guard(t):
         _launch_cache.launch(kernels.example_sums_kernel, (E, -(-M // block)),

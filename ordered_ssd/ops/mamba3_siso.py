@@ -256,7 +256,10 @@ class _OrderedDtSoftplus(torch.autograd.Function):
     def backward(ctx, g):
         dd_dt, dt_bias = ctx.saved_tensors
         x = dd_dt + dt_bias
-        gx = torch.ops.aten.softplus_backward(g, x, 1.0, 20.0)  # what autograd runs for F.softplus
+        # what autograd runs for F.softplus, written [B, L, H] contiguous: ``g`` arrives in the kernels' [B, H, L]
+        # layout, and the fold below reads a position's heads with one coalesced load
+        gx = torch.empty(x.shape, dtype=torch.promote_types(g.dtype, x.dtype), device=x.device)
+        torch.ops.aten.softplus_backward.grad_input(g, x, 1.0, 20.0, grad_input=gx)
         d_bias = fold_example_sums(gx.reshape(gx.shape[0], -1, gx.shape[-1]), dt_bias.dtype)
         return gx.to(dd_dt.dtype), d_bias
 

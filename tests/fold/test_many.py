@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ordered_ssd.fold import FOLD_MANY_MAX, LexicalFold, fold_dims, fold_example_sums, fold_many
-from ordered_ssd.fold.many import _layout
+from ordered_ssd.fold.many import _EXAMPLE_SUMS_UNROLL, _layout
 from tests.fold.interpreter import run_python
 from tests.helpers import bits_equal
 
@@ -140,9 +140,11 @@ def test_triton_kernels_under_the_interpreter():
         one = fold_many([reqs[2][1]], use_triton=True)[0]  # alone in its launch: the same bits
         assert bits_equal(one, _reference(reqs[2][1]))
         cases = len(reqs) + 1
-        for dtype, shape in ((torch.float32, (3, 7, 9)), (torch.bfloat16, (3, 70, 9))):  # 70: 2 x 32 unrolled + 6
+        # 2 x UNROLL + 6 positions: the unrolled loop twice and its tail
+        for dtype, shape in ((torch.float32, (3, 7, 9)), (torch.bfloat16, (3, 2 * {_EXAMPLE_SUMS_UNROLL} + 6, 9))):
             dy = _wide(shape, 11, dtype)
-            for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1)):
+            for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1),
+                      dy.transpose(1, 2).contiguous().transpose(1, 2)):
                 for bias_dtype in (torch.float32, torch.bfloat16):
                     g = fold_example_sums(t, bias_dtype, use_triton=True)
                     want = example_sums_reference(t, bias_dtype)
@@ -150,7 +152,7 @@ def test_triton_kernels_under_the_interpreter():
                     cases += 1
         print("cases", cases)
     """)
-    assert f"cases {len(step_requests()) + 1 + 8}" in run_python(code, interpret=True)
+    assert f"cases {len(step_requests()) + 1 + 12}" in run_python(code, interpret=True)
 
 
 def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():

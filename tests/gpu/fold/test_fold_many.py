@@ -36,10 +36,11 @@ def test_fold_many_on_cuda_equals_fold_dims_on_cuda_and_on_the_cpu(nan_fresh_buf
 def test_fold_example_sums_on_cuda_equals_the_per_example_fold(nan_fresh_buffers):
     from ordered_ssd.fold import fold_example_sums
 
-    # L = 300 and 2048: the unrolled loop and its tail; M = 700 (blocks of 256), 32 and 5 (one block of 32)
+    # L = 300 and 2048: the unrolled loop and its tail; M = 700 (blocks of 256), 32 and 5 (one block of 32); the
+    # layouts: contiguous, examples apart, and a position's features L apart (copied contiguous before the launch)
     for dtype, shape in itertools.product((torch.float32, torch.bfloat16), ((9, 300, 700), (8, 2048, 32), (3, 45, 5))):
         dy = _wide(shape, 5, dtype)
-        for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1)):
+        for t in (dy, dy.transpose(0, 1).contiguous().transpose(0, 1), dy.transpose(1, 2).contiguous().transpose(1, 2)):
             for bias_dtype in (torch.float32, torch.bfloat16):
                 got = fold_example_sums(t.cuda(), bias_dtype)
                 want = example_sums_reference(t, bias_dtype)  # on the CPU
