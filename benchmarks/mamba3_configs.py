@@ -438,7 +438,10 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
     neutral = {k: tuple(x["neutral"]) for k, x in sorted(v.items()) if x["neutral"]}
     proven = {k: x["proven_keys"] for k, x in sorted(v.items()) if x["neutral"]}
     order = _with_modes(fastest_entries(report["timing_all"], report["arch"])) if report.get("timing_all") else {}
-    few = (_with_modes(few_program_entries(report["timing_all"], report["arch"], order, neutral, report["sms"]))
+    if report.get("timing_all") and "sms" not in report:
+        raise ValueError("report: expected 'sms' (the timing GPU's SM count, which FEW_PROGRAMS needs), got none")
+    # the timed (training) keys only: the proof covered those; a no-grad or prefill forward keeps its ORDER entry
+    few = (few_program_entries(report["timing_all"], report["arch"], order, neutral, report["sms"])
            if report.get("timing_all") else {})
     meta = {k: report[k] for k in ("date", "gpu", "versions", "generated_by")}
     meta["cases"] = {k: f"{x['cases']} cases" for k, x in sorted(v.items())}
@@ -451,7 +454,7 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
             '``python benchmarks/mamba3_configs.py --write REPORT``; do not edit by hand).\n\n'
             '``ORDER``: per table key, the pinned configuration (every parameter, the order ones included: they decide '
             'bits),\nthe fastest of upstream\'s candidates timed at the shapes of ``META`` (the forward kernels\' '
-            'entries repeated\nfor the no-grad and prefill keys, so a forward has the same configuration in every '
+            'entries repeated\nfor the no-grad and prefill keys, so a forward has the same order parameters in every '
             'mode); a key without an\nentry takes the ``mincost-v1`` rule\'s configuration whole: '
             ':mod:`csrc_bindings._configs` reads ``ORDER`` beside the\nMamba-2 kernels\' table. ``NEUTRAL`` and '
             '``PROVEN`` record the proof (the parameters that left every output bit\nunchanged on the GPU of '
@@ -459,7 +462,8 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
             'kernel\'s bit-neutral parameters for a launch of at most as many programs as the GPU has SMs (rule\n'
             '``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`, which reads ``NEUTRAL`` and '
             '``PROVEN``\ntoo): the fastest with the entry\'s order parameters at the timed shapes whose launch is '
-            'that small\n(``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.\n'
+            'that small\n(``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.\nTraining keys only (the '
+            'ones the proof covered): a no-grad or prefill forward keeps its ``ORDER`` entry.\n'
             '"""\n\n'
             f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof and the timing ran on"
             f"\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"

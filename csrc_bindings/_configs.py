@@ -31,8 +31,9 @@ A configuration has two parts (:mod:`csrc_bindings.pinned.neutral` proves the sp
 **Mamba-3 launches of few programs** (rule ``few-programs-v1``, :func:`few_programs_config`): a Mamba-3 kernel's
 launch whose grid has at most as many programs as the device has SMs takes, at a key of ``FEW_PROGRAMS``
 (:mod:`.pinned.mamba3_params`), other values of its bit-neutral parameters (the Mamba-3 proof's ``NEUTRAL``, on its
-arch and within its ``PROVEN`` range): with one program per SM or fewer a deeper software pipeline pays, where at
-more programs the shared memory it takes costs occupancy. A function of the shape and the GPU's SM count; never a bit.
+arch and within its ``PROVEN`` range), where the timing found them faster for so few programs (so far one kernel
+and key: the forward at chunk 64 and ``d_state`` 128, three pipeline stages instead of two). A function of the
+shape and the GPU's SM count (which a MIG slice lowers); never a bit.
 
 **Kernels whose every parameter is bit-neutral** (``NEUTRAL`` lists every block size, ``num_warps`` and
 ``num_stages`` of the kernel) and that write their outputs with plain stores only
@@ -372,8 +373,9 @@ def few_programs_config(spec: KernelSpec, cfg: KernelConfig, key: Mapping, progr
     (:mod:`.pinned.mamba3_params`: timed at the shapes whose launch is that small, where they beat the key's entry);
     ``cfg`` (the pinned configuration) with those values, marked ``speed="few-programs-v1"``. Only parameters of
     the kernel's ``NEUTRAL`` change, only on the arch of that proof and within its key range (``PROVEN``); else,
-    for more programs, for a key without an entry or for an explicit ``cfg``, ``cfg`` itself. Never a bit."""
-    if programs > sms or cfg.source == "explicit":
+    for more programs, for a key without an entry, for an explicit ``cfg`` or one still to be timed
+    (``native-autotune-v1``), ``cfg`` itself. Never a bit; raises nothing."""
+    if programs > sms or cfg.source == "explicit" or cfg.speed == TIMING_PENDING:
         return cfg
     proof_arch, neutral, proven, few = _mamba3_speed()
     names = neutral.get(spec.name, ())
@@ -388,15 +390,19 @@ def few_programs_config(spec: KernelSpec, cfg: KernelConfig, key: Mapping, progr
 
 def launch_config_for_grid(spec: KernelSpec, grid, args: Mapping, ref, config=None) -> KernelConfig:
     """:func:`launch_config`, then, without an explicit ``config`` and on CUDA, :func:`few_programs_config` for the
-    launch's programs (``grid``: a tuple, or a function of the configuration's block sizes, evaluated at the
-    pinned configuration) and the device's SMs. The Mamba-3 launchers' configuration."""
+    launch's programs (``grid``: a tuple, or a function of the configuration's block sizes: then counted at both
+    configurations, and the rule's kept only where it too launches at most one program per SM) and the device's
+    SMs. The Mamba-3 launchers' configuration. Raises what :func:`launch_config` raises."""
     cfg = launch_config(spec, args, ref, config)
     if config is not None or not _on_cuda(ref):
         return cfg
     from ._resources import multiprocessor_count
-    programs = math.prod(grid(dict(cfg.meta)) if callable(grid) else grid)
-    return few_programs_config(spec, cfg, key_of(spec, args), programs, multiprocessor_count(ref.device),
-                               ref.dtype, device_arch(ref.device))
+
+    def programs(c):
+        return math.prod(grid(dict(c.meta)) if callable(grid) else grid)
+    sms = multiprocessor_count(ref.device)
+    few = few_programs_config(spec, cfg, key_of(spec, args), programs(cfg), sms, ref.dtype, device_arch(ref.device))
+    return few if few is cfg or programs(few) <= sms else cfg
 
 
 def resolve_config(spec: KernelSpec, key: Mapping, dtype, device, config=None) -> KernelConfig:
@@ -533,7 +539,8 @@ def fingerprint(speed: bool = True) -> str:
     ``nearest-order-v1`` along which key sizes).
 
     Versions are read from package metadata (nothing native is imported); a missing package reads ``absent``.
-    Two runs with equal fingerprints on the same GPU model launch the same kernels with the same configurations
+    Two runs with equal fingerprints on the same GPU model (with the same SM count: ``few-programs-v1`` reads it,
+    for bit-neutral parameters only) launch the same kernels with the same configurations
     (``fit``: the rule that lowers ``num_stages`` of a configuration the device's shared memory cannot hold,
     :mod:`csrc_bindings._resources`; it depends on the GPU model's limit, which the GPU model fixes). ``speed``
     (:func:`speed_hash`) covers only bit-neutral parameters: two runs that differ in it alone give the same bits.

@@ -3,7 +3,7 @@
 
 ``ORDER``: per table key, the pinned configuration (every parameter, the order ones included: they decide bits),
 the fastest of upstream's candidates timed at the shapes of ``META`` (the forward kernels' entries repeated
-for the no-grad and prefill keys, so a forward has the same configuration in every mode); a key without an
+for the no-grad and prefill keys, so a forward has the same order parameters in every mode); a key without an
 entry takes the ``mincost-v1`` rule's configuration whole: :mod:`csrc_bindings._configs` reads ``ORDER`` beside the
 Mamba-2 kernels' table. ``NEUTRAL`` and ``PROVEN`` record the proof (the parameters that left every output bit
 unchanged on the GPU of ``META``, and the key range it covered). ``FEW_PROGRAMS``: per table key, the values of the
@@ -11,6 +11,7 @@ kernel's bit-neutral parameters for a launch of at most as many programs as the 
 ``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`, which reads ``NEUTRAL`` and ``PROVEN``
 too): the fastest with the entry's order parameters at the timed shapes whose launch is that small
 (``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.
+Training keys only (the ones the proof covered): a no-grad or prefill forward keeps its ``ORDER`` entry.
 """
 
 META = {'cases': {'mamba3_angle_dt_bwd': '7 cases',
@@ -116,10 +117,7 @@ ORDER = {'sm_90/bfloat16/mamba3_angle_dt_bwd/CHUNK_SIZE=128,BLOCK_D=16,HAS_INIT_
                                                                                                                'num_stages': 2,
                                                                                                                'num_warps': 4}}
 
-FEW_PROGRAMS = {'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=False,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=False,IS_VARLEN=False': {'num_stages': 3},
- 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=False,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=True,IS_VARLEN=False': {'num_stages': 3},
- 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=True,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=False,IS_VARLEN=False': {'num_stages': 3},
- 'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=True,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=True,IS_VARLEN=False': {'num_stages': 3}}
+FEW_PROGRAMS = {'sm_90/bfloat16/mamba3_siso_fwd/CHUNK_SIZE=64,HEADDIM_QK=128,HEADDIM_V=64,STORE_SSM_STATES_ADT_OUTV=True,HAS_D=True,HAS_Z=True,HAS_INITIAL_STATES=False,RETURN_FINAL_STATES=False,IS_VARLEN=False': {'num_stages': 3}}
 
 NEUTRAL = {'mamba3_angle_dt_bwd': ('num_stages',),
  'mamba3_angle_dt_fwd': ('num_stages',),

@@ -2,6 +2,7 @@
 program per SM takes the bit-neutral values of ``FEW_PROGRAMS`` at its key, and nothing else changes: not the order
 parameters, not a launch of more programs, not an explicit configuration, not a key or arch outside the proof.
 CPU only: the launches of the composition are recorded on CPU tensors, with the device's arch and SM count given."""
+import dataclasses
 import json
 import os
 import sys
@@ -14,6 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import mamba3_configs as m3  # noqa: E402
 from csrc_bindings import _configs  # noqa: E402
+from csrc_bindings._spec import TIMING_PENDING  # noqa: E402
 from csrc_bindings.pinned import mamba3_params  # noqa: E402
 
 #: M5 and M6 share the forward's key (chunk 64, d_state 128, headdim 64); M6 (B1) launches 64 programs, M5 (B8) 256
@@ -41,7 +43,7 @@ def test_the_table_holds_the_entry_the_timing_gives_and_only_bit_neutral_values(
     neutral = {k: tuple(v["neutral"]) for k, v in report["verdicts"].items() if v["neutral"]}
     few = m3.few_program_entries(report["timing_all"], report["arch"], mamba3_params.ORDER, neutral, report["sms"])
     assert few == {FWD_KEY: {"num_stages": 3}}  # M6's forward: 0.684 ms at 3 stages, 0.767 at the entry's 2
-    assert set(few) <= set(mamba3_params.FEW_PROGRAMS) <= set(mamba3_params.ORDER)
+    assert mamba3_params.FEW_PROGRAMS == few and set(few) <= set(mamba3_params.ORDER)
     for tk, values in mamba3_params.FEW_PROGRAMS.items():
         assert set(values) <= set(mamba3_params.NEUTRAL[tk.split("/")[2]]), tk
     assert mamba3_params.ORDER[FWD_KEY] == {"num_warps": 4, "num_stages": 2}
@@ -57,18 +59,46 @@ def test_a_launch_of_at_most_one_program_per_sm_takes_the_entry():
     assert _few(FWD_KEY, 200, sms=264).num_stages == 3  # the device's SM count decides
 
 
-def test_nothing_changes_outside_the_rule():
+def test_nothing_changes_outside_the_rule(monkeypatch):
     base = _pinned(FWD_KEY)
     explicit = _configs.config_from_dict(_fwd(), {"num_warps": 4, "num_stages": 1}, "explicit")
     assert _few(FWD_KEY, 64, cfg=explicit) is explicit
-    assert _few(FWD_KEY, 64, arch="sm_80") == base  # the proof ran on sm_90
-    # an entry at a key the proof did not cover (the no-grad forward stores nothing): no change
+    pending = dataclasses.replace(base, speed=TIMING_PENDING)  # still to be timed: left to that rule
+    assert _few(FWD_KEY, 64, cfg=pending) is pending
+    # entries where the proof does not reach: another arch, a key outside its range (the no-grad forward)
+    sm80 = FWD_KEY.replace("sm_90/", "sm_80/")
     no_grad = FWD_KEY.replace("STORE_SSM_STATES_ADT_OUTV=True", "STORE_SSM_STATES_ADT_OUTV=False")
-    assert no_grad in mamba3_params.FEW_PROGRAMS
-    assert _few(no_grad, 64) == _pinned(no_grad)
+    monkeypatch.setattr(mamba3_params, "FEW_PROGRAMS", dict(mamba3_params.FEW_PROGRAMS, **{
+        sm80: {"num_stages": 3}, no_grad: {"num_stages": 3}}))
+    assert _few(FWD_KEY, 64).num_stages == 3  # the entry itself still applies
+    assert _few(sm80, 64) == _pinned(sm80)
+    assert _few(no_grad, 64) == _pinned(no_grad) and _pinned(no_grad).num_stages == 2
     # a key without an entry
     other = next(tk for tk in mamba3_params.ORDER if tk not in mamba3_params.FEW_PROGRAMS and "siso_fwd" in tk)
     assert _few(other, 1) == _pinned(other)
+
+
+def test_a_grid_of_the_block_sizes_is_counted_at_both_configurations(monkeypatch):
+    """``dzdo``'s grid depends on its ``CHUNK_SIZE`` (bit-neutral there): an entry that would launch more programs
+    than the device has SMs is not taken."""
+    from csrc_bindings import _resources
+
+    dzdo = m3._specs()["mamba3_siso_bwd_dzdo"]
+    key = "sm_90/bfloat16/mamba3_siso_bwd_dzdo/HEADDIM_V=64"
+    assert mamba3_params.ORDER[key]["CHUNK_SIZE"] == 64
+    monkeypatch.setattr(mamba3_params, "FEW_PROGRAMS", {key: {"CHUNK_SIZE": 16, "num_warps": 4, "num_stages": 1}})
+    monkeypatch.setattr(_configs, "_on_cuda", lambda ref: True)
+    monkeypatch.setattr(_configs, "device_arch", lambda device: "sm_90")
+    seen = []
+
+    def record(spec, grid, args, ref, config=None):
+        if spec is dzdo:
+            seen.append((grid, args, ref))
+    m3._recorded_with("M6", "train", 1, 64, record)  # one chunk of 64 positions: 64 heads x 1 chunk x 1 example
+    (grid, args, ref), = seen
+    for sms, want in ((64, 64), (256, 16)):  # 16-position chunks: 4 x 64 = 256 programs
+        monkeypatch.setattr(_resources, "multiprocessor_count", lambda device, n=sms: n)
+        assert _configs.launch_config_for_grid(dzdo, grid, args, ref)["CHUNK_SIZE"] == want, sms
 
 
 @pytest.mark.parametrize("shape,stages", [("M6", 3), ("M5", 2)])

@@ -168,6 +168,7 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from ordered_ssd.fold import kernels
+        from ordered_ssd.fold.many import _EXAMPLE_SUMS_UNROLL
 
         def check(fn, sig, const, num_warps=4):
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
@@ -186,7 +187,7 @@ def test_triton_kernels_compile_for_sm90_with_plain_fp32_additions():
                   const)
         fn = kernels.example_sums_kernel
         for block, ones in ((32, ()), (256, ()), (64, ("L",)), (32, ("L", "M", "s_e"))):  # as launched, and L == 1
-            const = {"BLOCK": block, "UNROLL": 32, **{n: 1 for n in ones}}
+            const = {"BLOCK": block, "UNROLL": _EXAMPLE_SUMS_UNROLL, **{n: 1 for n in ones}}
             sig = {n: "constexpr" if n in const else {"p_ptr": "*bf16", "out_ptr": "*fp32"}.get(n, "i32")
                    for n in fn.arg_names}
             check(fn, sig, const, num_warps=block // 32)

@@ -1,6 +1,7 @@
 """:func:`ordered_ssd.ops.mamba3_siso.ordered_dt_softplus` on the CPU: the forward and ``d dd_dt`` are autograd's own
 (bit for bit), ``d dt_bias`` is the per-example fold of that gradient (example 0 first, each example's positions in
-order), whatever the layout the gradient arrives in: the layer's kernels hand it back as ``[B, H, L]`` transposed."""
+order) for a gradient in the layout the layer's kernels hand back (``[B, H, L]`` transposed), and the fold reads it
+contiguous."""
 import torch
 import torch.nn.functional as F
 
@@ -40,11 +41,21 @@ def test_gradients_are_autograds_and_the_ordered_fold_for_a_transposed_gradient(
     assert not bits_equal(rev.result(like=torch.empty(gx.shape[-1])), want)
 
 
-def test_the_layout_of_the_gradient_does_not_change_a_bit():
+def test_the_fold_reads_the_gradient_contiguous_and_d_dd_dt_is_contiguous(monkeypatch):
+    """The kernels hand ``DT``'s gradient back ``[B, H, L]``; the backward writes it ``[B, L, H]`` contiguous before
+    the fold, whose kernel loads a position's heads at once (``ordered_ssd/fold/many.py``)."""
+    from ordered_ssd.ops import mamba3_siso
+
+    seen = []
+
+    def fold(t, dtype):
+        seen.append((tuple(t.shape), t.stride()))
+        return mamba3_siso_fold(t, dtype)
+    mamba3_siso_fold = mamba3_siso.fold_example_sums
+    monkeypatch.setattr(mamba3_siso, "fold_example_sums", fold)
     dd_dt, dt_bias, grad = _inputs(seed=1)
-    grads = []
-    for g in (grad.transpose(1, 2), grad.transpose(1, 2).contiguous()):
-        a, b = dd_dt.clone().requires_grad_(True), dt_bias.clone().requires_grad_(True)
-        ordered_dt_softplus(a, b).backward(g)
-        grads.append((a.grad, b.grad))
-    assert bits_equal(grads[0][0], grads[1][0]) and bits_equal(grads[0][1], grads[1][1])
+    a, b = dd_dt.clone().requires_grad_(True), dt_bias.clone().requires_grad_(True)
+    ordered_dt_softplus(a, b).transpose(1, 2).backward(grad)
+    B, L, H = dd_dt.shape
+    assert seen == [((B, L, H), (L * H, H, 1))]
+    assert a.grad.is_contiguous() and b.grad.shape == (H,)
