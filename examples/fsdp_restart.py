@@ -83,6 +83,9 @@ if __name__ == "__main__":
     parser.add_argument("--ckpt", default=None, help="checkpoint directory: resume from it if it holds one")
     parser.add_argument("--stop-at", type=int, default=None, help="stop after this step and checkpoint")
     args = parser.parse_args()
+    if "RANK" not in os.environ:  # started without torchrun: say how to start it, without a traceback
+        raise SystemExit("fsdp_restart.py: run it under torchrun: python -m torch.distributed.run --standalone "
+                         "--nproc-per-node 2 examples/fsdp_restart.py")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # CUDA: before the first cuBLAS call
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # the CPU bits depend on the thread count: the same on every rank and run

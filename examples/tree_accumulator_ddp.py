@@ -66,6 +66,9 @@ def train(ctx):
 
 
 if __name__ == "__main__":
+    if "RANK" not in os.environ:  # started without torchrun: say how to start it, without a traceback
+        raise SystemExit("tree_accumulator_ddp.py: run it under torchrun: python -m torch.distributed.run "
+                         "--standalone --nproc-per-node 2 examples/tree_accumulator_ddp.py")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # CUDA: before the first cuBLAS call
     ctx = init_distributed("cuda" if torch.cuda.is_available() else "cpu")  # from torchrun's environment
     torch.use_deterministic_algorithms(True)

@@ -38,6 +38,15 @@ def run(*args, torchrun_nproc=None) -> str:
     return res.stdout
 
 
+@pytest.mark.parametrize("name", ["tree_accumulator_ddp.py", "fsdp_restart.py"])
+def test_a_distributed_example_started_without_torchrun_says_how_in_one_line(name):
+    res = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)], capture_output=True, text=True,
+                         env=cli_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""), cwd=ROOT, timeout=120)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr == (f"{name}: run it under torchrun: python -m torch.distributed.run --standalone "
+                          f"--nproc-per-node 2 examples/{name}\n")
+
+
 def test_every_example_is_tested_and_documented():
     found = {f for f in os.listdir(EXAMPLES) if f.endswith(".py")}
     assert found == TESTED
