@@ -180,6 +180,15 @@ def _panel_labels(data: dict) -> Dict[str, str]:
             "params": params.get(data["params_measure"], "")}
 
 
+#: a panel's name where it has no difference to draw (its text then says what it shows, and it has no axis label)
+_SHORT = {"loss": "loss", "grads": "gradients", "params": "parameters"}
+
+
+def _has_number(data: dict, key: str) -> bool:
+    """Whether some pair has a positive difference of metric ``key`` to draw on its axis (else only categories)."""
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for p in data["pairs"] for v in p[key])
+
+
 def _draw_panel(ax, strip, data: dict, key: str, measure: Optional[str], size: float) -> None:
     """One metric: its numbers on ``ax`` (log axis; a count on a linear one), its categories on ``strip``."""
     rows = [c for c in CATEGORIES if c == IDENTICAL or any(v == c for p in data["pairs"] for v in p[key])]
@@ -208,18 +217,18 @@ def _draw_panel(ax, strip, data: dict, key: str, measure: Optional[str], size: f
     strip.set_yticklabels(rows, fontsize=8)
     strip.tick_params(axis="y", length=0)
     strip.grid(axis="x", alpha=0.2)
+    name = _SHORT[key]
     if measure is None:
         ax.set_yticks([])
-        ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", va="center", color="0.4")
+        ax.text(0.5, 0.5, f"{name}: not recorded", transform=ax.transAxes, ha="center", va="center", color="0.4")
     elif not any_number:
         ax.set_yticks([])
         drawn = [v for p in data["pairs"] for v in p[key] if v is not None]
-        text = ("identical bits at every step compared" if drawn and all(v == IDENTICAL for v in drawn)
-                else "no numeric difference: see the strip below")
-        if measure == "final":
-            text = text.replace("at every step compared", "in the final parameters")
-        good = text.startswith("identical") and data["ok"]  # identical bits in a diverged run: no good news
-        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center",
+        same = bool(drawn) and all(v == IDENTICAL for v in drawn)
+        text = (("identical bits in the final parameters" if measure == "final" else
+                 "identical bits at every step compared") if same else "no numeric difference: see the strip below")
+        good = same and data["ok"]  # identical bits in a diverged run: no good news
+        ax.text(0.5, 0.5, f"{name}: {text}", transform=ax.transAxes, ha="center", va="center",
                 color="tab:green" if good else "0.3", fontsize=11)
     elif measure in ("count", "final"):
         from matplotlib.ticker import MaxNLocator
@@ -245,8 +254,9 @@ def plot(path: str, data: dict) -> Optional[str]:
 
 def figure(data: dict):
     """The matplotlib figure of :func:`plot_data`'s ``data`` (Agg backend): the title (the verdict), the three
-    difference panels with their strips, the loss curves, a dashed line just before every restart step, the
-    divergence in a red box. ImportError without matplotlib."""
+    difference panels with their strips (a panel with no difference to draw a third of the height: its strip
+    shows the steps), the loss curves, a dashed line just before every restart step, the divergence in a red box.
+    ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,18 +267,24 @@ def figure(data: dict):
                   + [1])
     size = 6 if n_steps <= 40 else 4 if n_steps <= 200 else 2
     header = 1.7 if data["annotation"] else 1.15  # inches above the first panel: title, subtitle (divergence)
-    fig = plt.figure(figsize=(9, 11 + header))
-    grid = fig.add_gridspec(8, 1, height_ratios=[3, 0.7, 3, 0.7, 3, 0.7, 0.75, 2.2], hspace=0.08)
+    panels = (("loss", "number"), ("grads", data["grads_measure"]), ("params", data["params_measure"]))
+    # a panel with no difference to draw (identical bits, or not recorded) is short: its strip says it all
+    ratios = []
+    for key, _ in panels:
+        ratios += [3 if _has_number(data, key) else 1.0, 0.7]
+    ratios += [0.75, 2.2]
+    fig = plt.figure(figsize=(9, 0.78 * sum(ratios) + header))
+    grid = fig.add_gridspec(8, 1, height_ratios=ratios, hspace=0.08)
     axes = {}
     share = None
     labels = _panel_labels(data)
-    for i, (key, measure) in enumerate((("loss", "number"), ("grads", data["grads_measure"]),
-                                        ("params", data["params_measure"]))):
+    for i, (key, measure) in enumerate(panels):
         ax = fig.add_subplot(grid[2 * i], sharex=share)
         share = share or ax
         strip = fig.add_subplot(grid[2 * i + 1], sharex=share)
         _draw_panel(ax, strip, data, key, measure, size)
-        ax.set_ylabel(labels[key], fontsize=9)
+        if _has_number(data, key):
+            ax.set_ylabel(labels[key], fontsize=9)
         ax.tick_params(axis="x", labelbottom=False)
         if i < 2:
             strip.tick_params(axis="x", labelbottom=False)

@@ -53,8 +53,12 @@ def test_identical_runs_are_identical_at_every_step_and_the_restart_and_verdict_
         assert restart_lines == {(1.5, 1.5)}  # just before step 2, in every panel
         assert sum(1 for ax in fig.axes for line in ax.lines if tuple(line.get_xdata()) == (1.5, 1.5)) == 7
         texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-        assert texts.count("identical bits at every step compared") == 2  # loss and gradient panels
-        assert "identical bits in the final parameters" in texts
+        assert texts == ["loss: identical bits at every step compared",
+                         "gradients: identical bits at every step compared",
+                         "parameters: identical bits in the final parameters"]
+        # nothing to draw on their axes: short panels, no axis label; the loss curves keep their size and label
+        heights = [ax.get_position().height for ax in fig.axes]
+        assert max(heights[:6:2]) < 0.5 * heights[6] and [ax.get_ylabel() for ax in fig.axes[:6:2]] == [""] * 3
         strips = [ax for ax in fig.axes if [t.get_text() for t in ax.get_yticklabels()] == [IDENTICAL]]
         assert len(strips) == 3
         # every pair has a marker on the identical row at every step of the loss strip
@@ -88,6 +92,9 @@ def test_a_failing_split_has_positive_differences_from_the_step_it_differs():
     try:
         loss_ax = fig.axes[0]
         assert loss_ax.get_yscale() == "log"
+        # every panel has differences to draw: full height, labelled
+        heights = [ax.get_position().height for ax in fig.axes]
+        assert min(heights[:6:2]) > heights[6] and all(ax.get_ylabel() for ax in fig.axes[:6:2])
         drawn = [line for line in loss_ax.lines if len(line.get_xdata()) == 4 and not math.isnan(line.get_ydata()[2])]
         assert len(drawn) == 1 and list(drawn[0].get_ydata()[2:]) == [2 ** -20, 2 ** -20]
         assert all(math.isnan(y) for y in drawn[0].get_ydata()[:2])  # identical: on the strip, not the log axis
