@@ -380,11 +380,19 @@ def fastest_entries(timing: list, arch: str) -> dict:
             if "ms" in t:
                 by_key.setdefault(tk, {}).setdefault(json.dumps(t["config"], sort_keys=True), []).append(
                     t["ms"] / base_ms)
+    return {tk: best for tk, (best, _, _) in _fastest(by_key).items()}
+
+
+def _fastest(by_key: dict) -> dict:
+    """``{table key: (configuration, summed relative time, shapes)}`` from ``{table key: {configuration JSON:
+    [relative time per shape]}}``: the smallest sum among the configurations timed at every shape of the key
+    (ties: the first in JSON order)."""
     out = {}
     for tk, cands in sorted(by_key.items()):
         n = max(len(v) for v in cands.values())
         full = {c: sum(v) for c, v in cands.items() if len(v) == n}
-        out[tk] = json.loads(min(full, key=lambda c: (full[c], c)))
+        best = min(full, key=lambda c: (full[c], c))
+        out[tk] = (json.loads(best), full[best], n)
     return out
 
 
@@ -422,13 +430,9 @@ def few_program_entries(timing: list, arch: str, order: dict, neutral: dict, sms
                 by_key.setdefault(tk, {}).setdefault(json.dumps(t["config"], sort_keys=True), []).append(
                     t["ms"] / base_ms)
     out = {}
-    for tk, cands in sorted(by_key.items()):
-        n = max(len(v) for v in cands.values())
-        full = {c: sum(v) for c, v in cands.items() if len(v) == n}
-        best = json.loads(min(full, key=lambda c: (full[c], c)))
+    for tk, (best, total, n) in _fastest(by_key).items():
         names = neutral[tk.split("/")[2]]
-        if full[json.dumps(best, sort_keys=True)] <= n * (1 - FEW_PROGRAMS_MIN_GAIN) and any(
-                best[k] != order[tk][k] for k in names):
+        if total <= n * (1 - FEW_PROGRAMS_MIN_GAIN) and any(best[k] != order[tk][k] for k in names):
             out[tk] = {k: best[k] for k in names}
     return out
 
