@@ -134,30 +134,27 @@ def launch_keys(shape_name: str, mode: str = "train", batch: int = 1, seqlen: in
     ``"prefill"``: the forward returning final states), recorded on the CPU: the composition of
     :mod:`ordered_ssd.ops.mamba3_siso` runs on CPU tensors with every launch replaced by a recorder (nothing is
     computed; the launchers' arguments and reference tensors are what the GPU gets). No GPU needed."""
-    return [(k, key, dt) for k, key, dt, _ in _recorded(shape_name, mode, batch, seqlen)]
-
-
-def launch_programs(shape_name: str) -> dict:
-    """``{kernel: programs}``: the launch grid's size (programs) of each kernel of a training step at
-    ``shape_name``'s own ``B`` and ``L``, recorded on the CPU as :func:`launch_keys` records the keys."""
-    return {k: n for k, _, _, n in _recorded(shape_name, "train", SHAPES[shape_name][5], None)}
-
-
-def _recorded(shape_name: str, mode: str, batch: int, seqlen) -> list:
-    """``[(kernel, autotune key, dtype name, programs)]`` (:func:`launch_keys`)."""
-    from csrc_bindings._configs import dtype_name, order_of
+    from csrc_bindings._configs import dtype_name
     from csrc_bindings._spec import key_of
-    from csrc_bindings.pinned.mamba3_params import ARCH
 
     seen = []
 
     def record(spec, grid, args, ref, config=None):
-        key = key_of(spec, args)
-        if callable(grid):  # a grid of the configuration's block sizes: the pinned one's
-            grid = grid(dict(order_of(spec, key, ref.dtype, ARCH).meta))
-        seen.append((spec.name, key, dtype_name(ref.dtype), math.prod(grid)))
+        seen.append((spec.name, key_of(spec, args), dtype_name(ref.dtype)))
     _recorded_with(shape_name, mode, batch, seqlen, record)
     return seen
+
+
+def launch_programs(shape_name: str) -> dict:
+    """``{kernel: programs(config)}``: per kernel of a training step at ``shape_name``'s own ``B`` and ``L`` (recorded
+    on the CPU as :func:`launch_keys` records the keys), a function of a configuration dict giving the launch grid's
+    size (programs) at that configuration (a grid of the block sizes, such as ``dzdo``'s, depends on it)."""
+    grids = {}
+
+    def record(spec, grid, args, ref, config=None):
+        grids.setdefault(spec.name, grid)
+    _recorded_with(shape_name, "train", SHAPES[shape_name][5], None, record)
+    return {k: (lambda cfg, g=g: math.prod(g(cfg) if callable(g) else g)) for k, g in grids.items()}
 
 
 def _recorded_with(shape_name: str, mode: str, batch: int, seqlen, record) -> None:
@@ -404,8 +401,9 @@ FEW_PROGRAMS_MIN_GAIN = 0.03
 def few_program_entries(timing: list, arch: str, order: dict, neutral: dict, sms: int) -> dict:
     """``{table key: bit-neutral parameter values}`` for launches whose grid has at most ``sms`` programs (rule
     ``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`): per kernel and key, over the timing
-    rows of the shapes where the kernel launches that few programs (:func:`launch_programs`), the candidate with
-    the order parameters of the key's ``order`` entry and the smallest summed time relative to that entry's; kept
+    rows of the shapes where the kernel launches that few programs at the entry and at the candidate
+    (:func:`launch_programs`), the candidate with the order parameters of the key's ``order`` entry and the smallest
+    summed time relative to that entry's; kept
     only where it differs from the entry in a parameter of ``neutral`` (the kernel's bit-neutral ones) and gains at
     least :data:`FEW_PROGRAMS_MIN_GAIN`."""
     import torch
@@ -419,14 +417,15 @@ def few_program_entries(timing: list, arch: str, order: dict, neutral: dict, sms
         if r["shape"] not in programs:
             programs[r["shape"]] = launch_programs(r["shape"])
         tk = table_key_of(specs[kernel], arch, getattr(torch, r["dtype"]), r["key"])
-        entry = order.get(tk)
-        if entry is None or programs[r["shape"]][kernel] > sms:
+        entry, count = order.get(tk), programs[r["shape"]][kernel]
+        if entry is None or count(entry) > sms:
             continue
         base_ms = next((t["ms"] for t in r["times"] if t["config"] == entry and "ms" in t), None)
         if base_ms is None:
             continue
-        for t in r["times"]:
-            if "ms" in t and all(t["config"][n] == v for n, v in entry.items() if n not in names):
+        for t in r["times"]:  # the entry's order parameters, and as few programs at the candidate too
+            if ("ms" in t and all(t["config"][n] == v for n, v in entry.items() if n not in names)
+                    and count(t["config"]) <= sms):
                 by_key.setdefault(tk, {}).setdefault(json.dumps(t["config"], sort_keys=True), []).append(
                     t["ms"] / base_ms)
     out = {}

@@ -49,6 +49,22 @@ def test_the_table_holds_the_entry_the_timing_gives_and_only_bit_neutral_values(
     assert mamba3_params.ORDER[FWD_KEY] == {"num_warps": 4, "num_stages": 2}
 
 
+def test_the_generator_counts_programs_at_the_candidate_too():
+    """A ``dzdo`` row at the check's shape (8 x 512, 16 heads: 1024 programs at the entry's 64-position chunks): with
+    2048 SMs, 32-position chunks (2048 programs) qualify and 16-position ones (4096) do not, though faster."""
+    key = "sm_90/bfloat16/mamba3_siso_bwd_dzdo/HEADDIM_V=64"
+    entry = mamba3_params.ORDER[key]
+    assert entry == {"CHUNK_SIZE": 64, "num_warps": 8, "num_stages": 1}
+    row = {"shape": "check", "kernel": "mamba3_siso_bwd_dzdo", "key": {"HEADDIM_V": 64}, "dtype": "bfloat16",
+           "times": [{"config": entry, "ms": 1.0}, {"config": dict(entry, CHUNK_SIZE=32), "ms": 0.8},
+                     {"config": dict(entry, CHUNK_SIZE=16), "ms": 0.5}]}
+    neutral = {"mamba3_siso_bwd_dzdo": mamba3_params.NEUTRAL["mamba3_siso_bwd_dzdo"]}
+    got = m3.few_program_entries([row], "sm_90", mamba3_params.ORDER, neutral, 2048)
+    assert got == {key: {"CHUNK_SIZE": 32, "num_warps": 8, "num_stages": 1}}
+    assert m3.few_program_entries([row], "sm_90", mamba3_params.ORDER, neutral, 4096)[key]["CHUNK_SIZE"] == 16
+    assert m3.few_program_entries([row], "sm_90", mamba3_params.ORDER, neutral, 1023) == {}  # the entry: 1024
+
+
 def test_a_launch_of_at_most_one_program_per_sm_takes_the_entry():
     base = _pinned(FWD_KEY)
     for programs in (1, 64, 132):
