@@ -37,25 +37,10 @@ SHAPES = {"M1": (8, 1024, 32), "M2": (2, 4096, 64), "M3": (4, 2048, 32), "M4": (
           "M5": (8, 2048, 32), "M6": (1, 4096, 64), "check": (8, 512, 16), "bias": (4, 2048, 2048)}
 
 
-def launch(t: torch.Tensor, unroll: int) -> torch.Tensor:
-    """The per-example sums ``[E, M]`` fp32 of ``t`` [E, L, M] (its own strides) at ``unroll``, launched as
-    ``fold_example_sums`` launches it (its block and warps)."""
-    from csrc_bindings import _launch_cache
-    from ordered_ssd.fold import kernels
-    from ordered_ssd.fold.many import _BLOCK, next_pow2
-
-    E, L, M = t.shape
-    block = min(_BLOCK, max(32, next_pow2(M)))
-    sums = torch.empty(E, M, dtype=torch.float32, device=t.device)
-    _launch_cache.launch(kernels.example_sums_kernel, (E, -(-M // block)),
-                         (t, sums, L, M, t.stride(0), t.stride(1), t.stride(2)),
-                         dict(BLOCK=block, UNROLL=unroll), t, num_warps=block // 32)
-    return sums
-
-
 def main(argv=None) -> int:
     from ordered_ssd.apps.bench import time_interleaved
     from ordered_ssd.fold.many import _EXAMPLE_SUMS_UNROLL as LIB
+    from ordered_ssd.fold.many import example_sums as launch  # the launch fold_example_sums makes, at any UNROLL
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--unroll", default="16,32,64,128,256", help="comma-separated UNROLL values (powers of two)")

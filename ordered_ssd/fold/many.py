@@ -183,15 +183,30 @@ def fold_example_sums(t: torch.Tensor, dtype: torch.dtype, *, use_triton: Option
         return folder.result(like=torch.empty(M, device=t.device))
     if not E or not M:
         return torch.zeros(M, dtype=dtype, device=t.device)
-    block = min(_BLOCK, max(32, next_pow2(M)))  # bit-neutral: which elements a program owns
+    block = _example_sums_block(M)
     if -(-M // block) > 65535:
         raise ValueError(f"t: expected at most {65535 * block} features (the last dim) on the Triton path, got {M}")
-    from . import kernels  # imports triton: only here
     if M > 1 and t.stride(2) != 1:  # bit-neutral: the kernel loads a position's M features at once, coalesced
         t = t.contiguous()
+    return _fold_rows(example_sums(t), None, torch.float32).to(dtype)
+
+
+def _example_sums_block(M: int) -> int:
+    """Features per program of :func:`example_sums` (bit-neutral: which elements a program owns)."""
+    return min(_BLOCK, max(32, next_pow2(M)))
+
+
+def example_sums(t: torch.Tensor, unroll: int = _EXAMPLE_SUMS_UNROLL) -> torch.Tensor:
+    """The first launch of :func:`fold_example_sums`: each example's fp32 sum over its positions in order,
+    ``[E, M]``, from ``t`` [E, L, M] on CUDA as it is laid out (:func:`~ordered_ssd.fold.kernels.example_sums_kernel`;
+    ``unroll`` positions per loop iteration, bit-neutral; ``benchmarks/example_sums_bench.py`` times it). No checks:
+    :func:`fold_example_sums` makes them."""
+    from . import kernels  # imports triton: only here
+    E, L, M = t.shape
+    block = _example_sums_block(M)
     sums = torch.empty(E, M, dtype=torch.float32, device=t.device)
     with device_guard(t):
         _launch_cache.launch(kernels.example_sums_kernel, (E, -(-M // block)),
                              (t, sums, L, M, t.stride(0), t.stride(1), t.stride(2)),
-                             dict(BLOCK=block, UNROLL=_EXAMPLE_SUMS_UNROLL), t, num_warps=block // 32)
-    return _fold_rows(sums, None, torch.float32).to(dtype)
+                             dict(BLOCK=block, UNROLL=unroll), t, num_warps=block // 32)
+    return sums
