@@ -403,9 +403,8 @@ def few_program_entries(timing: list, arch: str, order: dict, neutral: dict, sms
     ``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`): per kernel and key, over the timing
     rows of the shapes where the kernel launches that few programs at the entry and at the candidate
     (:func:`launch_programs`), the candidate with the order parameters of the key's ``order`` entry and the smallest
-    summed time relative to that entry's; kept
-    only where it differs from the entry in a parameter of ``neutral`` (the kernel's bit-neutral ones) and gains at
-    least :data:`FEW_PROGRAMS_MIN_GAIN`."""
+    summed time relative to that entry's; kept only where it differs from the entry in a parameter of ``neutral``
+    (the kernel's bit-neutral ones) and gains at least :data:`FEW_PROGRAMS_MIN_GAIN`."""
     import torch
 
     from csrc_bindings._configs import table_key_of
@@ -465,8 +464,9 @@ def write_module(report: dict, path: Path = OUT_MODULE) -> None:
             'kernel\'s bit-neutral parameters for a launch of at most as many programs as the GPU has SMs (rule\n'
             '``few-programs-v1``, :func:`csrc_bindings._configs.few_programs_config`, which reads ``NEUTRAL`` and '
             '``PROVEN``\ntoo): the fastest with the entry\'s order parameters at the timed shapes whose launch is '
-            'that small\n(``META["sms"]`` programs or fewer), where it gains at least 3%; it never changes a bit.\nTraining keys only (the '
-            'ones the proof covered): a no-grad or prefill forward keeps its ``ORDER`` entry.\n'
+            f'that small\n(``META["sms"]`` programs or fewer), where it gains at least {FEW_PROGRAMS_MIN_GAIN:.0%}; it '
+            'never changes a bit.\nTraining keys only (the ones the proof covered): a no-grad or prefill forward keeps '
+            'its ``ORDER`` entry.\n'
             '"""\n\n'
             f"META = {pprint.pformat(meta, width=116)}\n\n#: the GPU architecture the proof and the timing ran on"
             f"\nARCH = {report['arch']!r}\n\nORDER = {pprint.pformat(order, width=116)}\n\n"

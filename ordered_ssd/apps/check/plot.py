@@ -184,9 +184,14 @@ def _panel_labels(data: dict) -> Dict[str, str]:
 _SHORT = {"loss": "loss", "grads": "gradients", "params": "parameters"}
 
 
+def _drawable(v: Value) -> bool:
+    """Whether a difference goes on a panel's axis: a positive number (else a category of its strip, or nothing)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 def _has_number(data: dict, key: str) -> bool:
-    """Whether some pair has a positive difference of metric ``key`` to draw on its axis (else only categories)."""
-    return any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for p in data["pairs"] for v in p[key])
+    """Whether some pair has a difference of metric ``key`` to draw on its axis (else only categories)."""
+    return any(_drawable(v) for p in data["pairs"] for v in p[key])
 
 
 def _draw_panel(ax, strip, data: dict, key: str, measure: Optional[str], size: float) -> None:
@@ -197,8 +202,7 @@ def _draw_panel(ax, strip, data: dict, key: str, measure: Optional[str], size: f
     for i, pair in enumerate(data["pairs"]):
         color, marker = _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
         xs = pair["steps"]
-        ys = [v if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else math.nan
-              for v in pair[key]]
+        ys = [v if _drawable(v) else math.nan for v in pair[key]]
         if any(not math.isnan(y) for y in ys):
             any_number = True
             # the first pair's markers largest: pairs with the same values stay visible, one inside the other
@@ -269,9 +273,10 @@ def figure(data: dict):
     header = 1.7 if data["annotation"] else 1.15  # inches above the first panel: title, subtitle (divergence)
     panels = (("loss", "number"), ("grads", data["grads_measure"]), ("params", data["params_measure"]))
     # a panel with no difference to draw (identical bits, or not recorded) is short: its strip says it all
+    tall = {key: _has_number(data, key) for key, _ in panels}
     ratios = []
     for key, _ in panels:
-        ratios += [3 if _has_number(data, key) else 1.0, 0.7]
+        ratios += [3 if tall[key] else 1.0, 0.7]
     ratios += [0.75, 2.2]
     fig = plt.figure(figsize=(9, 0.78 * sum(ratios) + header))
     grid = fig.add_gridspec(8, 1, height_ratios=ratios, hspace=0.08)
@@ -283,7 +288,7 @@ def figure(data: dict):
         share = share or ax
         strip = fig.add_subplot(grid[2 * i + 1], sharex=share)
         _draw_panel(ax, strip, data, key, measure, size)
-        if _has_number(data, key):
+        if tall[key]:
             ax.set_ylabel(labels[key], fontsize=9)
         ax.tick_params(axis="x", labelbottom=False)
         if i < 2:
