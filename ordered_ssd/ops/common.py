@@ -60,8 +60,12 @@ def autocast_context(dtype: Optional[torch.dtype]):
     / ``custom_bwd`` gave the former ``autograd.Function`` classes (forward under the caller's autocast, backward
     under the forward's), made explicit, because a custom op's body otherwise runs with autocast excluded under
     ``torch.compile`` but not in eager mode.
+
+    Where CUDA autocast cannot be on (torch's own test: no CUDA, e.g. the CPU tests that run these bodies with a
+    patched :func:`autocast_dtype`), the state is off without torch's "CUDA is not available ... Disabling
+    autocast" warning: ``torch.autocast("cuda", dtype=...)`` would turn itself off there too.
     """
-    if dtype is None:
+    if dtype is None or torch.cuda.amp.common.amp_definitely_not_available():
         return torch.autocast("cuda", enabled=False)
     return torch.autocast("cuda", dtype=dtype)
 
