@@ -1,9 +1,9 @@
-"""``loss.png`` of ``ordered-ssd check``: per step, how far each run is from its reference run.
+"""``loss.png`` of ``ordered-ssd check``: per step, whether each run has its reference run's bits, and how far it is.
 
-The runs' loss curves lie on top of each other whether or not the bits agree, so the picture shows the differences
-instead, per step, one series per compared pair (``b`` and ``c`` against ``a``, ``native-2`` against ``native-1``;
-in a split-invariance run every run against the first split), in three panels, and the loss curves in a small
-fourth one:
+The runs' loss curves lie on top of each other whether or not the bits agree, so the picture shows the comparisons
+first, one per compared pair (``b`` and ``c`` against ``a``, ``native-2`` against ``native-1``; in a
+split-invariance run every run against the first split), in one map: a cell per step (across) and, per pair, a row
+for each of
 
 - the loss: ``|loss - loss_ref|`` in nats per byte, from the records' ``float.hex`` losses (exact);
 - the gradients: where the records hold every parameter's gradient L2 norm (``grad_norms``, ``float.hex``), the
@@ -12,10 +12,12 @@ fourth one:
 - the parameters: the same from the parameters after every step (``param_norms``, digests ``params``); where the
   records hold the final parameters only, the number that differ at the last step.
 
-A step whose bits are the same (equal ``float.hex`` loss, equal digests of every tensor) has no difference to put
-on a log axis: it is drawn in a strip under its panel, on the row ``identical bits``. The strip's other rows are
-``not finite`` (a difference involving nan or inf) and ``bits differ, norms equal`` (digests differ, but no
-recorded norm does). :func:`plot_data` computes everything drawn; :func:`plot` draws it.
+A cell whose bits are the same (equal ``float.hex`` loss, equal digests of every tensor) is green (``identical
+bits``); a difference is coloured by its size on a log scale (a colour bar beside the map), or is a category of its
+own: ``not finite`` (a difference involving nan or inf), ``bits differ, norms equal`` (digests differ, but no
+recorded norm does), a count (no norms recorded); a step not recorded is white. Under the map, a panel of the
+sizes for each of the three with a difference to draw (none for a reproducible run), then the loss curves.
+:func:`plot_data` computes everything drawn; :func:`plot` draws it.
 """
 from __future__ import annotations
 
@@ -28,8 +30,6 @@ from ..files import atomic_savefig
 IDENTICAL = "identical bits"
 NOT_FINITE = "not finite"
 NORMS_EQUAL = "bits differ, norms equal"
-#: the rows of a panel's strip, bottom to top (a row is drawn only where some step falls on it)
-CATEGORIES = (IDENTICAL, NORMS_EQUAL, NOT_FINITE)
 
 Value = Union[None, str, int, float]  # None: not recorded at that step; str: a category; a number: the difference
 
@@ -150,8 +150,8 @@ def plot_data(runs: dict, *, stop_at: int, verdict: str, diverged: Optional[dict
     ok = verdict in ("REPRODUCIBLE", "SPLIT-INVARIANT")
     restart_text = "; ".join(f"{', '.join(labs)} resumed from a checkpoint at step {step}"
                              for step, labs in sorted(restarts.items()))
-    subtitle = (f"per step, each run's difference from its reference ({', '.join(p['label'] for p in series)})"
-                + (f"\n{restart_text}" if restart_text else ""))
+    subtitle = (f"a cell per step: the loss, gradient and parameter bits of a run against its reference's "
+                f"({', '.join(p['label'] for p in series)})" + (f"\n{restart_text}" if restart_text else ""))
     annotation = None
     if diverged is not None:
         where = (f"the validation loss of run {diverged['run']} is {diverged['loss']}" if diverged["step"] is None
@@ -165,8 +165,67 @@ def plot_data(runs: dict, *, stop_at: int, verdict: str, diverged: Optional[dict
 
 
 # ----------------------------------------------------------------------------------------------- drawing
-_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+#: the comparisons' colours in the magnitude panels: no green (the map's identical bits) and no red (its differences)
+_COLORS = ("tab:blue", "tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:cyan", "tab:olive", "tab:gray")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_STYLES = ("-", "--", ":", "-.")
+
+#: the map's rows of one comparison, top to bottom: ``(key of the pair's values, row label)``
+MAP_ROWS = (("loss", "loss"), ("grads", "gradients"), ("params", "parameters"))
+#: the colour of a map cell of each kind (a difference of a size: :data:`MAGNITUDE_CMAP`)
+CELL_COLORS = {IDENTICAL: "#9fd49a", NORMS_EQUAL: "#d7c8ee", NOT_FINITE: "#111111", None: "#ffffff",
+               "count": "#d62728"}
+#: what the legend calls each kind of cell
+CELL_LABELS = {IDENTICAL: "identical bits", NORMS_EQUAL: "bits differ, norms equal", NOT_FINITE: "not finite",
+               None: "not recorded", "count": "bits differ (no norms recorded: the number of parameters)"}
+#: the hatching over the map's cells of a step whose loss is not finite (in the run or its reference)
+NONFINITE_HATCH, NONFINITE_EDGE = "////", "tab:red"
+#: the differences coloured by size: a log scale from :data:`MAGNITUDE_RANGE`'s low end (yellow) through orange to
+#: its high end (dark red); a difference outside it takes the colour of the end it passed
+MAGNITUDE_CMAP = ("YlOrRd", 0.2, 1.0)
+MAGNITUDE_RANGE = (1e-10, 1.0)
+
+
+def _magnitude_colors():
+    """``(colormap, norm)`` of the differences' sizes."""
+    import matplotlib
+    from matplotlib.colors import LinearSegmentedColormap, LogNorm
+
+    name, lo, hi = MAGNITUDE_CMAP
+    base = matplotlib.colormaps[name]
+    cmap = LinearSegmentedColormap.from_list("ordered-ssd-differences", base([lo + (hi - lo) * i / 255
+                                                                              for i in range(256)]))
+    return cmap, LogNorm(*MAGNITUDE_RANGE, clip=True)
+
+
+def cell_kind(value: Value, measure: Optional[str]) -> Union[None, str, float]:
+    """What a map cell shows: a category (:data:`IDENTICAL`, :data:`NORMS_EQUAL`, :data:`NOT_FINITE`), None (not
+    recorded), ``"count"`` (digests differ, no norms: ``measure`` ``"count"`` or ``"final"``), or the size of the
+    difference (a float, coloured by :data:`MAGNITUDE_CMAP`)."""
+    if value is None or isinstance(value, str):
+        return value
+    if measure in ("count", "final"):
+        return "count"
+    return float(value)
+
+
+def map_rows(data: dict) -> List[dict]:
+    """The map's rows, top to bottom: per pair its loss, gradient and parameter rows, each ``{"pair", "run", "ref",
+    "row" (the row label), "key", "measure", "values" (the pair's, per step), "cells" (:func:`cell_kind` per
+    step)}``."""
+    measures = {"loss": "number", "grads": data["grads_measure"], "params": data["params_measure"]}
+    return [{"pair": p["label"], "run": p["run"], "ref": p["ref"], "row": name, "key": key, "measure": measures[key],
+             "values": p[key], "cells": [cell_kind(v, measures[key]) for v in p[key]]}
+            for p in data["pairs"] for key, name in MAP_ROWS]
+
+
+def cell_rgba(kind, cmap, norm) -> Tuple[float, float, float, float]:
+    """The RGBA colour of a map cell of :func:`cell_kind` ``kind``."""
+    from matplotlib.colors import to_rgba
+
+    if isinstance(kind, float):
+        return tuple(cmap(norm(max(kind, MAGNITUDE_RANGE[0]))))
+    return to_rgba(CELL_COLORS[kind])
 
 
 def _panel_labels(data: dict) -> Dict[str, str]:
@@ -180,68 +239,122 @@ def _panel_labels(data: dict) -> Dict[str, str]:
             "params": params.get(data["params_measure"], "")}
 
 
-#: a panel's name where it has no difference to draw (its text then says what it shows, and it has no axis label)
-_SHORT = {"loss": "loss", "grads": "gradients", "params": "parameters"}
-
-
 def _drawable(v: Value) -> bool:
-    """Whether a difference goes on a panel's axis: a positive number (else a category of its strip, or nothing)."""
+    """Whether a difference goes on a magnitude panel's axis: a positive number (else a category, or nothing)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 def _has_number(data: dict, key: str) -> bool:
-    """Whether some pair has a difference of metric ``key`` to draw on its axis (else only categories)."""
+    """Whether some pair has a difference of metric ``key`` to draw on a magnitude panel (else no panel)."""
     return any(_drawable(v) for p in data["pairs"] for v in p[key])
 
 
-def _draw_panel(ax, strip, data: dict, key: str, measure: Optional[str], size: float) -> None:
-    """One metric: its numbers on ``ax`` (log axis; a count on a linear one), its categories on ``strip``."""
-    rows = [c for c in CATEGORIES if c == IDENTICAL or any(v == c for p in data["pairs"] for v in p[key])]
+def _draw_map(ax, data: dict, rows: List[dict], steps: List[int], cmap, norm) -> None:
+    """The map: a cell per step (across; ``steps``, consecutive) and per row (:func:`map_rows`, down), coloured by
+    :func:`cell_rgba`; white lines between the comparisons, each comparison's name left of its rows, a count
+    written in its cell (up to 30 steps), the steps whose loss is not finite hatched, and a dashed line just before
+    the step a compared run resumed at, across that comparison's rows."""
+    import matplotlib.transforms as mtransforms
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    n, per = len(steps), len(MAP_ROWS)
+    image = np.ones((len(rows), max(n, 1), 4))
+    for i, row in enumerate(rows):
+        for j, kind in enumerate(row["cells"][:n]):
+            image[i, j] = cell_rgba(kind, cmap, norm)
+    x0 = steps[0] if steps else 0
+    ax.imshow(image, aspect="auto", interpolation="nearest",
+              extent=(x0 - 0.5, x0 + max(n, 1) - 0.5, len(rows) - 0.5, -0.5))
+    if n <= 60:  # a thin white line between the cells, where they are wide enough to show it
+        for x in range(1, n):
+            ax.axvline(x0 + x - 0.5, color="white", linewidth=0.6)
+    for i in range(per, len(rows), per):
+        ax.axhline(i - 0.5, color="white", linewidth=3)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r["row"] for r in rows], fontsize=8)
+    ax.tick_params(axis="y", length=0)
+    left = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
+    for i in range(0, len(rows), per):
+        first = rows[i]
+        name = first["pair"] if len(first["pair"]) <= 10 else first["pair"].replace(" vs ", "\nvs ")
+        name += "\n(control)" if first["run"].startswith("native-") else ""
+        ax.text(-0.115, i + (per - 1) / 2, name, transform=left, ha="right", va="center", fontsize=9,
+                fontweight="bold")
+        nonfinite = set(data["nonfinite"].get(first["run"], [])) | set(data["nonfinite"].get(first["ref"], []))
+        for step in sorted(nonfinite):
+            ax.add_patch(Rectangle((step - 0.5, i - 0.5), 1, per, fill=False, hatch=NONFINITE_HATCH,
+                                   edgecolor=NONFINITE_EDGE, linewidth=0))
+        for r in data["restarts"]:
+            if first["run"] in r["runs"]:
+                ax.plot([r["step"] - 0.5] * 2, [i - 0.5, i + per - 0.5], color="0.1", linestyle="--", linewidth=1.4)
+    if n <= 30:
+        for i, row in enumerate(rows):
+            for j, (kind, value) in enumerate(zip(row["cells"], row["values"])):
+                if kind == "count":
+                    ax.text(x0 + j, i, str(value), ha="center", va="center", fontsize=7, color="white")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def _map_legend(data: dict, rows: List[dict]) -> Tuple[list, int]:
+    """The map's legend: a patch for each kind of cell it holds (``identical bits`` always), the hatching of the
+    steps whose loss is not finite and the restart line; ``(handles, columns)``."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    present = {kind for row in rows for kind in row["cells"] if not isinstance(kind, float)}
+    handles = [Patch(facecolor=CELL_COLORS[kind], edgecolor="0.6", label=CELL_LABELS[kind])
+               for kind in (IDENTICAL, NORMS_EQUAL, NOT_FINITE, "count", None) if kind == IDENTICAL or kind in present]
+    if data["nonfinite"]:
+        handles.append(Patch(facecolor="white", edgecolor=NONFINITE_EDGE, hatch=NONFINITE_HATCH, linewidth=0,
+                             label="the loss of the run or its reference is not finite"))
+    if data["restarts"]:
+        handles.append(Line2D([], [], color="0.1", linestyle="--",
+                              label="resumed from a checkpoint (before step "
+                                    + ", ".join(str(r["step"]) for r in data["restarts"]) + ")"))
+    wide = sum(len(h.get_label()) for h in handles[:3]) > 90
+    return handles, min(len(handles), 2 if wide else 3)
+
+
+def _bar_label(rows: List[dict]) -> str:
+    """The colour bar's label: what its sizes are, for the rows that have one (the loss's in nats per byte, the
+    gradients' and parameters' relative), a line each."""
+    keys = {row["key"] for row in rows if any(isinstance(k, float) for k in row["cells"])}
+    lines = ["size of a difference"] + (["loss: nats/byte"] if "loss" in keys else [])
+    tensors = [name for key, name in MAP_ROWS[1:] if key in keys]
+    if tensors:
+        lines += [", ".join(tensors) + ":", "relative"] if len(tensors) > 1 else [f"{tensors[0]}: relative"]
+    return "\n".join(lines)
+
+
+def _draw_magnitudes(ax, data: dict, key: str, measure: Optional[str], size: float) -> None:
+    """One metric's differences, where the bits differ: per pair a line over the steps with a number (a log axis
+    where they span a decade or more, else a linear one; counts on a linear one); identical steps leave a gap."""
     n_pairs = max(len(data["pairs"]), 1)
-    any_number = False
     for i, pair in enumerate(data["pairs"]):
-        color, marker = _COLORS[i % len(_COLORS)], _MARKERS[i % len(_MARKERS)]
-        xs = pair["steps"]
         ys = [v if _drawable(v) else math.nan for v in pair[key]]
-        if any(not math.isnan(y) for y in ys):
-            any_number = True
-            # the first pair's markers largest: pairs with the same values stay visible, one inside the other
-            grow = 1.0 + 0.8 * (n_pairs - 1 - i) / max(n_pairs - 1, 1)
-            ax.plot(xs, ys, color=color, marker=marker, markersize=size * grow, linewidth=1.0,
-                    linestyle=("-", "--", ":", "-.")[i % 4])
-        offset = (i - (n_pairs - 1) / 2) * min(0.5 / n_pairs, 0.18)
-        for row, category in enumerate(rows):
-            cx = [x for x, v in zip(xs, pair[key]) if v == category]
-            if cx:
-                ax_marker = "x" if category == NOT_FINITE else marker
-                strip.plot(cx, [row + offset] * len(cx), ax_marker, color=color, markersize=size * 0.9,
-                           linestyle="none", markerfacecolor="none" if category != NOT_FINITE else color)
-    strip.set_ylim(-0.5, len(rows) - 0.5)
-    strip.set_yticks(range(len(rows)))
-    strip.set_yticklabels(rows, fontsize=8)
-    strip.tick_params(axis="y", length=0)
-    strip.grid(axis="x", alpha=0.2)
-    name = _SHORT[key]
-    if measure is None:
-        ax.set_yticks([])
-        ax.text(0.5, 0.5, f"{name}: not recorded", transform=ax.transAxes, ha="center", va="center", color="0.4")
-    elif not any_number:
-        ax.set_yticks([])
-        drawn = [v for p in data["pairs"] for v in p[key] if v is not None]
-        same = bool(drawn) and all(v == IDENTICAL for v in drawn)
-        text = (("identical bits in the final parameters" if measure == "final" else
-                 "identical bits at every step compared") if same else "no numeric difference: see the strip below")
-        good = same and data["ok"]  # identical bits in a diverged run: no good news
-        ax.text(0.5, 0.5, f"{name}: {text}", transform=ax.transAxes, ha="center", va="center",
-                color="tab:green" if good else "0.3", fontsize=11)
-    elif measure in ("count", "final"):
+        if all(math.isnan(y) for y in ys):
+            continue
+        # the first pair's markers largest: pairs with the same values stay visible, one inside the other
+        grow = 1.0 + 0.8 * (n_pairs - 1 - i) / max(n_pairs - 1, 1)
+        ax.plot(pair["steps"], ys, color=_COLORS[i % len(_COLORS)], marker=_MARKERS[i % len(_MARKERS)],
+                markersize=size * grow, linewidth=1.0, linestyle=_STYLES[i % len(_STYLES)], label=pair["label"])
+    if measure in ("count", "final"):
         from matplotlib.ticker import MaxNLocator
 
         ax.set_ylim(0.5, max(data["n_params"], 1) + 0.5)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
-        ax.set_yscale("log")
+        drawn = [v for p in data["pairs"] for v in p[key] if _drawable(v)]
         ax.margins(y=0.12)
+        if max(drawn) >= 10 * min(drawn):  # a log axis; within a decade its labels would repeat one rounded value
+            ax.set_yscale("log")
+        else:  # from 0, each tick labelled by its value (no offset label)
+            from matplotlib.ticker import FormatStrFormatter
+
+            ax.set_ylim(0, max(drawn) * 1.15)
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
     ax.grid(alpha=0.25, which="major")
 
 
@@ -257,49 +370,70 @@ def plot(path: str, data: dict) -> Optional[str]:
 
 
 def figure(data: dict):
-    """The matplotlib figure of :func:`plot_data`'s ``data`` (Agg backend): the title (the verdict), the three
-    difference panels with their strips (a panel with no difference to draw a third of the height: its strip
-    shows the steps), the loss curves, a dashed line just before every restart step, the divergence in a red box.
+    """The matplotlib figure of :func:`plot_data`'s ``data`` (Agg backend), top to bottom: the title (the
+    verdict), the divergence in a red box; the map (axes label ``map``: per comparison its loss, gradient and
+    parameter rows, a cell per step, :func:`map_rows`) with a colour bar of the differences' sizes (``colorbar``,
+    only where some cell has a size); a magnitude panel (``loss``, ``grads``, ``params``) for each metric with a
+    difference to draw, and nothing for the others; the loss curves of every run (``curves``). A dashed line just
+    before every step a run resumed at (across its comparison's rows in the map, across the other panels).
     ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
 
+    rows = map_rows(data)
+    ref_steps = data["pairs"][0]["steps"] if data["pairs"] else next(
+        (c["steps"] for c in data["curves"].values()), [])
     n_steps = max([len(p["steps"]) for p in data["pairs"]] + [len(c["steps"]) for c in data["curves"].values()]
                   + [1])
     size = 6 if n_steps <= 40 else 4 if n_steps <= 200 else 2
-    header = 1.7 if data["annotation"] else 1.15  # inches above the first panel: title, subtitle (divergence)
-    panels = (("loss", "number"), ("grads", data["grads_measure"]), ("params", data["params_measure"]))
-    # a panel with no difference to draw (identical bits, or not recorded) is short: its strip says it all
-    tall = {key: _has_number(data, key) for key, _ in panels}
-    ratios = []
-    for key, _ in panels:
-        ratios += [3 if tall[key] else 1.0, 0.7]
-    ratios += [0.75, 2.2]
-    fig = plt.figure(figsize=(9, 0.78 * sum(ratios) + header))
-    grid = fig.add_gridspec(8, 1, height_ratios=ratios, hspace=0.08)
-    axes = {}
-    share = None
+    magnitudes = [key for key, _ in MAP_ROWS if _has_number(data, key)]
+    measures = {"loss": "number", "grads": data["grads_measure"], "params": data["params_measure"]}
+    cmap, norm = _magnitude_colors()
+    sized = any(isinstance(k, float) for row in rows for k in row["cells"])
+    handles, columns = _map_legend(data, rows)
+    # heights in inches: the header, the map's legend, the map (a row a quarter inch), the panels below
+    header = 1.3 if data["annotation"] else 0.8
+    heights = [0.22 + 0.18 * math.ceil(len(handles) / columns), max(len(rows), 1) * 0.25]
+    for i, _ in enumerate(magnitudes):  # the first with its legend above it
+        heights += [0.85 if i == 0 else 0.35, 1.6]
+    heights += [0.85 if not magnitudes else 0.75, 1.9]
+    bottom = 0.5
+    fig = plt.figure(figsize=(9, header + sum(heights) + bottom))
+    grid = fig.add_gridspec(len(heights), 2, height_ratios=heights, width_ratios=(60, 1), hspace=0.0,
+                            wspace=0.03)
+    map_ax = fig.add_subplot(grid[1, 0])
+    map_ax.set_label("map")
+    _draw_map(map_ax, data, rows, ref_steps, cmap, norm)
+    map_ax.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=columns,
+                  frameon=False, handlelength=1.6)
+    if sized:
+        from matplotlib.cm import ScalarMappable
+
+        bar_ax = fig.add_subplot(grid[1, 1])
+        bar_ax.set_label("colorbar")
+        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=bar_ax, extend="both")
+        bar.set_label(_bar_label(rows), fontsize=7)
+        bar.ax.tick_params(labelsize=7)
+    axes = [map_ax]
     labels = _panel_labels(data)
-    for i, (key, measure) in enumerate(panels):
-        ax = fig.add_subplot(grid[2 * i], sharex=share)
-        share = share or ax
-        strip = fig.add_subplot(grid[2 * i + 1], sharex=share)
-        _draw_panel(ax, strip, data, key, measure, size)
-        if tall[key]:
-            ax.set_ylabel(labels[key], fontsize=9)
-        ax.tick_params(axis="x", labelbottom=False)
-        if i < 2:
-            strip.tick_params(axis="x", labelbottom=False)
-        axes[key], axes[key + "_strip"] = ax, strip
-    curves = fig.add_subplot(grid[7], sharex=share)
-    styles = ("-", "--", ":", "-.")
+    for i, key in enumerate(magnitudes):
+        ax = fig.add_subplot(grid[3 + 2 * i, 0], sharex=map_ax)
+        ax.set_label(key)
+        _draw_magnitudes(ax, data, key, measures[key], size)
+        ax.set_ylabel(labels[key], fontsize=8)
+        if i == 0:
+            ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=min(len(data["pairs"]), 4),
+                      frameon=False, title="the size of each difference, at the steps whose bits differ",
+                      title_fontsize=8, alignment="left")
+        axes.append(ax)
+    curves = fig.add_subplot(grid[len(heights) - 1, 0], sharex=map_ax)
+    curves.set_label("curves")
     for i, (lab, c) in enumerate(data["curves"].items()):
         finite = [(x, y) for x, y in zip(c["steps"], c["loss"]) if math.isfinite(y)]
         mixer = f" ({c['mixer']})" if c.get("mixer") else ""
-        curves.plot([x for x, _ in finite], [y for _, y in finite], styles[i % len(styles)], linewidth=1.2,
+        curves.plot([x for x, _ in finite], [y for _, y in finite], _STYLES[i % len(_STYLES)], linewidth=1.2,
                     label=f"{lab}{mixer}", marker="." if len(finite) < 3 else None)
     if data["nonfinite"]:
         import matplotlib.transforms as mtransforms
@@ -315,29 +449,28 @@ def figure(data: dict):
     curves.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=min(len(data["curves"]), 5),
                   frameon=False, title="the loss of every run", title_fontsize=8, alignment="left")
     curves.grid(alpha=0.25)
-    if n_steps <= 20:
-        curves.set_xticks(range(n_steps))
+    axes.append(curves)
     for r in data["restarts"]:
-        for ax in list(axes.values()) + [curves]:
+        for ax in axes[1:]:
             ax.axvline(r["step"] - 0.5, color="0.35", linestyle="--", linewidth=1.0)
-    handles = [Line2D([], [], color=_COLORS[i % len(_COLORS)], marker=_MARKERS[i % len(_MARKERS)],
-                      linestyle=("-", "--", ":", "-.")[i % 4],
-                      label=p["label"] + (" (control)" if p["run"].startswith("native-") else ""))
-               for i, p in enumerate(data["pairs"])]
-    if data["restarts"]:
-        handles.append(Line2D([], [], color="0.35", linestyle="--",
-                              label="restart from a checkpoint (before step "
-                                    + ", ".join(str(r["step"]) for r in data["restarts"]) + ")"))
-    axes["loss"].legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0),
-                        ncol=min(len(handles), 4), frameon=False)
+    x0 = ref_steps[0] if ref_steps else 0
+    map_ax.set_xlim(x0 - 0.5, x0 + n_steps - 0.5)
+    if n_steps <= 20:
+        map_ax.set_xticks(range(x0, x0 + n_steps))
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        map_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes:
+        ax.tick_params(axis="x", labelbottom=True, labelsize=8)
     height = fig.get_figheight()
     fig.suptitle(data["title"], fontsize=14, fontweight="bold", color="tab:green" if data["ok"] else "tab:red",
                  y=1 - 0.08 / height)
-    fig.text(0.5, 1 - 0.45 / height, data["subtitle"], ha="center", va="top", fontsize=9)
+    fig.text(0.5, 1 - 0.42 / height, data["subtitle"], ha="center", va="top", fontsize=9)
     if data["annotation"]:
         fig.text(0.5, 1 - 0.9 / height, textwrap.fill(data["annotation"], 100), ha="center", va="top", fontsize=10,
                  color="tab:red", bbox={"facecolor": "white", "edgecolor": "tab:red", "boxstyle": "round"})
-    fig.subplots_adjust(left=0.2, right=0.97, top=1 - header / height, bottom=0.5 / height)
+    fig.subplots_adjust(left=0.2, right=0.9, top=1 - header / height, bottom=bottom / height)
     return fig
 
 

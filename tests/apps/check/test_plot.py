@@ -1,11 +1,13 @@
 """``loss.png`` (:mod:`ordered_ssd.apps.check.plot`): what is drawn per step is each run's difference from its
-reference; identical bits on their own row; the restart, the verdict and a divergence in the figure."""
+reference: a map of cells (identical bits in one colour, a difference coloured by its size or by its category), a
+magnitude panel only for what differs, the loss curves; the restart, the verdict and a divergence in the figure."""
 import math
 
 import pytest
 
-from ordered_ssd.apps.check.plot import (IDENTICAL, NORMS_EQUAL, NOT_FINITE, differences, figure, plot, plot_data,
-                                         plot_pairs, tensor_difference)
+from ordered_ssd.apps.check.plot import (CELL_COLORS, CELL_LABELS, IDENTICAL, MAGNITUDE_RANGE, NORMS_EQUAL, NOT_FINITE,
+                                         _magnitude_colors, cell_kind, differences, figure, map_rows, plot,
+                                         plot_data, plot_pairs, tensor_difference)
 
 NAMES = ["w", "v", "u"]
 
@@ -32,6 +34,32 @@ def _rec(losses, grads=None, params=None, final="f", grad_norms=None, param_norm
 LOSSES = [5.5, 5.25, 5.0, 4.75]
 
 
+def _axes(fig) -> dict:
+    """The figure's axes by their labels (``map``, ``colorbar``, ``loss``, ``grads``, ``params``, ``curves``)."""
+    return {ax.get_label(): ax for ax in fig.axes}
+
+
+def _cells(ax):
+    """The map's cell colours, ``[row][step]`` as RGBA tuples."""
+    image = ax.images[0].get_array()
+    return [[tuple(float(c) for c in image[i, j]) for j in range(image.shape[1])] for i in range(image.shape[0])]
+
+
+def _rgba(color):
+    from matplotlib.colors import to_rgba
+
+    return tuple(float(c) for c in to_rgba(color))
+
+
+GREEN, WHITE, BLACK = _rgba(CELL_COLORS[IDENTICAL]), _rgba(CELL_COLORS[None]), _rgba(CELL_COLORS[NOT_FINITE])
+
+
+def _close(fig):
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def test_identical_runs_are_identical_at_every_step_and_the_restart_and_verdict_are_drawn():
     a = _rec(LOSSES)
     runs = {"a": a, "b": _rec(LOSSES), "c": _rec(LOSSES)}
@@ -48,26 +76,25 @@ def test_identical_runs_are_identical_at_every_step_and_the_restart_and_verdict_
     fig = figure(data)
     try:
         assert fig._suptitle.get_text() == "ordered-ssd check: REPRODUCIBLE"
-        restart_lines = {tuple(line.get_xdata()) for ax in fig.axes for line in ax.lines
-                         if line.get_linestyle() == "--" and len(line.get_xdata()) == 2}
-        assert restart_lines == {(1.5, 1.5)}  # just before step 2, in every panel
-        assert sum(1 for ax in fig.axes for line in ax.lines if tuple(line.get_xdata()) == (1.5, 1.5)) == 7
-        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-        assert texts == ["loss: identical bits at every step compared",
-                         "gradients: identical bits at every step compared",
-                         "parameters: identical bits in the final parameters"]
-        # nothing to draw on their axes: short panels, no axis label; the loss curves keep their size and label
-        heights = [ax.get_position().height for ax in fig.axes]
-        assert max(heights[:6:2]) < 0.5 * heights[6] and [ax.get_ylabel() for ax in fig.axes[:6:2]] == [""] * 3
-        strips = [ax for ax in fig.axes if [t.get_text() for t in ax.get_yticklabels()] == [IDENTICAL]]
-        assert len(strips) == 3
-        # every pair has a marker on the identical row at every step of the loss strip
-        xs = sorted(x for line in strips[0].lines if line.get_linestyle() == "None" for x in line.get_xdata())
-        assert xs == [0, 0, 1, 1, 2, 2, 3, 3]
+        axes = _axes(fig)
+        # nothing differs: the map and the loss curves only, no magnitude panel and no colour bar
+        assert list(axes) == ["map", "curves"]
+        cells = _cells(axes["map"])
+        assert [t.get_text() for t in axes["map"].get_yticklabels()] == ["loss", "gradients", "parameters"] * 2
+        assert [t.get_text() for t in axes["map"].texts] == ["b vs a", "c vs a"]
+        # every loss and gradient cell green; the parameters recorded at the last step only (white before it)
+        for pair in (0, 1):
+            assert cells[3 * pair] == cells[3 * pair + 1] == [GREEN] * 4
+            assert cells[3 * pair + 2] == [WHITE, WHITE, WHITE, GREEN]
+        legend = [t.get_text() for t in axes["map"].get_legend().get_texts()]
+        assert legend == ["identical bits", "not recorded", "resumed from a checkpoint (before step 2)"]
+        # the restart: just before step 2, across c's rows of the map (3 to 5) and across the loss curves
+        dashed = [(ax.get_label(), tuple(line.get_xdata()), tuple(line.get_ydata())) for ax in fig.axes
+                  for line in ax.lines if line.get_linestyle() == "--" and tuple(line.get_xdata()) == (1.5, 1.5)]
+        assert dashed == [("map", (1.5, 1.5), (2.5, 5.5)), ("curves", (1.5, 1.5), (0, 1))]
+        assert axes["map"].get_position().height < axes["curves"].get_position().height
     finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+        _close(fig)
 
 
 def test_a_failing_split_has_positive_differences_from_the_step_it_differs():
@@ -88,22 +115,70 @@ def test_a_failing_split_has_positive_differences_from_the_step_it_differs():
     assert data["params_measure"] == "count" and data["restarts"] == [{"step": 2, "runs": ["replay"]}]
     assert data["title"] == "ordered-ssd check --split-invariance: NOT SPLIT-INVARIANT" and data["ok"] is False
     assert differences(data)["pairs"]["2x2 vs 1x4"]["grads"] == [IDENTICAL, 2, 1, 3]
+    rows = map_rows(data)
+    assert [r["cells"] for r in rows[:3]] == [[IDENTICAL, IDENTICAL, 2 ** -20, 2 ** -20],
+                                              [IDENTICAL, "count", "count", "count"],
+                                              [IDENTICAL, "count", "count", "count"]]
     fig = figure(data)
     try:
-        loss_ax = fig.axes[0]
-        assert loss_ax.get_yscale() == "log"
-        # every panel has differences to draw: full height, labelled
-        heights = [ax.get_position().height for ax in fig.axes]
-        assert min(heights[:6:2]) > heights[6] and all(ax.get_ylabel() for ax in fig.axes[:6:2])
-        drawn = [line for line in loss_ax.lines if len(line.get_xdata()) == 4 and not math.isnan(line.get_ydata()[2])]
+        axes = _axes(fig)
+        # every metric has a difference to draw: a magnitude panel each, and the colour bar of the loss's sizes
+        assert list(axes) == ["map", "colorbar", "loss", "grads", "params", "curves"]
+        cmap, norm = _magnitude_colors()
+        size = tuple(float(c) for c in cmap(norm(2 ** -20)))
+        red = _rgba(CELL_COLORS["count"])
+        cells = _cells(axes["map"])
+        assert cells[0] == [GREEN, GREEN, size, size] and size not in (GREEN, red)
+        assert cells[1] == cells[2] == [GREEN, red, red, red]
+        assert all(row == [GREEN] * 4 for row in cells[3:])  # the replay
+        # the counts written in their cells (gradients row, then parameters row)
+        assert [t.get_text() for t in axes["map"].texts[2:]] == ["2", "1", "3", "1", "1", "2"]
+        legend = [t.get_text() for t in axes["map"].get_legend().get_texts()]
+        assert legend == ["identical bits", CELL_LABELS["count"], "resumed from a checkpoint (before step 2)"]
+        assert axes["colorbar"].get_ylabel() == "size of a difference\nloss: nats/byte"
+        # the loss panel: the two equal differences on a linear axis from 0; identical steps leave a gap
+        loss_ax = axes["loss"]
+        assert loss_ax.get_yscale() == "linear" and loss_ax.get_ylim()[0] == 0
+        drawn = [line for line in loss_ax.lines if len(line.get_xdata()) == 4]
         assert len(drawn) == 1 and list(drawn[0].get_ydata()[2:]) == [2 ** -20, 2 ** -20]
-        assert all(math.isnan(y) for y in drawn[0].get_ydata()[:2])  # identical: on the strip, not the log axis
-        legend = [t.get_text() for t in loss_ax.get_legend().get_texts()]
-        assert legend[:2] == ["2x2 vs 1x4", "replay vs 1x4"] and legend[2].startswith("restart from a checkpoint")
+        assert all(math.isnan(y) for y in drawn[0].get_ydata()[:2])
+        assert [t.get_text() for t in loss_ax.get_legend().get_texts()] == ["2x2 vs 1x4"]  # the replay: nothing
+        assert axes["grads"].get_ylim() == (0.5, 3.5) and axes["grads"].get_yscale() == "linear"
     finally:
-        import matplotlib.pyplot as plt
+        _close(fig)
 
-        plt.close(fig)
+
+def test_a_magnitude_panel_only_for_what_differs_and_sizes_on_a_log_scale():
+    """Only the gradients differ (relative norm differences 1e-7 and 1e-4): one magnitude panel, on a log axis;
+    the map colours the two by their sizes, the larger darker."""
+    norms = [{"w": 1.0, "v": 1.0, "u": 1.0}] * 3
+    other = [{"w": 1.0, "v": 1.0, "u": 1.0}, {"w": 1.0 + 1e-7, "v": 1.0, "u": 1.0}, {"w": 1.0 + 1e-4, "v": 1.0, "u": 1.0}]
+    ref = _rec(LOSSES[:3], grad_norms=norms)
+    run = _rec(LOSSES[:3], grads={1: {"w": "!"}, 2: {"w": "!"}}, grad_norms=other)
+    data = plot_data({"a": ref, "b": run, "c": ref}, stop_at=1, verdict="NOT REPRODUCIBLE")
+    assert data["pairs"][0]["grads"] == [IDENTICAL, pytest.approx(1e-7, rel=1e-6), pytest.approx(1e-4, rel=1e-9)]
+    fig = figure(data)
+    try:
+        axes = _axes(fig)
+        assert list(axes) == ["map", "colorbar", "grads", "curves"]
+        assert axes["grads"].get_yscale() == "log"
+        assert axes["colorbar"].get_ylabel() == "size of a difference\ngradients: relative"
+        cells = _cells(axes["map"])
+        cmap, norm = _magnitude_colors()
+        small, large = (tuple(float(c) for c in cmap(norm(v))) for v in data["pairs"][0]["grads"][1:])
+        assert cells[1] == [GREEN, small, large] and small != large
+        assert sum(large[:3]) < sum(small[:3])  # the larger difference is the darker colour
+        assert cells[0] == [GREEN] * 3 and cells[2] == [WHITE, WHITE, GREEN]  # the final parameters only
+    finally:
+        _close(fig)
+
+
+def test_cell_kinds():
+    assert cell_kind(IDENTICAL, "norm") == IDENTICAL and cell_kind(None, "norm") is None
+    assert cell_kind(NOT_FINITE, "norm") == NOT_FINITE and cell_kind(NORMS_EQUAL, "norm") == NORMS_EQUAL
+    assert cell_kind(3, "count") == "count" and cell_kind(1, "final") == "count"
+    assert cell_kind(2.5e-7, "norm") == 2.5e-7 and cell_kind(2.5e-7, "number") == 2.5e-7
+    assert MAGNITUDE_RANGE == (1e-10, 1.0)
 
 
 def test_with_recorded_norms_the_gradient_panel_is_the_largest_relative_norm_difference():
@@ -138,16 +213,23 @@ def test_a_diverged_run_is_annotated_and_its_non_finite_steps_are_marked():
     try:
         texts = [t.get_text().replace("\n", " ") for t in fig.texts]
         assert data["annotation"] in texts
-        curves = fig.axes[-1]
+        axes = _axes(fig)
+        assert list(axes) == ["map", "curves"]  # a category is no size: no colour bar, no magnitude panel
+        curves = axes["curves"]
         assert any(t.get_text() == "x: loss not finite (run a, b, c) from step 1" for t in curves.texts)
         finite = [line for line in curves.lines if line.get_label() in ("a (ordered)", "b (ordered)")]
         assert [list(line.get_xdata()) for line in finite] == [[0], [0]]  # the finite step still drawn
-        strip = fig.axes[1]
-        assert [t.get_text() for t in strip.get_yticklabels()] == [IDENTICAL, NOT_FINITE]
+        cells = _cells(axes["map"])
+        assert cells[3] == [GREEN, BLACK, GREEN]  # c's loss at step 1: inf against nan
+        # steps 1 and 2 of both pairs hatched: the loss of the run or its reference is not finite
+        hatched = sorted((p.get_x(), p.get_y()) for p in axes["map"].patches if p.get_hatch())
+        assert hatched == [(0.5, -0.5), (0.5, 2.5), (1.5, -0.5), (1.5, 2.5)]
+        legend = [t.get_text() for t in axes["map"].get_legend().get_texts()]
+        assert legend == ["identical bits", "not finite", "not recorded",
+                          "the loss of the run or its reference is not finite",
+                          "resumed from a checkpoint (before step 1)"]
     finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+        _close(fig)
 
 
 def test_the_native_control_is_compared_with_its_own_first_run(tmp_path):
@@ -160,5 +242,12 @@ def test_the_native_control_is_compared_with_its_own_first_run(tmp_path):
     assert native["label"] == "native-2 vs native-1"
     assert native["loss"] == [IDENTICAL, IDENTICAL, pytest.approx(2 ** -18, rel=1e-12), IDENTICAL]
     assert native["grads"] == [IDENTICAL, 1, IDENTICAL, IDENTICAL]
+    fig = figure(data)
+    try:
+        # the pairs' names, then the count of native-2's differing gradients (no norms recorded) in its cell
+        assert [t.get_text() for t in _axes(fig)["map"].texts] == ["b vs a", "c vs a",
+                                                                  "native-2\nvs native-1\n(control)", "1"]
+    finally:
+        _close(fig)
     assert plot(str(tmp_path / "loss.png"), data) is None
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
