@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .naive import reference_gated_rmsnorm
 from .ordered import (_NAMESPACE, OP_TAGS, _autograd_inside_custom_op, backward_op_fake, per_example_ordered_bwd,
-                      register_reference_autograd)
+                      register_reference_autograd, warn_if_autocast)
 
 __all__ = ["Mamba3Dims", "Mamba3Params", "Mamba3States", "reference_mamba3_rotary", "reference_mamba3_recurrence",
            "reference_mamba3_scan", "reference_mamba3_layer", "reference_mamba3_step", "ordered_reference_mamba3",
@@ -401,5 +401,7 @@ def ordered_reference_mamba3(u: torch.Tensor, params: Mamba3Params, dims: Mamba3
     """Differentiable :func:`reference_mamba3_layer` whose backward is :func:`ordered_reference_mamba3_bwd`: the
     custom op ``ordered_ssd::reference_mamba3`` (``torch.compile`` traces it without a graph break and runs it as
     in eager mode, so a compiled model gets the eager bits). No argument checking here; ``OrderedMamba3`` validates
-    its inputs."""
+    its inputs. Under autocast it computes in ``u``'s dtype all the same, and warns once per process
+    (:func:`~ordered_ssd.reference.ordered.warn_if_autocast`)."""
+    warn_if_autocast(u)
     return _reference_mamba3(u, cu_seqlens, *params, *_dims_args(dims))

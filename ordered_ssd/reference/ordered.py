@@ -19,6 +19,7 @@ over ``b = 0, 1, ..., B-1`` with :class:`ordered_ssd.fold.LexicalFold`. Hence:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import List, Optional, Tuple
 
 import torch
@@ -215,11 +216,37 @@ _reference_mamba2_backward.register_fake(backward_op_fake)
 register_reference_autograd(_reference_mamba2, _reference_mamba2_backward, len(Mamba2Params._fields))
 
 
+#: Whether :func:`warn_if_autocast` has warned in this process (it warns once).
+_AUTOCAST_WARNED = False
+
+
+def warn_if_autocast(u: torch.Tensor) -> None:
+    """Warn, once per process, when autocast is on for ``u``'s device type: the reference path does not autocast.
+
+    Its custom ops run their bodies with autocast off (as under ``torch.compile``, where a custom op's body runs
+    without it), so the layer computes in ``u``'s dtype (fp32 or fp64, the parameters') and returns that dtype,
+    with the bits of a run without autocast. Not checked while ``torch.compile`` traces."""
+    global _AUTOCAST_WARNED
+    if _AUTOCAST_WARNED or u.device.type not in ("cpu", "cuda") or torch.compiler.is_compiling():
+        return
+    if not torch.is_autocast_enabled(u.device.type):
+        return
+    _AUTOCAST_WARNED = True
+    warnings.warn(
+        f"ordered-ssd: torch.autocast is on for {u.device.type!r} (dtype "
+        f"{torch.get_autocast_dtype(u.device.type)}), but the reference path (OrderedMamba2 and OrderedMamba3 on "
+        f"the CPU and in fp64) does not autocast: it computes the forward and the ordered backward in the input's "
+        f"dtype, {u.dtype}, returns {u.dtype}, and gives the bits of a run without autocast. Shown once per "
+        f"process (docs/guarantees.md, \"Autocast\").", UserWarning, stacklevel=3)
+
+
 def ordered_reference_mamba2(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
                              seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Differentiable reference layer whose backward is ordered (see the module docstring): the custom op
     ``ordered_ssd::reference_mamba2`` (traced by ``torch.compile`` without a graph break, run as in eager mode).
 
-    No argument checking happens here; :class:`ordered_ssd.OrderedMamba2` validates its inputs.
+    No argument checking happens here; :class:`ordered_ssd.OrderedMamba2` validates its inputs. Under autocast it
+    computes in ``u``'s dtype all the same, and warns once per process (:func:`warn_if_autocast`).
     """
+    warn_if_autocast(u)
     return _reference_mamba2(u, seq_idx, *params, *_dims_args(dims))

@@ -152,6 +152,7 @@ def test_native_check_is_a_constant_for_dynamo(monkeypatch, fresh_dynamo):
     assert out.shape == (2, 48, 64) and len(graphs) == 1
 
 
+@pytest.mark.filterwarnings("ignore:ordered-ssd. torch.autocast is on:UserWarning")  # tests/reference/test_autocast.py
 def test_reference_path_ignores_cpu_autocast(fresh_dynamo):
     """The reference computes in its parameters' dtype under CPU autocast, eager and compiled alike (custom-op
     bodies run without autocast under torch.compile, and the op says so in eager mode too)."""
