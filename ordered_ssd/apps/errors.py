@@ -8,6 +8,12 @@ from typing import Callable, NoReturn, Tuple, Type
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 
 
+def plural(n: int, word: str, many: str = "") -> str:
+    """``n`` and the noun ``word`` agreeing with it, for a printed or error line: ``"1 layer"``, ``"2 layers"``,
+    ``"0 layers"``; ``many``: the plural where it is not ``word + "s"`` (``plural(n, "process", "processes")``)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 class AppError(RuntimeError):
     """A user-facing failure (bad argument, missing requirement, unwritable output, failed run): one-line
     message, exit status 2."""

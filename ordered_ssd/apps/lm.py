@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..digest import tensor_sha256
+from .errors import plural
 
 VOCAB = 256
 
@@ -221,11 +222,13 @@ def load_corpus(path: Optional[str], max_bytes: int, memory: Optional[int] = Non
         skipped: List[str] = []
         root, files = path, _text_files(path, skipped)
         where = f"directory {path}"
-        source = f"{where} ({len(files)} files, sorted by path)"
+        source = f"{where} ({plural(len(files), 'file')}, sorted by path)"
         if skipped:
             skipped.sort()
-            source = (f"directory {path} ({len(files)} files, sorted by path; skipped {len(skipped)} special "
-                      f"file(s), not regular files: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})")
+            kinds = "a FIFO, device or socket" if len(skipped) == 1 else "FIFOs, devices or sockets"
+            source = (f"directory {path} ({plural(len(files), 'file')}, sorted by path; skipped "
+                      f"{plural(len(skipped), 'special file')} ({kinds}): "
+                      f"{', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})")
     elif _is_special(path):
         raise DataError(f"--data: expected a regular file or a directory, got {path} (a FIFO, device or socket)")
     else:
@@ -256,7 +259,7 @@ def load_corpus(path: Optional[str], max_bytes: int, memory: Optional[int] = Non
         total += len(data)
         cut = more  # the last file read decides, where no file is left unread
     if binary:
-        source += (f"; skipped {len(binary)} binary file(s), with a NUL byte in their first {BINARY_SNIFF_BYTES} "
+        source += (f"; skipped {plural(len(binary), 'binary file')}, with a NUL byte in the first {BINARY_SNIFF_BYTES} "
                    f"bytes: {', '.join(binary[:5])}{', ...' if len(binary) > 5 else ''}")
     corpus = b"".join(chunks)
     if not corpus:

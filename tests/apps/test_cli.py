@@ -27,6 +27,21 @@ def test_check_usage_errors_are_one_line(args, message, tmp_path, capsys):
     assert not (tmp_path / "o" / "report.json").exists()
 
 
+def test_native_without_a_gpu_says_what_chose_the_cpu(tmp_path, capsys, monkeypatch):
+    """--native where torch sees no GPU: without --device the line says --device auto chose the CPU (the user
+    passed no --device cpu); with --device cpu it names that flag."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    no_device = [a for i, a in enumerate(TINY) if "--device" not in (a, TINY[i - 1] if i else "")]
+    assert "--device" not in no_device and "cpu" not in no_device
+    head = "ordered-ssd check: error: --native: the native Mamba2 control needs a CUDA device (and mamba-ssm), got "
+    assert main(["check", *no_device, "--native", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (head + "no CUDA GPU: torch sees none here, so --device auto (the default) "
+                                       "chose the CPU\n")
+    assert main(["check", *no_device, "--device", "cpu", "--native", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == head + "--device cpu\n"
+    assert not (tmp_path / "o").exists()
+
+
 def test_empty_data_and_unwritable_output(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")

@@ -99,7 +99,7 @@ def test_check_fsdp_with_a_killed_rank_on_cuda(tmp_path):
                   "--stop-at", "2", "--data-bytes", "200000", "--split-invariance", "--splits", "1x2", "--fsdp",
                   "--kill-rank", "--quiet", "--out", str(out))
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout
-    assert "ddp-1x2 (1 rank(s) x 2 accumulation step(s) without FSDP) vs 1x2: identical" in res.stdout
+    assert "ddp-1x2 (1 rank x 2 accumulation steps without FSDP) vs 1x2: identical" in res.stdout
     assert "kill (split 1x2, last rank killed in step 2, torchrun restart resumed from step 2) vs 1x2: identical" \
         in res.stdout
     assert "verdict: SPLIT-INVARIANT: 4 steps" in res.stdout

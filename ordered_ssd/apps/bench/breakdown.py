@@ -7,6 +7,7 @@ from typing import Callable, Dict, Iterable, List, Sequence
 
 import torch
 
+from ..errors import plural
 from ..files import atomic_write_bytes
 from .runner import LayerRunner, error_text, free_memory, sync
 from .shapes import Shape
@@ -100,7 +101,7 @@ def profile_breakdown(shape: Shape, modes: Sequence[str], settings: dict, device
                     cats[k["category"]] = cats.get(k["category"], 0.0) + k["ms_per_step"]
                 out["modes"][m] = {"kernels": kernels, "categories": cats, "error": None,
                                    "total_ms_per_step": sum(k["ms_per_step"] for k in kernels)}
-                log(f"breakdown {shape.name} {m}: {len(kernels)} kernels, "
+                log(f"breakdown {shape.name} {m}: {plural(len(kernels), 'kernel')}, "
                     f"{out['modes'][m]['total_ms_per_step']:.3f} ms/step")
             except Exception as e:  # noqa: BLE001
                 out["modes"][m] = {"kernels": [], "categories": {}, "total_ms_per_step": None, "error": error_text(e)}

@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ...modules import NATIVE_LAYERS
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, plural
 from ..files import atomic_write_bytes
 from .children import child_env, deterministic_mode_here
 from .runner import LayerRunner, device_is_cuda, error_text, free_memory, resolve_device, sync
@@ -211,7 +211,7 @@ def run_precompile(shapes: Sequence[Shape], modes: Sequence[str], device: str, j
     def over() -> bool:
         return deadline is not None and time.monotonic() > deadline
 
-    log(f"precompile: {len(tasks)} tasks in up to {jobs} worker processes")
+    log(f"precompile: {plural(len(tasks), 'task')} in up to {plural(jobs, 'worker process', 'worker processes')}")
     try:
         while pending or running:
             while pending and len(running) < jobs and not over():

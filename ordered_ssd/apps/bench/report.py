@@ -5,6 +5,7 @@ import json
 import os
 from typing import Optional, Sequence
 
+from ..errors import plural
 from ..files import atomic_savefig, atomic_write_bytes
 from .requirements import BenchError
 from .shapes import LAYER_NAMES, LAYERS, MODES, result_layer
@@ -69,7 +70,7 @@ def targets_summary(results: dict) -> str:
         return ""
     det = ", ordered ≤ upstream-det" if layer == "mamba2" else ""
     line = (f"Targets (ordered / native ≤ {TARGET_TIME:.2f} step time and ≤ {TARGET_MEMORY:.2f} peak memory{det}): "
-            f"all met on {len(met)} of {total} shapes" + (f" ({', '.join(met)})" if met else ""))
+            f"all met on {len(met)} of {plural(total, 'shape')}" + (f" ({', '.join(met)})" if met else ""))
     if missed:
         line += f"; missed on {', '.join(missed)}"
     if partial:

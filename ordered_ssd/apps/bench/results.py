@@ -38,6 +38,7 @@ import json
 import os
 from typing import List, Optional
 
+from ..errors import plural
 from ..files import atomic_write_bytes
 from .report import format_table, measured
 from .requirements import BenchError
@@ -263,7 +264,7 @@ def render(path: str, index: Optional[int] = None, layer: Optional[str] = None) 
     runs = load_runs(path, "--render")
     if index is not None:
         if not 0 <= index < len(runs):
-            raise BenchError(f"--render-run: {path} has {len(runs)} run(s), no run {index}")
+            raise BenchError(f"--render-run: {path} has {plural(len(runs), 'run')}, no run {index}")
         runs = runs[index:index + 1]
     sections = [(name, layer_runs(runs, name)) for name in LAYERS if layer is None or name == layer]
     sections = [(name, part) for name, part in sections if part]

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ...fingerprint import package_versions
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, plural
 from ..files import prepare_out_dir
 from .args import resolve_breakdown_shape, resolve_layer, resolve_settings, resolve_shapes, shape_settings
 from .breakdown import profile_breakdown, write_breakdown
@@ -347,7 +347,7 @@ def _child_phase(shapes: Sequence[Shape], settings: dict, device, args, results:
         # ordered beside upstream-det in its process: a ratio of the two measured in one process; beside the fresh
         # native too, so that both children time their native layer interleaved with the same second layer
         extra = ("ordered",) if "ordered" in results["modes"] else ()
-        log(f"starting the {kind} child process ({len(shapes)} shapes{', with ordered' if extra else ''})")
+        log(f"starting the {kind} child process ({plural(len(shapes), 'shape')}{', with ordered' if extra else ''})")
         free_memory(device)
         child = run_child(kind, shapes, settings, str(device), extra_modes=extra, deadline=deadline, log=log)
         results["children"][kind] = {k: child[k] for k in ("returncode", "meta", "error", "wall_s")}

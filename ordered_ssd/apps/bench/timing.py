@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..errors import plural
 from .breakdown import kernel_category, profile_events
 from .runner import LayerRunner, error_text, free_memory, sync
 from .shapes import Shape, result_layer
@@ -142,7 +143,7 @@ def bench_shape(shape: Shape, modes: Sequence[str], settings: dict, device: torc
             sync(device)
             alive.append(m)
             rows[m] = {"mode": m, "process": "this", "warmup_s": round(time.perf_counter() - t0, 3)}
-            log(f"{shape.name} {m}: warm-up {settings['warmup']} steps {time.perf_counter() - t0:.1f} s")
+            log(f"{shape.name} {m}: warm-up {plural(settings['warmup'], 'step')} {time.perf_counter() - t0:.1f} s")
         except Exception as e:  # noqa: BLE001
             rows[m] = {"mode": m, "error": "warm-up: " + error_text(e)}
             log(f"{shape.name} {m}: {rows[m]['error']}")
@@ -222,7 +223,8 @@ def count_launches(shape: Shape, modes: Sequence[str], settings: dict, device: t
             for name, _ in events:
                 cats[kernel_category(name)] = cats.get(kernel_category(name), 0) + 1.0 / steps
             out[m] = {"launches": len(events) / steps, "launch_steps": steps, "launches_by_category": cats}
-            log(f"{shape.name} {m}: {out[m]['launches']:g} launches per step")
+            n = out[m]["launches"]
+            log(f"{shape.name} {m}: {n:g} {'launch' if n == 1 else 'launches'} per step")
         except Exception as e:  # noqa: BLE001
             out[m] = {"launches_error": error_text(e)}
         runner.zero_grads()

@@ -3,7 +3,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from ..errors import AppError
+from ..errors import AppError, plural  # noqa: F401 (plural: the check's modules import it from here)
 
 
 class CheckError(AppError):
@@ -14,12 +14,6 @@ def first_line(e: BaseException) -> str:
     """The first non-blank line of ``e``'s message (stripped; ``""`` for an empty one): the part of a library's
     multi-line error that fits in the check's one-line errors."""
     return next((line for line in str(e).splitlines() if line.strip()), "").strip()
-
-
-def plural(n: int, word: str, many: str = "") -> str:
-    """``n`` and the noun ``word`` agreeing with it, for a printed or error line: ``"1 layer"``, ``"2 layers"``,
-    ``"0 layers"``; ``many``: the plural where it is not ``word + "s"`` (``plural(n, "process", "processes")``)."""
-    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def describe_path(path: str) -> str:

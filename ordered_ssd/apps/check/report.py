@@ -62,6 +62,7 @@ def compare_runs(ref: dict, other: dict) -> dict:
         out["final_equal"] = ref["final"] == other["final"]
     out["steps"] = [len(ref["steps"]), len(other["steps"])]
     out["val_loss_equal"] = ref.get("val_loss") == other.get("val_loss")
+    out["val_losses"] = [ref.get("val_loss"), other.get("val_loss")]  # float.hex (or None)
     out["identical"] = (out["same_length"] and out["first_loss_diff"] is None and out["first_grad_diff"] is None
                         and out.get("first_param_diff") is None and out["final_equal"] is True
                         and out["val_loss_equal"])
@@ -156,7 +157,7 @@ def _first_diff(what: str, diff: Optional[dict]) -> str:
     if diff is None:
         return f"{what} equal"
     more = ", ..." if diff["count"] > len(diff["params"]) else ""
-    return (f"{what} differ from step {diff['step']} in {diff['count']} tensor(s) "
+    return (f"{what} differ from step {diff['step']} in {plural(diff['count'], 'tensor')} "
             f"({', '.join(diff['params'])}{more})")
 
 
@@ -178,25 +179,50 @@ def describe_comparison(comparison: dict) -> str:
     final = {True: "yes", False: "no", None: "not recorded"}[comparison["final_equal"]]
     parts.append(f"final parameters equal: {final}")
     if not comparison["val_loss_equal"]:
-        parts.append("validation losses differ")
+        values = [_loss_text(v) for v in comparison.get("val_losses") or []]
+        parts.append("validation losses differ" + (f" ({values[0]} vs {values[1]})" if values else ""))
     return f"DIFFERENT ({'; '.join(parts)})"
+
+
+def _loss_text(value: Optional[str]) -> str:
+    """A recorded loss (``float.hex``) as the shortest decimal that gives its bits back (``repr``)."""
+    return "not recorded" if value is None else repr(float.fromhex(value))
+
+
+def val_loss_texts(runs: dict) -> dict:
+    """Per run, its validation loss as printed: to 4 decimals where every run's has the same bits, else every one
+    in full (:func:`_loss_text`), so that losses that differ look different."""
+    values = {lab: rec.get("val_loss") for lab, rec in runs.items()}
+    if len(set(values.values())) == 1 and None not in values.values():
+        return {lab: f"{float.fromhex(v):.4f}" for lab, v in values.items()}
+    return {lab: _loss_text(v) for lab, v in values.items()}
 
 
 def same_step(a: dict, b: dict) -> bool:
     """Whether two steps' records have the same loss, gradient (and, if recorded, parameter) bits."""
-    return a["loss"] == b["loss"] and a["grads"] == b["grads"] and a.get("params") == b.get("params")
+    return not step_differences(a, b)
+
+
+#: the parts of a step's record the table compares, and how its cells name them
+STEP_PARTS = (("loss", "loss"), ("grads", "grads"), ("params", "params"))
+
+
+def step_differences(ref: dict, other: dict) -> list:
+    """What differs between two steps' records: ``"loss"`` (its ``float.hex``), ``"grads"`` (a gradient digest),
+    ``"params"`` (a digest of the parameters after the step, where recorded), in that order; empty if none."""
+    return [name for key, name in STEP_PARTS if ref.get(key) != other.get(key)]
 
 
 def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
-    """The per-step table: the loss of the first run, then per other run ``= bits`` or ``DIFF`` (the native
-    control: its loss)."""
+    """The per-step table: the loss of the first run, then per other run ``= bits`` (its loss, gradient and
+    parameter bits of the step are the first run's) or what differs (``loss``, ``grads``, ``params``, joined by
+    ``+``); the native control: its loss, ``*`` where its loss or gradient bits differ from ``native-1``'s."""
     labels = list(runs)
     ref_label = labels[0]
-    print_fn("")
-    print_fn(f"{'step':>5} {f'loss ({ref_label})':>10}  " + "  ".join(f"{lab:>8}" for lab in labels[1:]))
     n_steps = len(runs[ref_label]["steps"])
     show = sorted(set(list(range(min(n_steps, 5))) + list(range(0, n_steps, max(1, n_steps // 10)))
                       + [n_steps - 1, stop_at - 1, stop_at]))
+    table = []
     for i in show:
         if not 0 <= i < n_steps:
             continue
@@ -211,8 +237,16 @@ def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
                 same = other["loss"] == native_ref["loss"] and other["grads"] == native_ref["grads"]
                 cells.append(f"{float.fromhex(other['loss']):.4f}" + ("" if same or lab == "native-1" else "*"))
             else:
-                cells.append("= bits" if same_step(other, ref) else "DIFF")
-        print_fn(f"{i:>5} {float.fromhex(ref['loss']):>10.6f}  " + "  ".join(f"{c:>8}" for c in cells))
+                cells.append("+".join(step_differences(ref, other)) or "= bits")
+        table.append((i, float.fromhex(ref["loss"]), cells))
+    widths = [max([8, len(lab)] + [len(cells[k]) for _, _, cells in table]) for k, lab in enumerate(labels[1:])]
+    print_fn("")
+    print_fn(f"(per step: the loss of run {ref_label}; per run, '= bits' where the step's loss, gradient and "
+             f"parameter bits are {ref_label}'s, else which differ)")
+    print_fn(f"{'step':>5} {f'loss ({ref_label})':>10}  " + "  ".join(f"{lab:>{w}}" for lab, w in
+                                                                     zip(labels[1:], widths)))
+    for i, loss, cells in table:
+        print_fn(f"{i:>5} {loss:>10.6f}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
     print_fn("")
 
 
@@ -250,11 +284,11 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
             f"difference at step {cmp_native['first_loss_diff']}"
             + (f"; {describe_module_diff(cmp_native['first_module_diff'])}" if cmp_native.get("first_module_diff")
                else "")))
+    val = val_loss_texts(runs)
     for lab, rec in runs.items():
         per_rank = ("" if "rank_s_per_step" not in rec else
                     " (per rank: " + ", ".join(f"{1000 * t:.1f}" for t in rec["rank_s_per_step"]) + ")")
-        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step{per_rank}, "
-                 f"val loss {float.fromhex(rec['val_loss']):.4f}")
+        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step{per_rank}, val loss {val[lab]}")
     first_module = min(([dict(c["first_module_diff"], run=lab) for lab, c in (("b", cmp_b), ("c", cmp_c))
                          if c.get("first_module_diff") is not None]), key=lambda d: d["step"], default=None)
     if first_module is not None:

@@ -36,8 +36,8 @@ def _check_nproc(spec: dict, nproc: int) -> None:
         if device.index is not None:
             raise CheckError(f"--device: with --nproc give cuda, not {spec['device']} (rank r uses cuda:r)")
         if nproc > torch.cuda.device_count():
-            raise CheckError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
-                             f"{torch.cuda.device_count()} visible")
+            raise CheckError(f"--nproc: {plural(nproc, 'process', 'processes')} {'needs' if nproc == 1 else 'need'} "
+                             f"{plural(nproc, 'GPU')} (one per rank), {torch.cuda.device_count()} visible")
 
 
 def run_check(spec: dict, out_dir: str, *, stop_at: int, native: bool, progress: bool = True,

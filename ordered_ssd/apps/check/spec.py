@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from ..errors import plural
 from ..lm import DataError
 
 # Defaults per device: CPU finishes in about a minute; CUDA trains a larger model for longer.
@@ -145,8 +146,10 @@ def _check_data_native_nproc(args, device: torch.device, pick, layer: str = DEFA
         raise DataError(f"--data: expected an existing file or directory, got {args.data} (no such file or "
                         f"directory)")
     if args.native and device.type != "cuda":
+        got = (f"--device {args.device}" if args.device != "auto" else
+               "no CUDA GPU: torch sees none here, so --device auto (the default) chose the CPU")
         raise DataError(f"--native: the native {LAYERS[layer].replace('-', '')} control needs a CUDA device (and "
-                        f"mamba-ssm), got --device {device}")
+                        f"mamba-ssm), got {got}")
     nproc = getattr(args, "nproc", None)
     if nproc is not None:
         batch = pick(args.batch, "batch")
@@ -156,5 +159,5 @@ def _check_data_native_nproc(args, device: torch.device, pick, layer: str = DEFA
         if device.type == "cuda" and args.device not in ("auto", "cuda"):
             raise DataError(f"--device: with --nproc give cuda (rank r uses cuda:r), not {args.device}")
         if device.type == "cuda" and nproc > torch.cuda.device_count():
-            raise DataError(f"--nproc: {nproc} processes need {nproc} GPUs (one per rank), "
-                            f"{torch.cuda.device_count()} visible")
+            raise DataError(f"--nproc: {plural(nproc, 'process', 'processes')} {'needs' if nproc == 1 else 'need'} "
+                            f"{plural(nproc, 'GPU')} (one per rank), {torch.cuda.device_count()} visible")

@@ -25,7 +25,7 @@ from .launch import Launcher, child_threads
 from .memory import n_params as count_params
 from .outdir import RUNS
 from .report import (_model_summary, _print_table, check_command, compare_runs, describe_comparison,
-                     diverged_verdict, first_nonfinite, load_record, write_report)
+                     diverged_verdict, first_nonfinite, load_record, val_loss_texts, write_report)
 from .run import prepared_run
 from .spec import layer_name
 
@@ -99,7 +99,7 @@ def check_splits(spec: dict, splits: List[Tuple[int, int]]) -> int:
                              f"cuda:r)")
         most = max(r for r, _ in splits)
         if most > torch.cuda.device_count():
-            raise CheckError(f"--splits: split {label(max(splits))} needs {most} GPUs (one per rank), "
+            raise CheckError(f"--splits: split {label(max(splits))} needs {plural(most, 'GPU')} (one per rank), "
                              f"{torch.cuda.device_count()} visible; choose splits with fewer ranks with --splits")
     return spec["batch"] // blocks
 
@@ -138,11 +138,11 @@ def check_restart_ranks(spec: dict, splits: List[Tuple[int, int]], restart_ranks
     blocks = splits[0][0] * splits[0][1]
     for r in ranks:
         if not _power_of_two(r) or blocks % r:
-            raise CheckError(f"--restart-ranks: expected numbers of ranks dividing the {blocks} blocks of the splits "
-                             f"{', '.join(label(s) for s in splits)}, got {r}")
+            raise CheckError(f"--restart-ranks: expected numbers of ranks dividing the {plural(blocks, 'block')} of "
+                             f"the splits {', '.join(label(s) for s in splits)}, got {r}")
         if torch.device(spec["device"]).type == "cuda" and r > torch.cuda.device_count():
-            raise CheckError(f"--restart-ranks: {r} ranks need {r} GPUs (one per rank), "
-                             f"{torch.cuda.device_count()} visible")
+            raise CheckError(f"--restart-ranks: {plural(r, 'rank')} {'needs' if r == 1 else 'need'} "
+                             f"{plural(r, 'GPU')} (one per rank), {torch.cuda.device_count()} visible")
     return ranks
 
 
@@ -253,16 +253,20 @@ def _describe_run(lab: str, replay: Tuple[int, int], stop_at: int, rec: dict) ->
         return f"replay (split {label(replay)} stopped at {stop_at}, resumed)"
     if lab.startswith("restart-"):
         r, m = lab[len("restart-"):].split("x")
-        return (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed on {r} rank(s) x {m} accumulation "
-                f"step(s))")
+        return (f"{lab} (split {label(replay)} stopped at {stop_at}, resumed on {_ranks_x_steps(int(r), int(m))})")
     if lab == "kill":
         return (f"kill (split {label(replay)}, last rank killed in step {stop_at}, torchrun restart resumed from "
                 f"step {resumed})")
     if lab.startswith("ddp-"):
         r, m = lab[len("ddp-"):].split("x")
-        return f"{lab} ({r} rank(s) x {m} accumulation step(s) without FSDP)"
+        return f"{lab} ({_ranks_x_steps(int(r), int(m))} without FSDP)"
     r, m = lab.split("x")
-    return f"{lab} ({int(r)} rank(s) x {int(m)} accumulation step(s))"
+    return f"{lab} ({_ranks_x_steps(int(r), int(m))})"
+
+
+def _ranks_x_steps(ranks: int, accum: int) -> str:
+    """``"2 ranks x 1 accumulation step"``."""
+    return f"{plural(ranks, 'rank')} x {plural(accum, 'accumulation step')}"
 
 
 def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block: int, accumulate: str, threads: int,
@@ -288,15 +292,16 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         lab = key.split("_vs_")[0]
         print_fn(f"{_describe_run(lab, replay, stop_at, runs[lab])} vs {ref}: {describe_comparison(cmp)}")
     if not_resumed:
-        print_fn(f"resumed: NO: run(s) {', '.join(not_resumed)} did not resume from the expected checkpoint "
+        print_fn(f"resumed: NO: {'run' if len(not_resumed) == 1 else 'runs'} {', '.join(not_resumed)} did not "
+                 f"resume from the expected checkpoint "
                  f"(restarts: {', '.join(f'{lab} {resumed[lab]}' for lab in not_resumed)})")
     if not ranks_agree:
         print_fn("ranks agree: NO: " + ", ".join(f"run {lab} ranks {rec['ranks_disagreeing']}"
                                                   for lab, rec in runs.items() if not rec.get("ranks_agree", True)))
+    val = val_loss_texts(runs)
     for lab, rec in runs.items():
         per_rank = ", ".join(f"{1000 * t:.1f}" for t in rec.get("rank_s_per_step", []))
-        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step (per rank: {per_rank}), "
-                 f"val loss {float.fromhex(rec['val_loss']):.4f}")
+        print_fn(f"  run {lab:>8}: {1000 * rec['s_per_step']:.1f} ms/step (per rank: {per_rank}), val loss {val[lab]}")
     n_steps = len(runs[ref]["steps"])
     verdict = "SPLIT-INVARIANT" if invariant else "NOT SPLIT-INVARIANT"
     if diverged is not None:
@@ -306,7 +311,8 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
                  f"{'identical' if invariant else 'different'}")
     elif ok:
         extra = "".join([f", DDP ({label(splits[0])})" if fsdp else "",
-                         f", the restarts on {', '.join(map(str, restart_ranks))} rank(s)" if restart_ranks else "",
+                         f", the restarts on {', '.join(map(str, restart_ranks))} "
+                         f"{'rank' if list(restart_ranks) == [1] else 'ranks'}" if restart_ranks else "",
                          ", the killed-rank run" if kill_rank else ""])
         print_fn(f"verdict: {verdict}: {plural(n_steps, 'step')}, loss, per-parameter gradient and parameter "
                  f"digests after every step identical across the splits {', '.join(label(s) for s in splits)}"
@@ -318,7 +324,8 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         print_fn(f"verdict: {verdict}: first difference at step {first['step']}: {first['what']}{more} of run "
                  f"{first['run'].split('_vs_')[0]} differs from {ref}")
     elif not_resumed:
-        print_fn(f"verdict: {verdict}: run(s) {', '.join(not_resumed)} did not resume from the expected checkpoint")
+        print_fn(f"verdict: {verdict}: {'run' if len(not_resumed) == 1 else 'runs'} {', '.join(not_resumed)} did not "
+                 f"resume from the expected checkpoint")
     else:
         print_fn(f"verdict: {verdict}: the ranks of a run disagree")
     summary = {

@@ -209,7 +209,9 @@ def _val_loss(model, data: ByteData, batch: int, device: torch.device, logits=la
     stderr saying how many windows."""
     n = data.val_windows() if max_windows is None else min(max_windows, data.val_windows())
     if progress:
-        sys.stderr.write(f"[{label:>8}] validation: {n} of the {data.val_windows()} windows of the held-out split\n")
+        of = data.val_windows()
+        sys.stderr.write(f"[{label:>8}] validation: " + (f"{n} of the {of} windows" if of != 1 else "the one window")
+                         + " of the held-out split\n")
     with torch.no_grad():
         total, count = 0.0, 0
         for x_val, y_val in data.val_batches(batch, max_windows):

@@ -14,8 +14,8 @@ from tests.apps.helpers import TINY_CHECK, run_cli
 # 8 blocks of one example, 4 steps, the restart at step 2
 FSDP = TINY_CHECK + ["--batch", "8", "--steps", "4", "--stop-at", "2", "--split-invariance"]
 # what --splits 4x2,... --restart-ranks 2,8 --kill-rank prints of its restarted runs, with or without FSDP2
-RESTARTED = ("restart-2x4 (split 4x2 stopped at 2, resumed on 2 rank(s) x 4 accumulation step(s)) vs 4x2: identical",
-             "restart-8x1 (split 4x2 stopped at 2, resumed on 8 rank(s) x 1 accumulation step(s)) vs 4x2: identical",
+RESTARTED = ("restart-2x4 (split 4x2 stopped at 2, resumed on 2 ranks x 4 accumulation steps) vs 4x2: identical",
+             "restart-8x1 (split 4x2 stopped at 2, resumed on 8 ranks x 1 accumulation step) vs 4x2: identical",
              "kill (split 4x2, last rank killed in step 2, torchrun restart resumed from step 2) vs 4x2: identical")
 
 
@@ -31,8 +31,8 @@ def test_fsdp_restarts_and_killed_rank_give_the_uninterrupted_bits(fsdp_check):
     res, out = fsdp_check
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout
     assert "tree accumulation; FSDP2 (fully_shard)" in res.stdout
-    for line in ("8x1 (8 rank(s) x 1 accumulation step(s)) vs 4x2: identical",
-                 "ddp-4x2 (4 rank(s) x 2 accumulation step(s) without FSDP) vs 4x2: identical",
+    for line in ("8x1 (8 ranks x 1 accumulation step) vs 4x2: identical",
+                 "ddp-4x2 (4 ranks x 2 accumulation steps without FSDP) vs 4x2: identical",
                  "replay (split 4x2 stopped at 2, resumed) vs 4x2: identical", *RESTARTED):
         assert line in res.stdout, res.stdout
     assert "verdict: SPLIT-INVARIANT: 4 steps" in res.stdout

@@ -112,9 +112,21 @@ def test_special_files_in_data_are_skipped_and_named(tmp_path):
     os.mkfifo(corpus / "pipe")
     data, source, cut = load_corpus(str(corpus), 10_000)  # would block forever reading the FIFO
     assert data == b"hello world\n" * 100 and cut is False
-    assert "(1 files, sorted by path; skipped 1 special file(s), not regular files: pipe)" in source
+    assert "(1 file, sorted by path; skipped 1 special file (a FIFO, device or socket): pipe)" in source
     with pytest.raises(DataError, match="expected a regular file or a directory, got "):
         load_corpus(str(corpus / "pipe"), 10_000)
+
+
+def test_binary_files_in_data_are_skipped_and_counted_in_words(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world\n" * 100)
+    (corpus / "b.bin").write_bytes(b"\0" * 10)
+    _, source, _ = load_corpus(str(corpus), 10_000)
+    assert source == (f"directory {corpus} (2 files, sorted by path); skipped 1 binary file, with a NUL byte in the "
+                      f"first 8000 bytes: b.bin")
+    (corpus / "c.bin").write_bytes(b"\0" * 10)
+    assert "; skipped 2 binary files, with a NUL byte" in load_corpus(str(corpus), 10_000)[1]
 
 
 def test_a_short_corpus_names_the_flag_that_made_it_short(tmp_path):

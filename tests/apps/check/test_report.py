@@ -25,12 +25,14 @@ def test_describe_comparison_names_where_runs_first_differ_in_words():
     b = rec(["0x1p+0", "0x1p+1"], [{"w": "x", "v": "x"}, {"w": "Y", "v": "Y"}])
     assert describe_comparison(compare_runs(a, a)) == "identical"
     assert describe_comparison(compare_runs(a, b)) == (
-        "DIFFERENT (losses equal; gradients differ from step 1 in 2 tensor(s) (v, w); final parameters equal: yes)")
+        "DIFFERENT (losses equal; gradients differ from step 1 in 2 tensors (v, w); final parameters equal: yes)")
+    one = rec(["0x1p+0", "0x1p+1"], [{"w": "x", "v": "x"}, {"w": "Y", "v": "y"}])
+    assert "gradients differ from step 1 in 1 tensor (w)" in describe_comparison(compare_runs(a, one))
     names = [f"p{i}" for i in range(10)]
     c = rec(["0x1p+0"], [{n: "x" for n in names}], [{n: "x" for n in names}])
     d = rec(["0x1p+1"], [{n: "y" for n in names}], [{n: "x" for n in names}])
     text = describe_comparison(compare_runs(c, d))
-    assert text.startswith("DIFFERENT (losses differ from step 0; gradients differ from step 0 in 10 tensor(s) (")
+    assert text.startswith("DIFFERENT (losses differ from step 0; gradients differ from step 0 in 10 tensors (")
     assert text.endswith(", ...); parameters equal; final parameters equal: yes)") and "{" not in text
 
 
@@ -42,7 +44,12 @@ def test_describe_comparison_names_a_length_or_validation_loss_difference():
         "DIFFERENT (the runs have 2 and 1 steps (the first 1 compared); losses equal; gradients equal; final "
         "parameters equal: yes)")
     assert describe_comparison(compare_runs(rec(2), rec(2, val="0x1p+1"))) == (
-        "DIFFERENT (losses equal; gradients equal; final parameters equal: yes; validation losses differ)")
+        "DIFFERENT (losses equal; gradients equal; final parameters equal: yes; validation losses differ (1.0 vs "
+        "2.0))")
+    # one fp32 ulp apart: the values in full, so that they read differently
+    close = float.fromhex("0x1.4953c6p+2")
+    assert describe_comparison(compare_runs(rec(2, val=close.hex()), rec(2, val=(close + 2 ** -21).hex()))).endswith(
+        "validation losses differ (5.145738124847412 vs 5.14573860168457))")
 
 
 def test_the_module_diff_tells_a_forward_difference_from_a_backward_one():
@@ -157,3 +164,42 @@ def test_the_native_control_line_names_the_layer(tmp_path):
         native = [line for line in lines if line.startswith("native ")]
         assert len(native) == 1 and native[0].startswith(
             f"native {name} run 1 vs run 2 (control): diverged: first gradient difference at step 1,"), lines
+
+
+def _steps(specs):
+    """Step records from ``[(loss, grads, params), ...]`` (digest strings)."""
+    return [{"step": i, "loss": loss, "grads": {"w": g}, "params": {"w": p}} for i, (loss, g, p) in enumerate(specs)]
+
+
+def test_the_table_names_what_differs_in_each_step():
+    """A step whose losses agree and whose gradients differ reads ``grads+params`` (never a bare ``DIFF`` beside
+    the loss column); ``= bits`` only where the loss, gradient and parameter bits all agree."""
+    from ordered_ssd.apps.check.report import _print_table, step_differences
+
+    ref = {"steps": _steps([("0x1p+0", "g0", "p0"), ("0x1p+1", "g1", "p1"), ("0x1p+2", "g2", "p2")])}
+    split = {"steps": _steps([("0x1p+0", "G0", "P0"), ("0x1p+1", "g1", "p1"), ("0x1.8p+2", "G2", "p2")])}
+    replay = {"steps": _steps([("0x1p+0", "g0", "p0"), ("0x1p+1", "g1", "p1"), ("0x1p+2", "g2", "p2")])}
+    assert step_differences(ref["steps"][0], split["steps"][0]) == ["grads", "params"]
+    assert step_differences(ref["steps"][2], split["steps"][2]) == ["loss", "grads"]
+    assert step_differences(ref["steps"][1], split["steps"][1]) == []
+    lines = []
+    _print_table({"1x4": ref, "2x2": split, "replay": replay}, 1, lines.append)
+    assert lines == [
+        "",
+        "(per step: the loss of run 1x4; per run, '= bits' where the step's loss, gradient and parameter bits are "
+        "1x4's, else which differ)",
+        " step loss (1x4)           2x2    replay",
+        "    0   1.000000  grads+params    = bits",
+        "    1   2.000000        = bits    = bits",
+        "    2   4.000000    loss+grads    = bits",
+        ""]
+
+
+def test_validation_losses_print_in_full_where_they_differ():
+    from ordered_ssd.apps.check.report import val_loss_texts
+
+    close = float.fromhex("0x1.4953c6p+2")
+    same = {"a": {"val_loss": close.hex()}, "b": {"val_loss": close.hex()}}
+    assert val_loss_texts(same) == {"a": "5.1457", "b": "5.1457"}
+    apart = {"a": {"val_loss": close.hex()}, "b": {"val_loss": (close + 2 ** -21).hex()}}
+    assert val_loss_texts(apart) == {"a": "5.145738124847412", "b": "5.14573860168457"}
