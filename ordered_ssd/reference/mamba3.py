@@ -344,7 +344,7 @@ def ordered_reference_mamba3_bwd(dout: torch.Tensor, u: torch.Tensor, params: Ma
 
 
 # ------------------------------------------------------------------------------------------------ custom op
-# As the Mamba-2 reference (:mod:`.ordered`): custom ops opaque to ``torch.compile``, so that a compiled model runs
+# As the Mamba-2 reference (:mod:`.ordered`): custom ops opaque to ``torch.compile``, so that a compiled layer runs
 # exactly the eager computation (inductor would otherwise fuse the reference's arithmetic and give other bits).
 def _dims_args(dims: Mamba3Dims) -> tuple:
     return (dims.d_model, dims.d_inner, dims.headdim, dims.ngroups, dims.d_state, dims.num_rope_angles,
@@ -400,7 +400,7 @@ def ordered_reference_mamba3(u: torch.Tensor, params: Mamba3Params, dims: Mamba3
                              cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Differentiable :func:`reference_mamba3_layer` whose backward is :func:`ordered_reference_mamba3_bwd`: the
     custom op ``ordered_ssd::reference_mamba3`` (``torch.compile`` traces it without a graph break and runs it as
-    in eager mode, so a compiled model gets the eager bits). No argument checking here; ``OrderedMamba3`` validates
+    in eager mode, so a compiled layer gets the eager bits). No argument checking here; ``OrderedMamba3`` validates
     its inputs. Under autocast it computes in ``u``'s dtype all the same, and warns once per process
     (:func:`~ordered_ssd.reference.ordered.warn_if_autocast`)."""
     warn_if_autocast(u)

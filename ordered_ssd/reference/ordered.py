@@ -5,7 +5,7 @@ Layers, as everywhere in ordered-ssd:
 * composition: :func:`ordered_reference_mamba2_fwd` / :func:`ordered_reference_mamba2_bwd`,
   plain functions, testable without the autograd Function;
 * the custom op ``ordered_ssd::reference_mamba2`` (``torch.library``; a fake, and autograd through the custom op
-  ``ordered_ssd::reference_mamba2_backward``), opaque to ``torch.compile`` so that a compiled model runs exactly
+  ``ordered_ssd::reference_mamba2_backward``), opaque to ``torch.compile`` so that a compiled layer runs exactly
   the eager computation, and the wrapper :func:`ordered_reference_mamba2`.
 
 The backward computes, for each example ``b`` alone (a batch of one, the same shapes for every
