@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "checkpointing every step, with its last rank killed (SIGKILL) in the middle of step "
                             "--stop-at; the restarted job resumes from the last complete checkpoint and must end with "
                             "the uninterrupted bits (default: off)")
+    check.add_argument("--threads", type=positive_int, default=None,
+                       help="intra-op CPU threads of every training process (torch.set_num_threads); the CPU's bits "
+                            "depend on it, so every run of the check, fresh processes and ranks included, uses the "
+                            "same (default on the CPU: OMP_NUM_THREADS if set, else 1, which does not slow down "
+                            "when other processes take the cores; on CUDA: torch's own)")
     check.add_argument("--quiet", action="store_true", help="no progress bars (default: progress bars on stderr)")
 
     sub.add_parser("env", help="print versions, the GPU and the determinism fingerprint")

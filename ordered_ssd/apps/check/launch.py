@@ -169,17 +169,23 @@ def _fresh_failure(label: str, returncode: int, lines: List[str], log_path: str)
             f"{failure_reason(lines, returncode)} (full output: {log_path})")
 
 
+def threads_env(threads: Optional[int]) -> Optional[dict]:
+    """The environment of a fresh training process: this one's, with ``OMP_NUM_THREADS`` set to ``threads`` where
+    given (the training sets the same count from its spec: :func:`.train.spec_threads`); None (inherit) without."""
+    return None if threads is None else dict(os.environ, OMP_NUM_THREADS=str(threads))
+
+
 def run_fresh_process(spec_path: str, record_path: str, label: str, extra: List[str], progress: bool,
-                      log_path: str, started: Optional[Callable] = None) -> None:
-    """Run ``ordered-ssd _train`` in a fresh process; its output goes to ``log_path``, its progress lines to
-    stderr.
+                      log_path: str, started: Optional[Callable] = None, threads: Optional[int] = None) -> None:
+    """Run ``ordered-ssd _train`` in a fresh process (with ``OMP_NUM_THREADS=threads`` where given); its output
+    goes to ``log_path``, its progress lines to stderr.
 
     Raises:
         CheckError: the process exits non-zero (the message names the run, the exit code, the reason
             (:func:`failure_reason`) and the log).
     """
     cmd = [sys.executable] + _train_command(spec_path, record_path, label, extra, progress)
-    returncode, lines = _run_logged(cmd, log_path, progress, started=started)
+    returncode, lines = _run_logged(cmd, log_path, progress, env=threads_env(threads), started=started)
     if returncode != 0:
         raise CheckError(_fresh_failure(label, returncode, lines, log_path))
 
@@ -193,7 +199,8 @@ def usable_cores() -> int:
 
 
 def child_threads(nproc: int) -> int:
-    """Intra-op threads per rank when OMP_NUM_THREADS is unset: the usable cores split between the ranks."""
+    """Intra-op threads per rank on CUDA when neither ``--threads`` nor OMP_NUM_THREADS says: the usable cores
+    split between the ranks."""
     return max(1, usable_cores() // nproc)
 
 
@@ -206,7 +213,8 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
     """Run ``ordered-ssd _train`` under ``python -m torch.distributed.run`` with ``nproc`` processes (and
     ``max_restarts`` restarts of the whole group when a rank fails).
 
-    If OMP_NUM_THREADS is unset, each rank gets ``threads`` intra-op threads (default :func:`child_threads`).
+    Each rank gets ``threads`` intra-op threads (``OMP_NUM_THREADS``; without ``threads``, OMP_NUM_THREADS as set,
+    else :func:`child_threads`).
     torchrun's and the ranks' output goes to ``log_path``; rank 0's progress lines are forwarded to stderr.
 
     Raises:
@@ -215,8 +223,8 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
     """
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts)] + _train_command(spec_path, record_path, label, extra, progress))
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(threads if threads is not None else child_threads(nproc)))
+    env = threads_env(threads) or dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(child_threads(nproc)))
     returncode, lines = _run_logged(cmd, log_path, progress, env=env)
     if returncode != 0:
         raise CheckError(f"run {label} ({plural(nproc, 'process', 'processes')} under torchrun) failed with exit "
@@ -227,8 +235,8 @@ def run_torchrun(spec_path: str, record_path: str, label: str, extra: List[str],
 class Launcher:
     """Starts the runs of one check: ``launch(spec_path, name, label, extra)`` trains in fresh processes (one, or
     ``nproc`` under torchrun), writing the record ``runs/<name>.json`` and the run's output ``runs/<name>.log``.
-    ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads of
-    every rank under torchrun when OMP_NUM_THREADS is unset.
+    ``launch(..., nproc=R)`` overrides the number of processes of one run; ``threads``: the intra-op threads
+    (``OMP_NUM_THREADS``) of every fresh process and rank (None: as :func:`run_torchrun` says).
 
     :meth:`alongside` starts chains of single-process runs in the background instead (quiet: their output goes to
     their logs), to overlap them with work in this process; :meth:`stop` terminates every child still running and
@@ -263,7 +271,7 @@ class Launcher:
                          os.path.join(self.runs_dir, f"{name}.log"), threads=self.threads, max_restarts=max_restarts)
         else:
             run_fresh_process(spec_path, self.record(name), label, extra, progress,
-                              os.path.join(self.runs_dir, f"{name}.log"), started=started)
+                              os.path.join(self.runs_dir, f"{name}.log"), started=started, threads=self.threads)
 
     def alongside(self, chains: List[List[Tuple[str, str, str, List[str]]]],
                   after: Optional[Future] = None) -> List[Future]:

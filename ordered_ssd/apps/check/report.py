@@ -316,13 +316,15 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
 
     summary = {"verdict": verdict, "ok": ok, "reproducible": reproducible, "diverged": diverged, "spec": spec,
                "data_source": source, "n_params": n_params,
-               "stop_at": stop_at, "wall_s": wall, "fingerprint": runs["a"]["fingerprint"],
+               "stop_at": stop_at, "wall_s": wall, "threads": spec.get("threads"),
+               "fingerprint": runs["a"]["fingerprint"],
                "fingerprint_info": runs["a"]["fingerprint_info"],
                "model": _model_summary(spec), "first_module_diff": first_module,
                "comparisons": {"b_vs_a": cmp_b, "c_vs_a": cmp_c, "native_2_vs_native_1": cmp_native},
                "runs": {lab: {"mixer": rec["mixer"], "s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"],
                               "losses": [s["loss"] for s in rec["steps"]], "final": rec["final"],
-                              "timings": rec.get("timings"), "wall_s": rec.get("wall_s")}
+                              "timings": rec.get("timings"), "wall_s": rec.get("wall_s"),
+                              "threads": (rec.get("fingerprint_info") or {}).get("threads")}
                         for lab, rec in runs.items()},
                "module_names": runs["a"].get("module_names"),
                "per_step": [{"step": s["step"], "loss": s["loss"], "grads": s["grads"], "modules": s.get("modules")}

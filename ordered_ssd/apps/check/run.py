@@ -14,7 +14,7 @@ import torch
 from ..files import atomic_write_json, locked_out_dir, prepare_out_dir
 from ..lm import ByteData, DataError, load_corpus
 from .errors import CheckError, plural, writing
-from .launch import Launcher
+from .launch import Launcher, usable_cores
 from .memory import check_memory, device_available, n_params
 from .outdir import RUNS, check_earlier_results, set_aside_earlier_results
 from .precompile import default_jobs
@@ -138,6 +138,29 @@ def prepared_run(spec: dict, out_dir: str, stop_at: int, *, rows: int, processes
         yield PreparedRun(out_dir, data, source, notes, fitted)
 
 
+def thread_lines(threads: Optional[int], processes: int) -> List[str]:
+    """The line that says how many intra-op threads every training process has (none where ``threads`` is None:
+    torch's default, on CUDA), and, with more than one thread, a note where ``processes`` training at once need
+    more threads than there are usable cores, or where the machine is busy (the load average of the last minute
+    leaves fewer cores than the threads need): such threads wait for each other at every parallel region, and
+    ``--threads 1`` does not."""
+    if threads is None:
+        return []
+    lines = [f"threads: {plural(threads, 'intra-op thread')} in every training process (--threads; the CPU's bits "
+             f"depend on the count, so every run uses the same)"]
+    cores = usable_cores()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if threads > 1 and threads * processes > cores:
+        lines.append(f"note: {plural(processes, 'process', 'processes')} x {plural(threads, 'thread')} at once need "
+                     f"more than the {plural(cores, 'usable core')}: the threads wait for each other, and the check "
+                     f"may take many times longer; --threads {max(1, cores // processes)} would fit")
+    elif threads > 1 and load + threads * processes > cores + 0.5:
+        lines.append(f"note: the machine is busy (load average {load:.1f} over the last minute, "
+                     f"{plural(cores, 'usable core')}): with {plural(threads, 'thread')} per process the check may "
+                     f"take many times longer; --threads 1 does not slow down so")
+    return lines
+
+
 def concurrent_runs(spec: dict) -> bool:
     """Whether the fresh runs (b, c and the native control) start alongside run a, for a run without ``--nproc``:
     on a GPU (the runs share nothing but the GPU and Triton's on-disk cache, and each run's bits are its own), once
@@ -222,9 +245,9 @@ def _run_check(spec: dict, out_dir: str, data: ByteData, source: str, *, stop_at
     print_fn(f"ordered-ssd check: {count / 1e6:.2f}M-parameter {what} on {where}, "
              f"{plural(spec['steps'], 'step')} of {batch_desc} x {spec['seq_len']} bytes")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
-    for line in notes:
+    for line in list(notes) + thread_lines(spec.get("threads"), processes=nproc or 1):
         print_fn(line)
-    launch = Launcher(runs_dir, progress, nproc)
+    launch = Launcher(runs_dir, progress, nproc, threads=spec.get("threads"))
     ckpt = os.path.join(runs_dir, f"checkpoint-step{stop_at}.pt")
 
     fresh = [[(spec_path, "b", "b", [])],

@@ -134,10 +134,37 @@ def _run_fields(args, device: torch.device, pick) -> dict:
         raise DataError(f"--seed: expected |seed| * {SEED_STRIDE} + --steps < 2**63 (the batch of step s is drawn "
                         f"from a generator seeded with seed * {SEED_STRIDE} + s), got {args.seed}")
     return {"device": str(device), "mixer": "ordered", "seed": args.seed, "steps": steps,
+            "threads": check_threads(getattr(args, "threads", None), device),
             "batch": pick(args.batch, "batch"), "seq_len": pick(args.seq_len, "seq_len"), "lr": pick(args.lr, "lr"),
             "weight_decay": 0.1, "clip": 1.0, "data": None if args.data is None else os.path.abspath(args.data),
             "data_bytes": pick(args.data_bytes, "data_bytes"),
             "val_windows": VAL_WINDOWS if getattr(args, "val_windows", None) is None else args.val_windows}
+
+
+#: the intra-op threads of a CPU check's training processes where neither --threads nor OMP_NUM_THREADS says
+THREADS_DEFAULT = 1
+
+
+def check_threads(threads, device: torch.device):
+    """The intra-op threads of every training process of a check on ``device`` (``spec["threads"]``): ``threads``
+    (``--threads``) where given; else on the CPU ``OMP_NUM_THREADS`` where set, else :data:`THREADS_DEFAULT` (one
+    thread does not collapse when other processes take the cores: torch's threads wait for each other at every
+    parallel region, so on a busy 2-core machine two threads took minutes where one took seconds); on CUDA None
+    (torch's default: the GPU's bits do not depend on it). DataError for an ``OMP_NUM_THREADS`` that is not a
+    positive integer."""
+    if threads is not None or device.type != "cpu":
+        return threads
+    env = os.environ.get("OMP_NUM_THREADS")
+    if env is None or env.strip() == "":
+        return THREADS_DEFAULT
+    try:
+        value = int(env)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise DataError(f"OMP_NUM_THREADS: expected a positive integer (the check's default --threads on the CPU), "
+                        f"got {env!r}; unset it or pass --threads N")
+    return value
 
 
 def _check_data_native_nproc(args, device: torch.device, pick, layer: str = DEFAULT_LAYER) -> None:

@@ -26,7 +26,7 @@ from .memory import n_params as count_params
 from .outdir import RUNS
 from .report import (_model_summary, _print_table, check_command, compare_runs, describe_comparison,
                      diverged_verdict, first_nonfinite, load_record, val_loss_texts, write_report)
-from .run import prepared_run
+from .run import prepared_run, thread_lines
 from .spec import layer_name
 
 #: The splits ``(R, m)`` checked by default, per device type (CUDA: one GPU per rank, so 2 GPUs).
@@ -186,7 +186,10 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
     """:func:`run_split_check` in its locked output directory, on the data already read; ``notes``: lines printed
     after the data's."""
     spec = dict(spec, data_sha256=data.sha256)
-    threads = int(os.environ.get("OMP_NUM_THREADS") or child_threads(max(r for r, _ in splits)))
+    # every rank of every split with the same count (the CPU's bits depend on it): --threads or its CPU default
+    # (spec["threads"]); on CUDA OMP_NUM_THREADS or the usable cores split between the most ranks
+    most = max(r for r, _ in splits)
+    threads = spec.get("threads") or int(os.environ.get("OMP_NUM_THREADS") or child_threads(most))
     runs_dir = os.path.join(out_dir, RUNS)
     n_params = count_params(spec)
     print_fn(f"ordered-ssd check --split-invariance: {n_params / 1e6:.2f}M-parameter byte-level "
@@ -195,9 +198,9 @@ def _run_split_check(spec: dict, out_dir: str, data: ByteData, source: str, *, s
              f"{spec['device']}, {plural(spec['steps'], 'step')} of global batch {spec['batch']} x {spec['seq_len']} "
              f"bytes in blocks of {block}; "
              f"splits (ranks x accumulation steps) {', '.join(label(s) for s in splits)}; {accumulate} "
-             f"accumulation{'; FSDP2 (fully_shard)' if fsdp else ''}; {threads} thread(s) per rank")
+             f"accumulation{'; FSDP2 (fully_shard)' if fsdp else ''}; {plural(threads, 'thread')} per rank")
     print_fn(f"data: {source}: {data.n_bytes} bytes, sha256 {data.sha256[:16]}")
-    for line in notes:
+    for line in list(notes) + thread_lines(spec.get("threads"), most)[1:]:  # the count is in the first line
         print_fn(line)
     launch = Launcher(runs_dir, progress, None, threads=threads)
     replay = replay_split(splits)
@@ -341,6 +344,7 @@ def split_report(runs: dict, spec: dict, out_dir: str, *, splits, replay, block:
         "runs": {lab: {"s_per_step": rec["s_per_step"], "val_loss": rec["val_loss"], "final": rec["final"],
                        "losses": [s["loss"] for s in rec["steps"]], "world_size": rec.get("world_size"),
                        "rank_s_per_step": rec.get("rank_s_per_step"), "ranks_agree": rec.get("ranks_agree"),
+                       "threads": (rec.get("fingerprint_info") or {}).get("threads"),
                        "restarts": rec.get("restarts"),
                        "ranks_disagreeing": rec.get("ranks_disagreeing")} for lab, rec in runs.items()},
         "per_step": [{k: s[k] for k in ("step", "loss", "grads", "params") if k in s} for s in runs[ref]["steps"]]}

@@ -2,6 +2,7 @@
 training loop that serves the 1-process run and every rank of a data-parallel run."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -447,9 +448,27 @@ def train_run(spec: dict, record_path: str, *, label: str, stop_at: Optional[int
               kill_at: Optional[int] = None, after_first_step: Optional[Callable[[], None]] = None) -> Optional[dict]:
     """One run of ``spec``: in this process, or (``spec["nproc"]`` set) as one rank of a data-parallel run
     launched by torchrun. See :func:`train_loop` for the record and the errors; a data-parallel rank outside
-    torchrun, or with another world size than ``spec["nproc"]``, raises :class:`CheckError`."""
-    with world_of(spec) as world:
+    torchrun, or with another world size than ``spec["nproc"]``, raises :class:`CheckError`. With
+    ``spec["threads"]`` (an int) the run trains with that many intra-op threads (:func:`spec_threads`)."""
+    with spec_threads(spec), world_of(spec) as world:
         return train_loop(world, spec, record_path, label=label, stop_at=stop_at, ckpt_path=ckpt_path,
                           resume=resume, allow_fingerprint_mismatch=allow_fingerprint_mismatch, progress=progress,
                           ckpt_every=ckpt_every, resume_if_any=resume_if_any, kill_at=kill_at,
                           after_first_step=after_first_step)
+
+
+@contextlib.contextmanager
+def spec_threads(spec: dict):
+    """Within the block, torch's intra-op thread count is ``spec["threads"]`` (``torch.set_num_threads``; the CPU's
+    bits depend on it, and the determinism fingerprint records it); as it was after it. Nothing where the spec has
+    none (on CUDA by default, and specs of earlier versions)."""
+    threads = spec.get("threads")
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -55,6 +55,67 @@ def test_check_is_reproducible_and_reports(check_run):
         assert t["setup_s"] + t["train_s"] + t["val_s"] <= run["wall_s"], label
     assert runs["b"]["wall_s"] > runs["b"]["timings"]["train_s"] + runs["b"]["timings"]["setup_s"]  # start-up
     assert report["wall_s"] >= sum(run["wall_s"] for run in runs.values()) * 0.999
+    # one intra-op thread count in every run (the CPU default: OMP_NUM_THREADS where set, else 1), recorded
+    default = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    assert report["threads"] == report["spec"]["threads"] == default
+    assert {run["threads"] for run in runs.values()} == {default}
+    assert f"threads: {default} intra-op thread" in res.stdout
+
+
+def test_threads_reach_every_process_and_the_report(tmp_path):
+    """--threads 2: run a (this check's process), b (a fresh process) and both processes of c train with 2 intra-op
+    threads (their fingerprints record torch.get_num_threads()), and report.json records the count."""
+    out = tmp_path / "o"
+    env = cli_env()
+    env.pop("OMP_NUM_THREADS", None)
+    res = run_cli("check", *TINY_CHECK, "--batch", "2", "--threads", "2", "--out", str(out), env=env)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert ("threads: 2 intra-op threads in every training process (--threads; the CPU's bits depend on the count, "
+            "so every run uses the same)") in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["threads"] == 2 and report["spec"]["threads"] == 2
+    assert {lab: run["threads"] for lab, run in report["runs"].items()} == {"a": 2, "b": 2, "c": 2}
+    records = {name: json.loads((out / "runs" / f"{name}.json").read_text()) for name in ("a", "b", "c1", "c2")}
+    assert {name: rec["fingerprint_info"]["threads"] for name, rec in records.items()} == {
+        "a": 2, "b": 2, "c1": 2, "c2": 2}
+    assert json.loads((out / "runs" / "spec.json").read_text())["threads"] == 2
+
+
+def test_the_thread_count_and_its_notes(monkeypatch):
+    """The CPU default is OMP_NUM_THREADS where set, else 1; a bad OMP_NUM_THREADS is one line; the check notes
+    threads that need more than the usable cores, or a busy machine, only where a process has more than one."""
+    import torch
+
+    from ordered_ssd.apps.check import run as run_module
+    from ordered_ssd.apps.check.spec import check_threads
+    from ordered_ssd.apps.lm import DataError
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert check_threads(None, cpu) == 1 and check_threads(3, cpu) == 3
+    assert check_threads(None, cuda) is None and check_threads(2, cuda) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert check_threads(None, cpu) == 4 and check_threads(1, cpu) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    with pytest.raises(DataError, match=r"^OMP_NUM_THREADS: expected a positive integer \(the check's default "
+                                        r"--threads on the CPU\), got 'many'; unset it or pass --threads N$"):
+        check_threads(None, cpu)
+
+    monkeypatch.setattr(run_module, "usable_cores", lambda: 4)
+    monkeypatch.setattr(run_module.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    line = ("threads: 1 intra-op thread in every training process (--threads; the CPU's bits depend on the count, "
+            "so every run uses the same)")
+    assert run_module.thread_lines(None, 1) == []
+    assert run_module.thread_lines(1, 8) == [line]  # one thread a process: no note, however many processes
+    assert run_module.thread_lines(2, 2) == [line.replace("1 intra-op thread", "2 intra-op threads")]
+    assert run_module.thread_lines(4, 2)[1] == (
+        "note: 2 processes x 4 threads at once need more than the 4 usable cores: the threads wait for each other, "
+        "and the check may take many times longer; --threads 2 would fit")
+    monkeypatch.setattr(run_module.os, "getloadavg", lambda: (3.2, 1.0, 0.5))
+    assert run_module.thread_lines(1, 1) == [line]
+    assert run_module.thread_lines(2, 1)[1] == (
+        "note: the machine is busy (load average 3.2 over the last minute, 4 usable cores): with 2 threads per "
+        "process the check may take many times longer; --threads 1 does not slow down so")
 
 
 def test_check_on_a_user_directory(tmp_path):

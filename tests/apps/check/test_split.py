@@ -42,6 +42,11 @@ def test_split_check_is_split_invariant_and_reports(split_check):
     assert set(report["runs"]) == {"1x4", "2x2", "4x1", "replay"}
     assert all(c["identical"] for c in report["comparisons"].values()) and len(report["comparisons"]) == 3
     assert [report["runs"][lab]["world_size"] for lab in ("1x4", "2x2", "4x1", "replay")] == [1, 2, 4, 2]
+    # every rank of every run with one intra-op thread count (the CPU default), recorded and in the header
+    default = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    assert report["threads"] == report["spec"]["threads"] == default
+    assert {run["threads"] for run in report["runs"].values()} == {default}
+    assert f"; {default} thread{'' if default == 1 else 's'} per rank\n" in res.stdout
     assert report["plot"] == "loss.png" and (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(report["differences"]["pairs"]) == ["2x2 vs 1x4", "4x1 vs 1x4", "replay vs 1x4"]
     assert all(pair[key] == ["identical bits"] * 6 for pair in report["differences"]["pairs"].values()
