@@ -12,7 +12,7 @@ from typing import List
 
 import torch.nn as nn
 
-from .mixer import HF_MIXERS, OrderedHFMamba2Mixer
+from .mixer import HF_MIXERS, OrderedHFMamba2Mixer, check_transformers_version
 
 __all__ = ["Finding", "audit_model"]
 
@@ -26,7 +26,8 @@ class Finding:
     """One part of the model the ordered layers leave non-deterministic or uncovered.
 
     ``module``: its qualified name (``""`` for the model as a whole); ``kind``: ``"unconverted-mamba"``,
-    ``"attention"``, ``"experts"`` or ``"dropout"``; ``detail``: what it is and what to choose instead."""
+    ``"attention"``, ``"experts"``, ``"dropout"`` or ``"kernels"``; ``detail``: what it is and what to choose
+    instead."""
 
     module: str
     kind: str
@@ -45,7 +46,14 @@ def audit_model(model: nn.Module) -> List[Finding]:
       ``attn_implementation="eager"``;
     * ``experts``: a mixture-of-experts block (its outputs gathered with ``index_add_``, atomics on CUDA unless
       you set ``torch.use_deterministic_algorithms(True)``);
-    * ``dropout``: an ``nn.Dropout`` with ``p > 0`` (it repeats only from the same seed and RNG state).
+    * ``dropout``: an ``nn.Dropout`` with ``p > 0`` (it repeats only from the same seed and RNG state);
+    * ``kernels``: the model was kernelized with ``transformers``' hub kernels (``use_kernels=True``, the default of
+      ``from_pretrained`` from 5.25 where the ``kernels`` package is installed): one finding for the model, and one
+      for each module whose forward a hub kernel replaced (their determinism is the kernels' own). The ordered
+      mixers are kept: their forward calls none of the kernelized functions.
+
+    An unconverted mixer under a ``transformers`` version outside :data:`~ordered_ssd.hf.SUPPORTED_TRANSFORMERS`
+    is reported with the version refusal (what to install), not as "call convert_to_ordered".
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -60,13 +68,32 @@ def audit_model(model: nn.Module) -> List[Finding]:
         found.append(Finding("", "attention", f"attn_implementation={attn!r}: its CUDA backward adds partial "
                                               f"gradients with atomics; build the model with "
                                               f"attn_implementation='eager'"))
+    if getattr(model, "use_kernels", False) is True:
+        found.append(Finding("", "kernels", "use_kernels=True: transformers' hub kernels replace the forward of the "
+                                            "modules listed with this kind (their determinism is the kernels' own); "
+                                            "the ordered mixers are kept; load with use_kernels=False, or call "
+                                            "model.set_use_kernels(False), for torch's own layers"))
+    version_refusal = None
     for name, module in model.named_modules():
         cls = type(module)
         if isinstance(module, OrderedHFMamba2Mixer):
             continue
+        if "_kernel_repo" in module.__dict__ and "forward" in module.__dict__:
+            found.append(Finding(name, "kernels", f"{cls.__name__}: its forward is a hub kernel's "
+                                                  f"({module.__dict__['_kernel_repo']}), not torch's"))
         if any(c.__name__ in _MIXER_NAMES for c in cls.__mro__) and hasattr(module, "A_log"):
-            what = "a subclass of a supported class (not converted)" if cls.__name__ not in _MIXER_NAMES else \
-                "not converted (call ordered_ssd.convert_to_ordered(model))"
+            if cls.__name__ in _MIXER_NAMES and cls.__name__ != "Mamba2" and version_refusal is None:
+                try:
+                    check_transformers_version()
+                    version_refusal = ""
+                except RuntimeError as e:
+                    version_refusal = str(e)
+            if cls.__name__ not in _MIXER_NAMES:
+                what = "a subclass of a supported class (not converted)"
+            elif version_refusal and cls.__name__ != "Mamba2":
+                what = f"not converted, and convert_to_ordered refuses it: {version_refusal}"
+            else:
+                what = "not converted (call ordered_ssd.convert_to_ordered(model))"
             found.append(Finding(name, "unconverted-mamba", f"{cls.__name__}: {what}; its backward adds with "
                                                             f"atomics and its kernels are autotuned"))
         elif cls.__name__.endswith(("Experts", "SparseMoeBlock", "MoE", "Moe")) and not any(

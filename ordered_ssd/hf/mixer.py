@@ -2,13 +2,17 @@
 
 One class serves the six families whose mixers share one forward in the supported ``transformers`` versions
 (``Mamba2Mixer``, ``BambaMixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``, ``FalconH1Mixer``,
-``Zamba2MambaMixer``); what differs between them is read off the mixer when it is converted (:class:`_Spec`):
-the gated norm's group size, epsilon and gate order, or no norm (FalconH1's ``mamba_rms_norm=False``), and
-FalconH1's input multiplier and ``mup_vector``. A mixer whose norm, activation or attributes are not one of
-these is refused, naming what is not supported.
+``Zamba2MambaMixer``); what differs between them is read off the mixer when it is converted (``_Spec``, in
+``ordered_ssd/hf/_spec.py``): the gated norm's group size, epsilon and gate order, or no norm (FalconH1's
+``mamba_rms_norm=False``), and FalconH1's input multiplier and ``mup_vector``. A mixer whose norm, activation,
+attributes or ``forward`` parameters are not one of these is refused, naming what is not supported; the gated norm
+is run once on a probe at conversion to prove that it computes what its attributes say.
 
-The forward computes what the original mixer's forward computes (``transformers`` 5.17 to 5.22's
-``modeling_<family>.py``, the same mixer code in those versions but for how it reads the cache), step by step:
+The forward computes what the original mixer's forward computes (``transformers`` 5.17 to 5.25's
+``modeling_<family>.py``; the versions differ in the norm's groups (5.23 made ``MambaRMSNormGated``,
+``BambaRMSNormGated`` and ``GraniteMoeHybridRMSNormGated`` normalise over ``intermediate_size // n_groups``
+channels), the cache's keyword (``cache_params``, ``cache`` from 5.24) and the cache's methods (5.21, 5.25), each
+read off the objects themselves), step by step:
 
 1. ``hidden_states * attention_mask[..., None]`` (padding zeroed), times FalconH1's ``ssm_in_multiplier``;
 2. ``zxbcdt = in_proj(.)``, times FalconH1's ``mup_vector``; split ``[z, xBC, dt]``;
@@ -20,7 +24,10 @@ The forward computes what the original mixer's forward computes (``transformers`
 
 One decoding token (a cache holding the layer's states, and one position) runs causal-conv1d's
 ``causal_conv1d_update`` and mamba-ssm's ``selective_state_update`` on the cache's tensors in place, as the
-original does (without ``time_step_limit``, as the original's step).
+original does (without ``time_step_limit``, as the original's step). With 5.25's cache, as there: the step counts
+its token (``cache.increase_count``); while the cache records past states (assisted decoding), a step runs on a
+copy of the state that it hands to ``cache.update_recurrent_state``, and a multi-token forward runs its last
+``cache.get_recurrent_states_to_keep(layer_idx)`` positions as such steps, handing the cache every step's state.
 
 Paths (as :class:`~ordered_ssd.OrderedMamba2`): on CUDA the ordered operations of :mod:`ordered_ssd.ops` on the
 native kernels (the fused :func:`~ordered_ssd.ops.ordered_mamba_split_conv1d_scan_combined` where no mask acts, the
@@ -30,25 +37,18 @@ the scan, the norm and the projections one by one); elsewhere the pure-PyTorch r
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Optional
-
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import _checks
 from ..modules.mamba2 import _cuda_path_ok, _cuda_path_status, _mark_native_check_constant
 from ..reference import reference_causal_conv1d, reference_chunk_scan, reference_gated_rmsnorm
 from ..reference.decode import reference_causal_conv1d_update, reference_selective_state_update
+from ._spec import (HF_MIXERS, SUPPORTED_TRANSFORMERS, _MODULE_STATE, _spec_of, check_transformers_version,
+                   hf_mixer_family)
 
 __all__ = ["OrderedHFMamba2Mixer", "HF_MIXERS", "SUPPORTED_TRANSFORMERS", "hf_mixer_family", "ordered_from_hf",
            "hf_from_ordered"]
-
-#: The ``transformers`` versions whose mixers this module mirrors: ``>=`` the first, ``<`` the second. Their mixer
-#: forward is one code, but for how it reads the cache (:func:`_cache_states`); 5.23 changed the mixers again.
-SUPPORTED_TRANSFORMERS = ("5.17", "5.23")
 
 
 def _cache_states(cache, layer_idx):
@@ -63,162 +63,14 @@ def _cache_states(cache, layer_idx):
         return layer.conv_states[0], layer.recurrent_states[0], layer.record_past
     return None, None, False
 
-#: (module, class name) of each supported mixer class -> its family.
-HF_MIXERS = {
-    ("transformers.models.mamba2.modeling_mamba2", "Mamba2Mixer"): "mamba2",
-    ("transformers.models.bamba.modeling_bamba", "BambaMixer"): "bamba",
-    ("transformers.models.nemotron_h.modeling_nemotron_h", "NemotronHMamba2Mixer"): "nemotron_h",
-    ("transformers.models.granitemoehybrid.modeling_granitemoehybrid", "GraniteMoeHybridMambaLayer"):
-        "granitemoehybrid",
-    ("transformers.models.falcon_h1.modeling_falcon_h1", "FalconH1Mixer"): "falcon_h1",
-    ("transformers.models.zamba2.modeling_zamba2", "Zamba2MambaMixer"): "zamba2",
-}
 
-#: The gated-norm classes of those mixers: normalised over the whole width (full), over ``group_size`` channels
-#: (grouped), over ``n_groups`` groups with a ``norm_before_gate`` flag (FalconH1).
-_FULL_NORMS = {"MambaRMSNormGated", "BambaRMSNormGated", "GraniteMoeHybridRMSNormGated"}
-_GROUP_SIZE_NORMS = {"Zamba2RMSNormGated", "Mamba2RMSNormGated", "NemotronHRMSNormGated"}
-_N_GROUPS_NORMS = {"FalconH1RMSNormGated"}
-
-#: The attributes every supported mixer has (the sizes and options its forward reads).
-_REQUIRED = ("num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel_size", "intermediate_size",
-             "chunk_size", "time_step_limit", "activation", "layer_idx", "in_proj", "conv1d", "dt_bias", "A_log",
-             "D", "norm", "out_proj")
-
-#: What nn.Module keeps in ``__dict__`` for itself, and an instance-level ``forward`` (accelerate's hooks install
-#: one); every other public entry is a mixer attribute and is carried over.
-_MODULE_STATE = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "training", "forward")
-
-
-def _check_no_hooks(mixer: nn.Module, name: str) -> None:
-    """accelerate's dispatch (a ``device_map`` over several devices, or offloading) wraps modules' ``forward`` to
-    move weights in; the ordered path reads the weights itself, so such a model is refused, not half served."""
-    for sub_name, sub in mixer.named_modules():
-        if hasattr(sub, "_hf_hook") or "forward" in sub.__dict__:
-            where = f"{name}.{sub_name}" if sub_name else name
-            raise ValueError(f"{where}: expected a module without accelerate hooks or a forward set on the instance, "
-                             f"got one (accelerate adds them for a device_map over several devices, for offloading "
-                             f"and for some quantizers); the ordered mixer reads its weights itself: load the model "
-                             f"on one device (device_map=None, or a single device) before convert_to_ordered")
-
-
-def hf_mixer_family(module: nn.Module) -> Optional[str]:
-    """The family of a supported ``transformers`` mixer (``"mamba2"``, ``"bamba"``, ...), else None. The class
-    itself must match (not a subclass, which may change the forward). Imports nothing."""
-    cls = type(module)
-    return HF_MIXERS.get((cls.__module__, cls.__name__))
-
-
-def _transformers_version() -> str:
-    import sys
-
-    mod = sys.modules.get("transformers")
-    return getattr(mod, "__version__", "unknown") if mod is not None else "not imported"
-
-
-def _version_tuple(v: str):
-    return tuple(int(p) for p in re.findall(r"\d+", v)[:2])
-
-
-def check_transformers_version() -> str:
-    """The imported ``transformers`` version, if in :data:`SUPPORTED_TRANSFORMERS`; else ``RuntimeError``."""
-    v = _transformers_version()
-    lo, hi = SUPPORTED_TRANSFORMERS
-    try:
-        ok = _version_tuple(lo) <= _version_tuple(v) < _version_tuple(hi)
-    except ValueError:
-        ok = False
-    if not ok:
-        raise RuntimeError(f"transformers: expected a version >= {lo}, < {hi} (the mixers ordered-ssd mirrors), got "
-                           f"{v}; install it with: pip install 'ordered-ssd[hf]'")
-    return v
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """What one mixer computes, read off it at conversion (the sizes, options and family-specific pieces)."""
-
-    family: str
-    d_model: int
-    nheads: int
-    headdim: int
-    ngroups: int
-    d_state: int
-    d_conv: int
-    d_ssm: int
-    chunk_size: int
-    dt_limit: tuple
-    norm: str  # "gated" or "none"
-    norm_group_size: int
-    norm_eps: float
-    norm_before_gate: bool
-    in_multiplier: Optional[float]  # FalconH1's ssm_in_multiplier (None elsewhere)
-    has_mup_vector: bool  # FalconH1's mup_vector buffer
-
-
-def _spec_of(mixer: nn.Module, family: str) -> _Spec:
-    name = f"{type(mixer).__name__}(layer_idx={getattr(mixer, 'layer_idx', None)})"
-    missing = [a for a in _REQUIRED if not hasattr(mixer, a)]
-    if missing:
-        raise TypeError(f"{name}: expected the attributes of transformers {SUPPORTED_TRANSFORMERS[0]}'s mixer, "
-                        f"missing {missing}")
-    if mixer.activation not in ("silu", "swish"):
-        raise ValueError(f"{name}: activation: expected 'silu' (the only activation of the native conv kernels), "
-                         f"got {mixer.activation!r}; this model cannot be converted")
-    if type(mixer.conv1d) is not nn.Conv1d:
-        raise TypeError(f"{name}.conv1d: expected a torch.nn.Conv1d, got {type(mixer.conv1d).__name__}")
-    H, P, G, N = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.ssm_state_size
-    d_ssm = mixer.intermediate_size
-    if H * P != d_ssm:
-        raise ValueError(f"{name}: expected num_heads * head_dim == intermediate_size, got {H} * {P} != {d_ssm}")
-    if H % G != 0:
-        raise ValueError(f"{name}: n_groups: expected a divisor of num_heads={H}, got {G}")
-    conv_dim = d_ssm + 2 * G * N
-    if tuple(mixer.conv1d.weight.shape) != (conv_dim, 1, mixer.conv_kernel_size):
-        raise ValueError(f"{name}.conv1d.weight: expected shape {(conv_dim, 1, mixer.conv_kernel_size)}, "
-                         f"got {tuple(mixer.conv1d.weight.shape)}")
-    _check_no_hooks(mixer, name)
-    limit = mixer.time_step_limit
-    try:
-        lo, hi = (float(v) for v in limit)
-    except (TypeError, ValueError):
-        lo = hi = float("nan")
-    if not lo <= hi:
-        raise ValueError(f"{name}: time_step_limit: expected a (min, max) pair with min <= max (the clamp of dt), "
-                         f"got {limit!r}")
-    norm = mixer.norm
-    norm_cls = type(norm).__name__
-    norm_before_gate = False
-    if isinstance(norm, nn.Identity):
-        if family != "falcon_h1":
-            raise ValueError(f"{name}.norm: expected a gated RMSNorm, got nn.Identity (only FalconH1 has no norm)")
-        kind, group, eps = "none", d_ssm, 0.0
-    elif norm_cls in _FULL_NORMS:
-        kind, group, eps = "gated", d_ssm, float(norm.variance_epsilon)
-    elif norm_cls in _GROUP_SIZE_NORMS:
-        kind, group, eps = "gated", int(norm.group_size), float(norm.variance_epsilon)
-    elif norm_cls in _N_GROUPS_NORMS:
-        kind, group, eps = "gated", d_ssm // int(norm.n_groups), float(norm.variance_epsilon)
-        norm_before_gate = bool(norm.norm_before_gate)
-    else:
-        raise ValueError(f"{name}.norm: expected one of the gated norms "
-                         f"{sorted(_FULL_NORMS | _GROUP_SIZE_NORMS | _N_GROUPS_NORMS)} or (FalconH1) nn.Identity, "
-                         f"got {norm_cls}; this mixer cannot be converted")
-    if kind == "gated" and (group < 1 or d_ssm % group != 0):
-        raise ValueError(f"{name}.norm: expected a group size dividing intermediate_size={d_ssm}, got {group}")
-    in_mult, has_mup = None, False
-    if family == "falcon_h1":
-        in_mult = float(mixer.ssm_in_multiplier)
-        mup = getattr(mixer, "mup_vector", None)
-        if mup is not None:
-            width = mixer.in_proj.weight.shape[0]
-            if tuple(mup.shape) != (1, 1, width):
-                raise ValueError(f"{name}.mup_vector: expected shape (1, 1, {width}), got {tuple(mup.shape)}")
-            has_mup = True
-    return _Spec(family=family, d_model=mixer.in_proj.weight.shape[1], nheads=H, headdim=P, ngroups=G, d_state=N,
-                 d_conv=mixer.conv_kernel_size, d_ssm=d_ssm, chunk_size=int(mixer.chunk_size), dt_limit=(lo, hi),
-                 norm=kind, norm_group_size=group, norm_eps=eps, norm_before_gate=norm_before_gate,
-                 in_multiplier=in_mult, has_mup_vector=has_mup)
+def _states_to_keep(cache, layer_idx, seqlen: int) -> int:
+    """How many of a multi-token forward's last positions the original runs as one-token steps, recording each
+    step's recurrent state (5.25's ``cache.get_recurrent_states_to_keep``, set by assisted decoding so that the cache
+    can be cropped back): 0 without such a cache, or when it records no past."""
+    if cache is None or not hasattr(cache, "get_recurrent_states_to_keep"):
+        return 0
+    return min(int(cache.get_recurrent_states_to_keep(layer_idx) or 0), seqlen)
 
 
 class OrderedHFMamba2Mixer(nn.Module):
@@ -230,13 +82,14 @@ class OrderedHFMamba2Mixer(nn.Module):
     attributes (``layer_idx``, ``num_heads``, ``config``, ...), so ``state_dict`` keys, values and dtypes are
     unchanged and an optimizer built before the conversion keeps working.
 
-    ``forward(hidden_states, cache_params=None, attention_mask=None, **kwargs)`` as the original:
+    ``forward(hidden_states, cache=None, attention_mask=None, **kwargs)`` as the original (the cache also as
+    ``cache_params=``, its name before ``transformers`` 5.24):
 
     * ``hidden_states`` [B, L, hidden_size]: fp32/bf16/fp16 on CUDA, fp32/fp64 elsewhere, the dtype of
       ``in_proj.weight`` (any of those under CUDA autocast);
     * ``attention_mask`` [B, L] of 0/1 (padding positions zeroed before ``in_proj`` and after the conv) or None;
-    * ``cache_params``: the model's cache object (prefill writes the conv and recurrent states, a one-token call
-      after it decodes from them in place);
+    * ``cache`` / ``cache_params``: the model's cache object (prefill writes the conv and recurrent states, a
+      one-token call after it decodes from them);
     * packed sequences (padding-free batches, B == 1): ``seq_idx`` [1, L] int (``DataCollatorWithFlattening(
       return_seq_idx=True)``), or ``cu_seq_lens_q`` [S + 1] (``return_flash_attn_kwargs=True``), from which
       ``seq_idx`` is made on the device; the conv and the scan do not cross a sequence boundary. Other keyword
@@ -246,8 +99,9 @@ class OrderedHFMamba2Mixer(nn.Module):
 
     Raises (before any kernel): ``TypeError`` / ``ValueError`` naming the argument for a wrong rank, width,
     dtype or device of ``hidden_states``, a ``seq_idx`` / ``cu_seq_lens_q`` of the wrong shape, dtype or device,
-    ``attention_mask`` not [B, L], packed sequences continuing from ``cache_params``; ``NotImplementedError`` for a
-    one-token step from the cache in training mode with autograd on (the step runs without autograd, as
+    ``attention_mask`` not [B, L], packed sequences continuing from the cache, two different caches as ``cache``
+    and ``cache_params``; ``NotImplementedError`` for a one-token step from the cache (or assisted decoding's steps)
+    in training mode with autograd on (the step runs without autograd, as
     ``OrderedMamba2.step``: use ``model.eval()``); ``ImportError`` / ``RuntimeError`` on CUDA without the native
     extras (never a silent fallback; ``mixer.backend = "reference"`` asks for the reference explicitly). At
     conversion, a mixer dispatched by accelerate (hooks on it or its submodules) or without a ``(min, max)``
@@ -269,7 +123,13 @@ class OrderedHFMamba2Mixer(nn.Module):
                         "model) (or ordered_ssd.hf.ordered_from_hf(mixer)), not directly")
 
     # ------------------------------------------------------------------ forward
-    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        cache_params = kwargs.pop("cache_params", None)
+        if cache_params is not None:
+            if cache is not None and cache is not cache_params:
+                raise ValueError("cache / cache_params: expected one cache (cache_params is the name of cache before "
+                                 "transformers 5.24), got two different objects")
+            cache = cache_params
         spec = self._ordered_spec
         u = hidden_states
         backend = self._backend_for(u)
@@ -282,20 +142,22 @@ class OrderedHFMamba2Mixer(nn.Module):
         Bsz, L, _ = u.shape
         mask = self._check_mask(attention_mask, Bsz, L, u.device)
         seq_idx = self._packed_seq_idx(kwargs, Bsz, L, u.device)
-        cache = cache_params
         conv_state, ssm_state, recording = _cache_states(cache, self.layer_idx) if cache is not None else (None,) * 3
         use_prev = ssm_state is not None
         if use_prev and seq_idx is not None:
-            raise ValueError("seq_idx / cu_seq_lens_q: packed sequences continuing from cache_params are not "
+            raise ValueError("seq_idx / cu_seq_lens_q: packed sequences continuing from the cache are not "
                              "supported (the cache holds one state per row, of the last sequence); prefill or train "
                              "a packed batch from an empty cache, or with use_cache=False")
-        if use_prev and L == 1:  # the original's recurrent form (its conv through the cache while it records past)
+        keep = _states_to_keep(cache, self.layer_idx, L) if not (use_prev and L == 1) else 0
+        if (use_prev and L == 1) or keep:
             if self.training and torch.is_grad_enabled():
-                raise NotImplementedError(f"{type(self).__name__}: a one-token step from cache_params in training "
-                                          "mode (the step runs without autograd, as OrderedMamba2.step); call "
-                                          "model.eval(), or train on whole sequences")
+                raise NotImplementedError(f"{type(self).__name__}: one-token steps from the cache in training mode "
+                                          "(a decoding step, or the steps of assisted decoding, run without "
+                                          "autograd, as OrderedMamba2.step); call model.eval(), or train on whole "
+                                          "sequences")
+        if use_prev and L == 1:  # the original's recurrent form (its conv through the cache while it records past)
             return self._decode_step(u, mask, cache, conv_state, ssm_state, backend, conv_through_cache=recording)
-        return self._forward_seq(u, mask, seq_idx, cache, ssm_state, backend)
+        return self._forward_seq(u, mask, seq_idx, cache, ssm_state, backend, keep)
 
     def _backend_for(self, u) -> str:
         _checks.check_tensor("hidden_states", u)
@@ -380,14 +242,15 @@ class OrderedHFMamba2Mixer(nn.Module):
             return ops.ordered_A_from_log(self.A_log)
         return -torch.exp(self.A_log.to(torch.float64 if dtype == torch.float64 else torch.float32))
 
-    def _fused_ok(self, mask, use_prev) -> bool:
+    def _fused_ok(self, mask, use_prev, keep) -> bool:
         """The fused op computes the layer from ``zxbcdt`` when no mask acts between the conv and the scan, the scan
-        starts from zeros, and the norm's groups are the scan's groups."""
+        starts from zeros and covers every position (no one-token steps at the end, ``keep == 0``), and the norm's
+        groups are the scan's groups."""
         spec = self._ordered_spec
-        return (mask is None and not use_prev and
+        return (mask is None and not use_prev and not keep and
                 (spec.norm == "none" or spec.norm_group_size == spec.d_ssm // spec.ngroups))
 
-    def _forward_seq(self, u, mask, seq_idx, cache, initial, backend):
+    def _forward_seq(self, u, mask, seq_idx, cache, initial, backend, keep=0):
         use_prev = initial is not None
         spec = self._ordered_spec
         H, P, G, N = spec.nheads, spec.headdim, spec.ngroups, spec.d_state
@@ -397,7 +260,7 @@ class OrderedHFMamba2Mixer(nn.Module):
         conv_w = self.conv1d.weight.squeeze(1)
         if backend == "cuda":
             self._check_cuda_path(Bsz, L)
-            if self._fused_ok(mask, use_prev):
+            if self._fused_ok(mask, use_prev, keep):
                 from .. import ops
 
                 if cache is not None:  # a prefill: the cache keeps the last d_conv conv inputs, as the original's
@@ -421,22 +284,61 @@ class OrderedHFMamba2Mixer(nn.Module):
             xBC = (xBC * mask[:, :, None]).to(xBC.dtype)
         x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
         z_gate = z.reshape(Bsz, L, H, P) if spec.norm == "none" else None
-        kw = dict(D=self.D, z=z_gate, dt_bias=self.dt_bias, dt_softplus=True, dt_limit=spec.dt_limit, seq_idx=seq_idx,
-                  initial_states=initial, return_final_states=cache is not None)
-        args = (x.reshape(Bsz, L, H, P), dt, self._A(backend, dtype), B.reshape(Bsz, L, G, N),
-                C.reshape(Bsz, L, G, N), spec.chunk_size)
+        x, dt, B, C = x.reshape(Bsz, L, H, P), dt, B.reshape(Bsz, L, G, N), C.reshape(Bsz, L, G, N)
+        n = L - keep  # the positions the chunked scan computes; the last ``keep`` run as one-token steps
+        final = initial
+        ys = []
+        if n > 0:
+            kw = dict(D=self.D, z=None if z_gate is None else z_gate[:, :n], dt_bias=self.dt_bias, dt_softplus=True,
+                      dt_limit=spec.dt_limit, seq_idx=seq_idx, initial_states=initial,
+                      return_final_states=cache is not None)
+            args = (x[:, :n], dt[:, :n], self._A(backend, dtype), B[:, :n], C[:, :n], spec.chunk_size)
+            if backend == "cuda":
+                from .. import ops
+
+                y = ops.ordered_mamba_chunk_scan_combined(*args, **kw)
+            else:
+                y = reference_chunk_scan(*args, **kw)
+            if cache is not None:
+                y, final = y
+            ys.append(y)
+        if keep:
+            y, final = self._steps(x[:, n:], dt[:, n:], B[:, n:], C[:, n:],
+                                   None if z_gate is None else z_gate[:, n:], final, backend, dtype)
+            ys.append(y)
+        if cache is not None:
+            cache.update_recurrent_state(final, layer_idx=self.layer_idx)
+        y = (ys[0] if len(ys) == 1 else torch.cat(ys, 1)).reshape(Bsz, L, spec.d_ssm)
+        y = self._gate(y, z, backend)
+        return self._project_out(y, dtype, backend)
+
+    @torch.no_grad()
+    def _steps(self, x, dt, B, C, z, state, backend, dtype):
+        """The last positions of a forward as one-token steps from ``state`` (None: zeros), as the original runs them
+        while the cache records past states for assisted decoding (transformers 5.25): ``x`` [B, k, H, P], ``dt``
+        [B, k, H], ``B``, ``C`` [B, k, G, N], ``z`` [B, k, H, P] or None. Returns the outputs [B, k, H, P] and the
+        list of the states after each step (the last one is the layer's new state; the cache keeps them all)."""
+        spec = self._ordered_spec
+        Bsz, k = x.shape[:2]
+        if state is None:
+            state = torch.zeros(Bsz, spec.nheads, spec.headdim, spec.d_state, device=x.device, dtype=torch.float32)
+        update = self._state_update(backend)
+        A = self._A(backend, dtype)
+        ys, states = [], []
+        for t in range(k):
+            state = state.clone()
+            ys.append(update(state, x[:, t], dt[:, t], A, B[:, t], C[:, t], D=self.D,
+                             z=None if z is None else z[:, t], dt_bias=self.dt_bias, dt_softplus=True))
+            states.append(state)
+        return torch.stack(ys, 1), states
+
+    @staticmethod
+    def _state_update(backend):
         if backend == "cuda":
             from .. import ops
 
-            y = ops.ordered_mamba_chunk_scan_combined(*args, **kw)
-        else:
-            y = reference_chunk_scan(*args, **kw)
-        if cache is not None:
-            y, final = y
-            cache.update_recurrent_state(final, layer_idx=self.layer_idx)
-        y = y.reshape(Bsz, L, spec.d_ssm)
-        y = self._gate(y, z, backend)
-        return self._project_out(y, dtype, backend)
+            return ops.ordered_selective_state_update
+        return reference_selective_state_update
 
     def _conv(self, xBC, conv_w, seq_idx, cache, use_prev, backend):
         """Causal conv1d + SiLU of ``xBC`` [B, L, C]; with a cache, its conv state is updated, and the conv starts
@@ -497,7 +399,7 @@ class OrderedHFMamba2Mixer(nn.Module):
 
             if not conv_through_cache:
                 if conv_state.dtype != xBC.dtype:
-                    raise TypeError(f"cache_params conv state: expected dtype {xBC.dtype} (causal-conv1d's update "
+                    raise TypeError(f"cache conv state: expected dtype {xBC.dtype} (causal-conv1d's update "
                                     f"kernel), got {conv_state.dtype}")
                 xBC = ops.ordered_causal_conv1d_update(xBC, conv_state, conv_w, self.conv1d.bias, "silu")
         elif not conv_through_cache:
@@ -505,14 +407,17 @@ class OrderedHFMamba2Mixer(nn.Module):
         if mask is not None:  # the model passes no mask for one token; a caller's mask acts as in the original
             xBC = (xBC * mask[:, -1:]).to(xBC.dtype)
         x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
-        if backend == "cuda":
-            from .. import ops
-
-            update = ops.ordered_selective_state_update
-        else:
-            update = reference_selective_state_update
-        y = update(ssm_state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype), B.reshape(Bsz, G, N),
-                   C.reshape(Bsz, G, N), D=self.D, z=z_gate, dt_bias=self.dt_bias, dt_softplus=True)
+        # transformers 5.25's cache counts tokens: a step whose conv updates the state in place says so itself; and
+        # it keeps each recorded step's state (for a rollback): the step then runs on a copy handed to the cache
+        counts = hasattr(cache, "increase_count")
+        if counts and not conv_through_cache:
+            cache.increase_count(self.layer_idx, 0)
+        state = ssm_state.clone() if counts and conv_through_cache else ssm_state
+        y = self._state_update(backend)(state, x.reshape(Bsz, H, P), dt, self._A(backend, dtype),
+                                        B.reshape(Bsz, G, N), C.reshape(Bsz, G, N), D=self.D, z=z_gate,
+                                        dt_bias=self.dt_bias, dt_softplus=True)
+        if state is not ssm_state:
+            cache.update_recurrent_state(state, layer_idx=self.layer_idx)
         y = y.reshape(Bsz, 1, spec.d_ssm)
         y = self._gate(y, z[:, None], backend)
         return self._project_out(y, dtype, backend)

@@ -118,3 +118,13 @@ def mixer_param_names(model, cls_name: str):
     emb = model.get_input_embeddings().weight
     names.append(next(n for n, p in params.items() if p is emb))
     return names
+
+
+def cache_kw(model) -> str:
+    """The name of the cache argument of ``model``'s forward (and of its output's field): ``cache_params`` before
+    ``transformers`` 5.24 (Mamba2's backbone and causal LM), ``cache`` from 5.24; the hybrids take
+    ``past_key_values``."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return next(n for n in ("cache", "cache_params", "past_key_values") if n in params)

@@ -46,3 +46,54 @@ def test_experts_and_dropout_are_named():
     assert [f.module for f in found if f.kind == "dropout"] == ["model.layers.0.extra_dropout"]
     with pytest.raises(TypeError, match="model: expected a torch.nn.Module, got int"):
         audit_model(3)
+
+
+def test_an_unconverted_mixer_under_an_unsupported_version_names_the_version(monkeypatch):
+    import sys
+
+    model = _bamba("eager")
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.26.0")
+    found = audit_model(model)
+    assert [(f.kind, f.module) for f in found] == [("unconverted-mamba", "model.layers.0.mamba")]
+    detail = found[0].detail
+    assert "convert_to_ordered refuses it: transformers 5.26.0 is newer than 5.25" in detail
+    assert "pip install 'transformers>=5.17,<5.26'" in detail and "call ordered_ssd.convert_to_ordered" not in detail
+
+
+def _kernelizable():
+    if not hasattr(transformers.PreTrainedModel, "set_use_kernels"):
+        return f"transformers {transformers.__version__} has no hub kernels switch (set_use_kernels)"
+    from transformers.utils import is_kernels_available
+
+    if not is_kernels_available():
+        return (f"no kernels package of the versions transformers {transformers.__version__} takes is installed "
+                f"(5.25 depends on one; CI runs this there)")
+    return None
+
+
+@pytest.mark.skipif(_kernelizable() is not None, reason=str(_kernelizable()))
+@pytest.mark.parametrize("order", ["convert_then_kernelize", "kernelize_then_convert"])
+def test_use_kernels_keeps_the_ordered_mixers_and_the_audit_reports_it(order):
+    """transformers' hub kernels (use_kernels=True; from_pretrained's default from 5.25 where `kernels` is
+    installed) replace the functions the original mixers call and the forward of decorated layers: the ordered
+    mixers call none of them, so they stay, with the same bits, and audit_model names the kernelization."""
+    from ordered_ssd.hf import OrderedHFMamba2Mixer
+
+    x = torch.randint(3, 64, (2, 21), generator=torch.Generator().manual_seed(0))
+    plain = convert_to_ordered(_bamba("eager"))
+    want = plain(x).logits
+    model = _bamba("eager")
+    if order == "convert_then_kernelize":
+        convert_to_ordered(model)
+        model.set_use_kernels(True)
+    else:
+        model.set_use_kernels(True)
+        convert_to_ordered(model)
+    assert model.use_kernels
+    assert type(model.model.layers[0].mamba) is OrderedHFMamba2Mixer
+    assert torch.equal(model(x).logits, want)
+    found = audit_model(model)
+    assert ("kernels", "") in [(f.kind, f.module) for f in found]
+    assert "the ordered mixers are kept" in next(f.detail for f in found if f.kind == "kernels")
+    model.set_use_kernels(False)
+    assert not any(f.kind == "kernels" and f.module == "" for f in audit_model(model))

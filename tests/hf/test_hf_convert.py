@@ -1,6 +1,7 @@
 """convert_to_ordered / convert_to_hf on tiny transformers models of every family (CPU): what is replaced, what is
 kept (parameter objects, state_dict bits, optimizer), what is refused (never a partial conversion), and the round
 trips through save_pretrained / from_pretrained / load_state_dict / convert_to_hf."""
+import re
 import subprocess
 import sys
 
@@ -120,20 +121,38 @@ def test_a_bf16_model_on_the_cpu_is_refused_at_forward():
         model(ids())
 
 
-@pytest.mark.parametrize("version", ["5.16.2", "5.23.0", "4.57.1", "6.0.0"])
-def test_a_transformers_version_outside_the_range_is_refused(version, monkeypatch):
+@pytest.mark.parametrize("version, words", [
+    ("5.16.2", r"transformers 5\.16\.2 is older than 5\.17, the oldest version ordered-ssd supports"),
+    ("4.57.1", r"transformers 4\.57\.1 is older than 5\.17"),
+    ("5.26.0", r"transformers 5\.26\.0 is newer than 5\.25, the newest version ordered-ssd is tested with"),
+    ("5.26.0.dev0", r"transformers 5\.26\.0\.dev0 is newer than 5\.25"),
+    ("6.0.0", r"transformers 6\.0\.0 is newer than 5\.25"),
+    ("unknown", r"transformers: expected a version from 5\.17 to 5\.25, got unknown"),
+])
+def test_a_transformers_version_outside_the_range_is_refused(version, words, monkeypatch):
     model = build("zamba2")
     cls_name = FAMILIES["zamba2"][1]
     before = mixers(model, cls_name)
     # the module the library reads (transformers 5.17 swaps the sys.modules entry once a model class is touched)
     monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
-    with pytest.raises(RuntimeError, match=rf"transformers: expected a version >= 5\.17, < 5\.23.*got {version}"):
+    with pytest.raises(RuntimeError) as e:
         convert_to_ordered(model)
+    msg = str(e.value)
+    assert re.match(words, msg) and "\n" not in msg
+    assert msg.endswith("pip install 'transformers>=5.17,<5.26'")
     assert mixers(model, cls_name) == before
     monkeypatch.undo()
-    assert (5, 17) <= tuple(int(v) for v in sys.modules["transformers"].__version__.split(".")[:2]) < (5, 23)
+    assert (5, 17) <= tuple(int(v) for v in sys.modules["transformers"].__version__.split(".")[:2]) <= (5, 25)
     convert_to_ordered(model)  # the same model converts with the real version
     assert len(ordered_mixers(model)) == len(before)
+
+
+@pytest.mark.parametrize("version", ["5.17.0", "5.20.2", "5.25.0", "5.25.3"])
+def test_every_version_of_the_range_passes_the_version_check(version, monkeypatch):
+    from ordered_ssd.hf.mixer import check_transformers_version
+
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+    assert check_transformers_version() == version
 
 
 def test_a_subclass_of_a_mixer_class_is_not_converted():

@@ -7,7 +7,7 @@ transformers = pytest.importorskip("transformers")
 
 from ordered_ssd import convert_to_ordered  # noqa: E402
 from tests.helpers import bits_equal  # noqa: E402
-from tests.hf.models import FAMILIES, build, clone, ids, ordered_mixers  # noqa: E402
+from tests.hf.models import FAMILIES, build, cache_kw, clone, ids, ordered_mixers  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -103,7 +103,7 @@ def test_a_multi_token_forward_continuing_from_the_cache_gives_the_full_forwards
             full = model(x).logits
             first = model(x[:, :cut], use_cache=True)
             if family == "mamba2":
-                kw = {"cache_params": first.cache_params}
+                kw = {cache_kw(model): getattr(first, cache_kw(model))}
             else:
                 kw = {"past_key_values": first.past_key_values,
                       "position_ids": torch.arange(cut, x.shape[1]).expand(2, -1)}
@@ -111,3 +111,149 @@ def test_a_multi_token_forward_continuing_from_the_cache_gives_the_full_forwards
         results.append(torch.cat([first.logits, second], 1))
         assert rel_err(results[-1], full) < 1e-5
     assert rel_err(results[1], results[0]) < 1e-5
+
+
+def _layer_states(cache, layer_idx):
+    """The conv and recurrent states the cache holds for a Mamba layer, through the installed version's API."""
+    from ordered_ssd.hf.mixer import _cache_states
+
+    conv, rec, _ = _cache_states(cache, layer_idx)
+    return conv, rec
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_prefill_through_the_models_own_cache_writes_every_mixers_states(family):
+    """No silent cache loss: a prefill through the model (its own cache object, passed to the mixers under the
+    installed version's keyword) writes each ordered mixer's conv and recurrent states, equal to the original's."""
+    orig = build(family, "no_norm" if family == "falcon_h1" else "g2_bias")
+    conv = convert_to_ordered(clone(orig))
+    x = ids(2, PROMPT)
+    caches = []
+    for model in (orig, conv):
+        with torch.no_grad():
+            out = model(x, use_cache=True)
+        caches.append(getattr(out, cache_kw(model)) if family == "mamba2" else out.past_key_values)
+    layers = [m.layer_idx for _, m in ordered_mixers(conv)]
+    assert layers
+    for idx in layers:
+        (c0, r0), (c1, r1) = _layer_states(caches[0], idx), _layer_states(caches[1], idx)
+        assert c1 is not None and r1 is not None, f"layer {idx}: the prefill wrote no state"
+        assert c1.abs().sum() > 0 and r1.abs().sum() > 0
+        assert c1.shape == c0.shape and r1.shape == r0.shape
+        assert torch.allclose(c1, c0, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(r1, r0, rtol=1e-4, atol=1e-5)
+    assert _seq_length(caches[1]) == _seq_length(caches[0])
+
+
+def _seq_length(cache):
+    """The cache's token count, or the error the installed version raises for it (before 5.25 a cache of linear
+    attention layers alone has no length)."""
+    try:
+        return int(cache.get_seq_length())
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_cache_after_generate_counts_what_the_originals_counts(family):
+    """transformers 5.25's cache counts the tokens of in-place decoding steps (cache.increase_count): the converted
+    model's cache after generate holds the original's length and states."""
+    orig = build(family)
+    conv = convert_to_ordered(clone(orig))
+    x = ids(1, PROMPT, seed=6)
+    mask = torch.ones_like(x)
+    outs = [_generate(m, x, mask, return_dict_in_generate=True) for m in (orig, conv)]
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    c0, c1 = (next(getattr(o, k) for k in ("cache", "past_key_values", "cache_params") if getattr(o, k, None)
+                   is not None) for o in outs)
+    assert _seq_length(c1) == _seq_length(c0)
+    if transformers.__version__ >= "5.25":
+        assert _seq_length(c1) == PROMPT + NEW - 1  # the last token is sampled, never fed back
+    for _, m in ordered_mixers(conv):
+        (s0, r0), (s1, r1) = _layer_states(c0, m.layer_idx), _layer_states(c1, m.layer_idx)
+        assert torch.allclose(s1, s0, rtol=1e-5, atol=1e-6) and torch.allclose(r1, r0, rtol=1e-4, atol=1e-5)
+
+
+def _assisted_supported(model) -> bool:
+    """Whether the installed transformers runs assisted (prompt-lookup) decoding for this stateful model (5.25
+    does; before it, generate refuses it for stateful models)."""
+    x = ids(1, 6)
+    try:
+        with torch.no_grad():
+            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=2, do_sample=False,
+                           pad_token_id=_pad_id(model), prompt_lookup_num_tokens=2)
+    except ValueError as e:
+        assert "assisted generation is not supported with stateful models" in str(e)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_assisted_decoding_gives_the_originals_tokens_or_the_originals_refusal(family):
+    """Prompt-lookup decoding verifies several draft tokens in one forward from the cache, which records the
+    recurrent state of each of them (5.25's get_recurrent_states_to_keep) and is cropped back: the converted model
+    gives its plain greedy tokens and the original's, or, where the original refuses it, the same refusal."""
+    orig = build(family, "no_norm" if family == "falcon_h1" else "g2_bias")
+    conv = convert_to_ordered(clone(orig))
+    supported = _assisted_supported(orig)
+    assert _assisted_supported(conv) == supported
+    if not supported:
+        return
+    p = ids(1, 6, seed=7)
+    x = torch.cat([p, p, p[:, :3]], 1)  # repeats, so that the prompt lookup finds drafts
+    mask = torch.ones_like(x)
+    plain = _generate(conv, x, mask)
+    got = _generate(conv, x, mask, prompt_lookup_num_tokens=3)
+    assert torch.equal(got, plain)
+    assert torch.equal(got, _generate(orig, x, mask, prompt_lookup_num_tokens=3))
+
+
+def _record_and_crop(model, family):
+    """Prefill 8 tokens, record past states (as assisted decoding does), verify 3 tokens in one forward, crop 2 of
+    them, then one recorded one-token step cropped back: the states after each crop, or the installed version's
+    error where its cache cannot do this."""
+    from transformers import DynamicCache
+
+    x = ids(2, 12, seed=8)
+    cache = DynamicCache(config=model.config)
+    key = cache_kw(model)
+    seen = []
+    try:
+        with torch.no_grad():
+            model(x[:, :8], use_cache=True, **{key: cache})
+            try:
+                cache.activate_past_recording(recurrent_states_to_keep=3)
+            except TypeError:  # before 5.25 it records no recurrent states
+                cache.activate_past_recording()
+            extra = {} if family == "mamba2" else {"position_ids": torch.arange(8, 11).expand(2, -1)}
+            model(x[:, 8:11], use_cache=True, **{key: cache}, **extra)
+            cache.crop(-2)
+            seen.append([_layer_states(cache, i) for i in _mamba_layers(model)])
+            extra = {} if family == "mamba2" else {"position_ids": torch.tensor([[9], [9]])}
+            model(x[:, 9:10], use_cache=True, **{key: cache}, **extra)
+            cache.crop(-1)
+            seen.append([_layer_states(cache, i) for i in _mamba_layers(model)])
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        seen.append(f"{type(e).__name__}: {e}")
+    return seen
+
+
+def _mamba_layers(model):
+    return [m.layer_idx for m in model.modules() if hasattr(m, "A_log") and hasattr(m, "layer_idx")]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_recorded_steps_crop_back_to_the_originals_states(family):
+    """While the cache records past states (assisted decoding), each step's recurrent state is handed to the cache,
+    so that cropping rolls the layer back: after a 3-token verification cropped by 2, and a one-token step cropped
+    by 1, the converted model's cache holds the original's states (or raises the original's error)."""
+    orig = build(family, "no_norm" if family == "falcon_h1" else "g2_bias")
+    conv = convert_to_ordered(clone(orig))
+    a, b = _record_and_crop(orig, family), _record_and_crop(conv, family)
+    assert len(a) == len(b)
+    for sa, sb in zip(a, b):
+        if isinstance(sa, str):
+            assert sb == sa
+            continue
+        for (c0, r0), (c1, r1) in zip(sa, sb):
+            assert torch.allclose(c1, c0, rtol=1e-5, atol=1e-6) and torch.allclose(r1, r0, rtol=1e-4, atol=1e-5)
