@@ -30,6 +30,9 @@ from .errors import CheckError, first_line
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 ATTN_IMPLEMENTATION = "eager"
 INSTALL_HINT = "pip install 'ordered-ssd[hf]'"
+#: the kinds of :func:`ordered_ssd.hf.audit_model`'s findings that repeat on the CPU but not on CUDA (atomics, hub
+#: kernels): a CPU verdict says that it does not cover them
+CUDA_FINDINGS = ("attention", "experts", "kernels")
 
 
 def import_transformers():
@@ -87,14 +90,26 @@ def _load_config(transformers, config_file: str):
 
 def hf_spec(path: str) -> dict:
     """The spec's ``hf`` field for ``--hf-config path``, after checking that the model can be checked here: the
-    config reads, its vocabulary holds the 256 bytes, and the model (built on the meta device, no memory) is a
-    causal LM with at least one Mamba-2 mixer :func:`ordered_ssd.convert_to_ordered` converts.
+    installed ``transformers`` is of the supported versions, the config reads, its vocabulary holds the 256 bytes,
+    and the model (built on the meta device, no memory) is a causal LM with at least one Mamba-2 mixer, which
+    :func:`ordered_ssd.convert_to_ordered` converts (tried there, on the meta device). The check calls it before
+    its header, before reading the corpus and before touching ``--out``. ``not_deterministic_on_cuda`` lists what
+    :func:`ordered_ssd.hf.audit_model` finds in the converted model that repeats on the CPU but not on CUDA
+    (:data:`CUDA_FINDINGS`): a CPU verdict names them.
 
     Raises:
-        DataError: transformers missing; no such path; no config.json; an unreadable config; a vocabulary smaller
-            than 256; not a causal LM; no supported Mamba-2 mixer (one line each).
+        DataError: transformers missing or of an unsupported version; no such path; no config.json; an unreadable
+            config; a vocabulary smaller than 256; not a causal LM; no supported Mamba-2 mixer; a mixer that
+            convert_to_ordered refuses (an activation other than SiLU, an unknown norm, ...) (one line each).
     """
     transformers = import_transformers()
+    from ...hf import hf_mixer_family
+    from ...hf.mixer import check_transformers_version
+
+    try:
+        check_transformers_version()
+    except RuntimeError as e:
+        raise DataError(f"--hf-config: {e}") from None
     path = os.path.abspath(path)
     config_file = _config_file(path)
     config = _load_config(transformers, config_file)
@@ -105,22 +120,31 @@ def hf_spec(path: str) -> dict:
                         f"values: expected vocab_size >= {VOCAB}, got {vocab!r} ({model_type}, {config_file})")
     weights = _weight_files(path) if os.path.isdir(path) else []
     meta = _build(transformers, config, None, torch.device("meta"))
-    from ...hf import hf_mixer_family
-
     families = sorted({hf_mixer_family(m) for m in meta.modules()} - {None})
     if not families:
         raise DataError(f"--hf-config: expected a model with Mamba-2 mixers that convert_to_ordered converts "
                         f"(Mamba2, Bamba, NemotronH, GraniteMoeHybrid, FalconH1, Zamba2), got {type(meta).__name__} "
                         f"({model_type}) without one")
+    n_params = sum(p.numel() for p in meta.parameters())
+    from ... import convert_to_ordered
+
+    try:  # on the meta device: what the runs will convert is refused now, before anything is read or written
+        convert_to_ordered(meta)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise DataError(f"--hf-config: convert_to_ordered refuses {type(meta).__name__} ({model_type}, "
+                        f"{config_file}): {first_line(e)}") from None
+    from ...hf import audit_model
+
+    cuda_only = [f"{f.module or 'the model'} ({f.kind})" for f in audit_model(meta) if f.kind in CUDA_FINDINGS]
     return {"path": path, "config_file": config_file, "config_sha256": _sha256_file(config_file),
             "model_type": model_type, "architecture": type(meta).__name__, "vocab_size": vocab,
-            "mixer_families": families, "n_params": sum(p.numel() for p in meta.parameters()),
+            "mixer_families": families, "n_params": n_params,
             "source": "pretrained" if weights else "config",
             "weights_sha256": (hashlib.sha256("".join(f"{f}:{_sha256_file(os.path.join(path, f))}\n"
                                                        for f in weights).encode()).hexdigest() if weights else None),
             "attn_implementation": ATTN_IMPLEMENTATION, "dtype": "float32",
             "embedding": "the model's own input embedding",
-            "transformers": transformers.__version__}
+            "transformers": transformers.__version__, "not_deterministic_on_cuda": cuda_only}
 
 
 def _build(transformers, config, folder: Optional[str], device: torch.device) -> nn.Module:

@@ -250,6 +250,17 @@ def _print_table(runs: dict, stop_at: int, print_fn: Callable) -> None:
     print_fn("")
 
 
+def _cpu_caveat(spec: dict) -> str:
+    """The end of a passing verdict line on the CPU for a Hugging Face model in which :func:`ordered_ssd.hf.audit_model`
+    finds pieces that repeat on the CPU but not on CUDA: a CPU pass is no CUDA promise. Else ``""``."""
+    hf = spec.get("hf") or {}
+    found = hf.get("not_deterministic_on_cuda") or []
+    if not found or not str(spec.get("device", "")).startswith("cpu"):
+        return ""
+    return (f"; on the CPU only: on CUDA, audit_model finds {plural(len(found), 'piece')} not deterministic there "
+            f"({', '.join(found)})")
+
+
 def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, stop_at: int, wall: float,
            nproc: Optional[int], print_fn: Callable = print) -> bool:
     """Compare the runs (``a``, ``b``, ``c`` and the native control's ``native-1``/``native-2`` if present),
@@ -306,11 +317,11 @@ def report(runs: dict, spec: dict, out_dir: str, *, source: str, n_params: int, 
     elif ddp:
         print_fn(f"verdict: {verdict}: {model}{plural(n_steps, 'step')}, world size {nproc}, loss, per-parameter "
                  f"gradient and final parameter digests {'identical' if ok else 'differ'} across 3 runs and every rank "
-                 f"(fresh processes; restart at step {stop_at})")
+                 f"(fresh processes; restart at step {stop_at}){_cpu_caveat(spec) if ok else ''}")
     else:
         print_fn(f"verdict: {verdict}: {model}{plural(n_steps, 'step')}, loss, per-parameter gradient and final "
                  f"parameter digests {'identical' if ok else 'differ'} across 3 runs (fresh process; restart at step "
-                 f"{stop_at})")
+                 f"{stop_at}){_cpu_caveat(spec) if ok else ''}")
     if diverged is not None and not reproducible:
         print_fn("(the runs also differ: see the comparisons above)")
 

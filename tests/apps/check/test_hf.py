@@ -194,6 +194,78 @@ def test_missing_transformers_is_a_usage_error(capsys, monkeypatch, hf_files, tm
     assert not (tmp_path / "o").exists()
 
 
+def test_a_cpu_pass_of_a_model_with_cuda_only_nondeterminism_says_so(hf_files, tmp_path, hf_check):
+    """A CPU pass is not a CUDA promise: a mixture-of-experts model (index_add_, atomics on CUDA) passes on the CPU,
+    and the verdict line names what audit_model finds not deterministic on CUDA; a model without such pieces has
+    no such words."""
+    cfg = transformers.GraniteMoeHybridConfig(
+        vocab_size=256, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=2,
+        num_key_value_heads=1, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=16,
+        mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=16, num_local_experts=4,
+        num_experts_per_tok=2, shared_intermediate_size=48)
+    cfg.to_json_file(str(tmp_path / "moe.json"))
+    out = tmp_path / "out"
+    res = run_cli("check", "--hf-config", str(tmp_path / "moe.json"), "--data", str(hf_files / "corpus.txt"),
+                  *HF_TINY, "--out", str(out))
+    assert res.returncode == 0, res.stderr + res.stdout
+    verdict = next(line for line in res.stdout.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: REPRODUCIBLE: granitemoehybrid (GraniteMoeHybridForCausalLM)")
+    assert verdict.endswith("; on the CPU only: on CUDA, audit_model finds 2 pieces not deterministic there "
+                            "(model.layers.0.block_sparse_moe (experts), model.layers.1.block_sparse_moe (experts))")
+    report = json.loads((out / "report.json").read_text())
+    assert report["spec"]["hf"]["not_deterministic_on_cuda"] == ["model.layers.0.block_sparse_moe (experts)",
+                                                                 "model.layers.1.block_sparse_moe (experts)"]
+    res, _ = hf_check  # the tiny Bamba: eager attention, no experts
+    verdict = next(line for line in res.stdout.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: REPRODUCIBLE: bamba") and "on CUDA" not in verdict
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", ["newer_transformers", "gelu_mixer", "unknown_norm"])
+def test_a_refused_model_is_refused_before_the_header_the_corpus_and_out(case, capsys, monkeypatch, tmp_path,
+                                                                         hf_files, request):
+    """One line and exit 2, before the header is printed, the corpus read or --out touched (no lock, no spec, the
+    previous run left where it is): an unsupported transformers version, and models convert_to_ordered refuses."""
+    config = hf_files / "tiny_bamba_config.json"
+    if case == "newer_transformers":
+        monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.26.0")
+        want = ("--hf-config: transformers 5.26.0 is newer than 5.25, the newest version ordered-ssd is tested with",
+                "pip install 'transformers>=5.17,<5.26'")
+    elif case == "gelu_mixer":
+        config = tmp_path / "gelu.json"
+        transformers.Mamba2Config(vocab_size=256, hidden_size=32, num_hidden_layers=1, state_size=8, num_heads=4,
+                                  head_dim=16, expand=2, chunk_size=16, hidden_act="gelu").to_json_file(str(config))
+        want = ("--hf-config: convert_to_ordered refuses Mamba2ForCausalLM (mamba2, ",
+                "activation: expected 'silu' (the only activation of the native conv kernels), got 'gelu'")
+    else:
+        norm_cls = type(transformers.BambaForCausalLM(_bamba()).model.layers[0].mamba.norm)
+        name = norm_cls.__name__
+        norm_cls.__name__ = "BambaRMSNormGatedV2"  # a renamed class the mixer does not know
+        request.addfinalizer(lambda: setattr(norm_cls, "__name__", name))
+        want = ("--hf-config: convert_to_ordered refuses BambaForCausalLM (bamba, ",
+                "expected one of the gated norms")
+    out = tmp_path / "out"
+    (out / "previous").mkdir(parents=True)
+    (out / "report.json").write_text('{"verdict": "REPRODUCIBLE"}')
+    (out / "previous" / "report.json").write_text("{}")
+    before = _tree(out)
+
+    def no_read(*a, **k):
+        raise AssertionError("the corpus was read")
+
+    monkeypatch.setattr("ordered_ssd.apps.check.run.load_corpus", no_read)
+    assert main(["check", "--hf-config", str(config), "--data", str(hf_files / "corpus.txt"), "--out", str(out),
+                 *HF_TINY[:-1]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out  # no header
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in want), captured.err
+    assert _tree(out) == before
+
+
 # ----------------------------------------------------------------------------------------------- module digests
 def test_parameters_group_into_modules():
     assert module_of("model.layers.3.mamba.in_proj.weight") == "model.layers.3"
