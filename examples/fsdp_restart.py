@@ -71,7 +71,7 @@ def main(steps, ckpt, stop_at):
         save_checkpoint(ckpt, stop_at, model, optimizer, app_state={"step": stop_at})  # atomic, every rank
     final = digest(full(p) for p in model.parameters())
     if rank == 0:
-        print(f"{R} rank(s), steps {start}..{(stop_at or steps) - 1}: final params sha256 {final}")
+        print(f"{R} rank{'' if R == 1 else 's'}, steps {start}..{(stop_at or steps) - 1}: final params sha256 {final}")
     del model, optimizer, acc
     gc.collect()  # the FSDP modules hold the process group: release them before destroying it
     dist.destroy_process_group()
