@@ -192,18 +192,25 @@ def param_kinds(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- checks
+def _closure(fn) -> dict:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    return dict(zip(code.co_freevars, (c.cell_contents for c in cells))) if code is not None and cells else {}
+
+
 def _resolved_implementation(fn):
-    """What a ``use_kernel_func_from_hub_with_fallback`` wrapper calls: its closure's ``implementation`` (following
-    ``__wrapped__`` through any outer wrapper), else None."""
+    """What a ``use_kernel_func_from_hub_with_fallback`` wrapper calls: its closure's ``implementation``, following
+    ``__wrapped__`` through any outer wrapper and, where the ``kernels`` package made the function a module
+    (transformers 5.25 with ``kernels`` installed), that module class's ``forward``'s ``func``; else None."""
     seen = set()
     while fn is not None and id(fn) not in seen:
         seen.add(id(fn))
-        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        if code is not None and cells:
-            found = dict(zip(code.co_freevars, cells))
-            if "implementation" in found:
-                return found["implementation"].cell_contents
-        fn = getattr(fn, "__wrapped__", None)
+        found = _closure(fn)
+        if "implementation" in found:
+            return found["implementation"]
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None and getattr(fn, "__code__", None) is None and hasattr(type(fn), "forward"):
+            inner = _closure(type(fn).forward).get("func")
+        fn = inner
     return None
 
 
@@ -245,7 +252,7 @@ def fused_path_probe(model, ids):
     seen = []
 
     def hook(mod, a, kw):
-        seen.append(kw.get("cache_params") is None and kw.get("attention_mask") is None)
+        seen.append(kw.get("cache") is None and kw.get("cache_params") is None and kw.get("attention_mask") is None)
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()
                if type(m) is OrderedHFMamba2Mixer or hf_mixer_family(m) is not None]
