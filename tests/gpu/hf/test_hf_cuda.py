@@ -161,34 +161,63 @@ def _seq_length(cache):
         return str(e)
 
 
+_ASSISTED_CHILD = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.gpu.hf.test_hf_cuda import _assisted
+print(_assisted({family!r}, {convert!r}))
+"""
+
+
+def _assisted(family, convert):
+    """Prompt-lookup decoding of the test's model (converted or not): the tokens as a list, or the refusal of a
+    version that does not run it for stateful models."""
+    model = _model(family, torch.float32)
+    if convert:
+        convert_to_ordered(model)
+    p = _ids(B=1, L=12, seed=3)
+    ids = torch.cat([p, p, p[:, :5]], 1)
+    with torch.no_grad():
+        try:
+            out = model.generate(ids, prompt_lookup_num_tokens=4, max_new_tokens=12, min_new_tokens=12,
+                                 do_sample=False, pad_token_id=0)
+        except ValueError as e:
+            assert "assisted generation is not supported with stateful models" in str(e)
+            return "refused"
+    return out[0].tolist()
+
+
+def _run_child(family, convert):
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return subprocess.run([sys.executable, "-c", _ASSISTED_CHILD.format(root=root, family=family, convert=convert)],
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_assisted_decoding_gives_the_original_tokens_or_the_originals_refusal(family):
     """Prompt-lookup decoding (5.25 runs it for stateful models: one forward verifies the drafts, its last
     positions run as recorded one-token steps on the ordered selective_state_update, then the cache is cropped
-    back): the converted model gives its plain greedy tokens and the original's; where the installed version
-    refuses it for stateful models, both refuse it alike."""
-    model = _model(family, torch.float32)
-    p = _ids(B=1, L=12, seed=3)
-    ids = torch.cat([p, p, p[:, :5]], 1)
-    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
-    results = []
-    for convert in (False, True):
-        if convert:
-            convert_to_ordered(model)
-        with torch.no_grad():
-            try:
-                results.append(model.generate(ids, prompt_lookup_num_tokens=4, **kw))
-            except ValueError as e:
-                assert "assisted generation is not supported with stateful models" in str(e)
-                results.append(None)
+    back): the converted model's tokens repeat bitwise and equal the original's; where the installed version
+    refuses it for stateful models, both refuse it alike. Each runs in a child process: the original's run can
+    fault on the GPU (transformers 5.25's FalconH1 hands mamba-ssm's chunked scan an empty chunked part: an illegal
+    memory access on an H100, 2026-12-07), and a fault poisons the process's CUDA context. Assisted tokens may
+    differ from plain greedy decoding's on CUDA (the verification forward rounds otherwise than the steps), in the
+    original and here alike, so that is not compared."""
+    ours = [_run_child(family, True) for _ in range(2)]
+    for out in ours:
+        assert out.returncode == 0, out.stderr[-3000:]
+    tokens = ours[0].stdout.strip().splitlines()[-1]
+    assert ours[1].stdout.strip().splitlines()[-1] == tokens  # bitwise repeatable (the tokens of a greedy run)
     if _version() >= (5, 25):
-        assert results[0] is not None
-    if results[0] is None:
-        assert results[1] is None
-        return
-    with torch.no_grad():
-        plain = model.generate(ids, **kw)
-    assert torch.equal(results[1], results[0]) and torch.equal(results[1], plain)
+        assert tokens != "refused"
+    original = _run_child(family, False)
+    if original.returncode != 0:  # the original's own fault (reported), not the converted model's
+        assert "illegal memory access" in original.stderr or "CUDA error" in original.stderr, original.stderr[-3000:]
+        pytest.xfail(f"the original {family} model's assisted decoding fails on this GPU with transformers "
+                     f"{transformers.__version__}: {original.stderr.strip().splitlines()[-1]}")
+    assert original.stdout.strip().splitlines()[-1] == tokens
 
 
 def _train_digest(family, dtype, steps=2):
