@@ -58,9 +58,14 @@ _MODULE_STATE = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_mod
 
 def _check_no_hooks(mixer: nn.Module, name: str) -> None:
     """accelerate's dispatch (a ``device_map`` over several devices, or offloading) wraps modules' ``forward`` to
-    move weights in; the ordered path reads the weights itself, so such a model is refused, not half served."""
+    move weights in; the ordered path reads the weights itself, so such a model is refused, not half served. A
+    submodule whose forward a hub kernel replaced (the ``kernels`` package sets the instance's ``forward`` and
+    ``_kernel_repo``; e.g. the mixer's ``act``, a ``SiLUActivation``, under transformers 5.25's default
+    ``use_kernels=True`` on CUDA) is not refused: the ordered mixer calls no such module but a wrapped projection,
+    and ``audit_model`` reports it."""
     for sub_name, sub in mixer.named_modules():
-        if hasattr(sub, "_hf_hook") or "forward" in sub.__dict__:
+        hub_kernel = sub_name != "" and "_kernel_repo" in sub.__dict__ and not hasattr(sub, "_hf_hook")
+        if not hub_kernel and (hasattr(sub, "_hf_hook") or "forward" in sub.__dict__):
             where = f"{name}.{sub_name}" if sub_name else name
             raise ValueError(f"{where}: expected a module without accelerate hooks or a forward set on the instance, "
                              f"got one (accelerate adds them for a device_map over several devices, for offloading "

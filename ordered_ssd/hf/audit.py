@@ -49,8 +49,9 @@ def audit_model(model: nn.Module) -> List[Finding]:
     * ``dropout``: an ``nn.Dropout`` with ``p > 0`` (it repeats only from the same seed and RNG state);
     * ``kernels``: the model was kernelized with ``transformers``' hub kernels (``use_kernels=True``, the default of
       ``from_pretrained`` from 5.25 where the ``kernels`` package is installed): one finding for the model, and one
-      for each module whose forward a hub kernel replaced (their determinism is the kernels' own). The ordered
-      mixers are kept: their forward calls none of the kernelized functions.
+      for each module whose forward a hub kernel replaced (their determinism is the kernels' own), but for the
+      ordered mixers' submodules that they never call (``act``, ``norm``, ``conv1d``). The ordered mixers are kept:
+      their forward calls none of the kernelized functions.
 
     An unconverted mixer under a ``transformers`` version outside :data:`~ordered_ssd.hf.SUPPORTED_TRANSFORMERS`
     is reported with the version refusal (what to install), not as "call convert_to_ordered".
@@ -74,9 +75,14 @@ def audit_model(model: nn.Module) -> List[Finding]:
                                             "the ordered mixers are kept; load with use_kernels=False, or call "
                                             "model.set_use_kernels(False), for torch's own layers"))
     version_refusal = None
+    ordered = []  # the ordered mixers' names: of their submodules they call only wrapped projections
     for name, module in model.named_modules():
         cls = type(module)
         if isinstance(module, OrderedHFMamba2Mixer):
+            ordered.append(name + ".")
+            continue
+        inside = next((p for p in ordered if name.startswith(p)), None)
+        if inside is not None and name[len(inside):] not in ("in_proj", "out_proj"):
             continue
         if "_kernel_repo" in module.__dict__ and "forward" in module.__dict__:
             found.append(Finding(name, "kernels", f"{cls.__name__}: its forward is a hub kernel's "

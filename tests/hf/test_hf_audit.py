@@ -71,12 +71,54 @@ def _kernelizable():
     return None
 
 
+def _hub_kernel_on_act(model):
+    """What the kernels package does to a layer it kernelizes (``_replace_forward``: the instance's ``forward`` and
+    ``_kernel_repo``), done to every mixer's ``act`` (a ``SiLUActivation``, which 5.25's hub mapping replaces on
+    CUDA with its "SiLU" kernel; its mapping has no CPU entry, so on the CPU nothing is replaced by itself)."""
+    import types
+
+    class HubSiLU(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x)
+
+    acts = [m.act for m in model.modules() if hasattr(m, "A_log") and isinstance(getattr(m, "act", None),
+                                                                                 torch.nn.Module)]
+    for act in acts:
+        act.forward = types.MethodType(HubSiLU.forward, act)
+        act.__dict__["_kernel_repo"] = "kernels-community/activation"
+    return acts
+
+
+def test_a_mixer_whose_act_a_hub_kernel_replaced_converts_and_the_audit_names_only_what_runs():
+    """Hub kernels replace the forward of the mixers' ``act`` on CUDA (transformers 5.25 loads with
+    use_kernels=True by default): converting is not refused for it (the ordered mixer never calls ``act``), an
+    accelerate hook still is, and the audit reports a kernelized module of the unconverted model, not the act of
+    an ordered mixer."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    model = _bamba("eager")
+    acts = _hub_kernel_on_act(model)
+    assert acts
+    assert [f.module for f in audit_model(model) if f.kind == "kernels"] == ["model.layers.0.mamba.act"]
+    x = torch.randint(3, 64, (2, 21), generator=torch.Generator().manual_seed(0))
+    want = convert_to_ordered(_bamba("eager"))(x).logits
+    convert_to_ordered(model)
+    assert torch.equal(model(x).logits, want)
+    assert [f for f in audit_model(model) if f.kind == "kernels"] == []  # the ordered mixer never calls act
+    hooked = _bamba("eager")
+    _hub_kernel_on_act(hooked)
+    add_hook_to_module(hooked.model.layers[0].mamba.act, ModelHook())
+    with pytest.raises(ValueError, match=r"\.act: expected a module without accelerate hooks"):
+        convert_to_ordered(hooked)
+
+
 @pytest.mark.skipif(_kernelizable() is not None, reason=str(_kernelizable()))
 @pytest.mark.parametrize("order", ["convert_then_kernelize", "kernelize_then_convert"])
 def test_use_kernels_keeps_the_ordered_mixers_and_the_audit_reports_it(order):
     """transformers' hub kernels (use_kernels=True; from_pretrained's default from 5.25 where `kernels` is
-    installed) replace the functions the original mixers call and the forward of decorated layers: the ordered
-    mixers call none of them, so they stay, with the same bits, and audit_model names the kernelization."""
+    installed): kernelizing before or after the conversion keeps the ordered mixers with the same bits, and
+    audit_model names the kernelization. On the CPU the hub mapping replaces nothing by itself, so what it does on
+    CUDA to the mixers' act is done here as the kernels package does it."""
     from ordered_ssd.hf import OrderedHFMamba2Mixer
 
     x = torch.randint(3, 64, (2, 21), generator=torch.Generator().manual_seed(0))
@@ -86,8 +128,10 @@ def test_use_kernels_keeps_the_ordered_mixers_and_the_audit_reports_it(order):
     if order == "convert_then_kernelize":
         convert_to_ordered(model)
         model.set_use_kernels(True)
+        _hub_kernel_on_act(model)
     else:
         model.set_use_kernels(True)
+        _hub_kernel_on_act(model)
         convert_to_ordered(model)
     assert model.use_kernels
     assert type(model.model.layers[0].mamba) is OrderedHFMamba2Mixer

@@ -142,7 +142,7 @@ def hf_spec(path: str) -> dict:
             "source": "pretrained" if weights else "config",
             "weights_sha256": (hashlib.sha256("".join(f"{f}:{_sha256_file(os.path.join(path, f))}\n"
                                                        for f in weights).encode()).hexdigest() if weights else None),
-            "attn_implementation": ATTN_IMPLEMENTATION, "dtype": "float32",
+            "attn_implementation": ATTN_IMPLEMENTATION, "dtype": "float32", "hub_kernels": False,
             "embedding": "the model's own input embedding",
             "transformers": transformers.__version__, "not_deterministic_on_cuda": cuda_only}
 
@@ -151,8 +151,10 @@ def _build(transformers, config, folder: Optional[str], device: torch.device) ->
     auto = transformers.AutoModelForCausalLM
     try:
         if folder is not None:
+            # use_kernels=False: torch's own layers, not hub kernels (5.25's from_pretrained turns them on by
+            # default where the kernels package is installed; the check trains and audits what it builds)
             model = auto.from_pretrained(folder, config=config, attn_implementation=ATTN_IMPLEMENTATION,
-                                         dtype=torch.float32)
+                                         dtype=torch.float32, use_kernels=False)
             return model.to(device)
         with device:
             return auto.from_config(config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)

@@ -220,6 +220,24 @@ def test_a_cpu_pass_of_a_model_with_cuda_only_nondeterminism_says_so(hf_files, t
     assert verdict.startswith("verdict: REPRODUCIBLE: bamba") and "on CUDA" not in verdict
 
 
+def test_a_model_folder_is_loaded_without_hub_kernels(tmp_path):
+    """A folder with weights is loaded with from_pretrained(use_kernels=False) (5.25 would put hub kernels in by
+    default where the kernels package is installed): the loaded weights, converted, no kernelization, and the
+    spec says so."""
+    from ordered_ssd.apps.check.hf import build_hf_model, hf_spec
+
+    torch.manual_seed(3)
+    saved = transformers.BambaForCausalLM(_bamba())
+    saved.save_pretrained(str(tmp_path / "ckpt"))
+    hf = hf_spec(str(tmp_path / "ckpt"))
+    assert hf["source"] == "pretrained" and hf["hub_kernels"] is False and hf["weights_sha256"]
+    model = build_hf_model({"hf": hf, "seed": 0, "mixer": "ordered"}, torch.device("cpu"))
+    assert getattr(model, "use_kernels", False) is False
+    assert any(type(m).__name__ == "OrderedHFMamba2Mixer" for m in model.modules())
+    want = saved.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+
+
 def _tree(root):
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
