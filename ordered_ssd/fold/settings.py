@@ -285,8 +285,11 @@ CONV1D_BWD_NUM_WARPS = 1
 #: digests, ``L`` = 100, matched on the H200); 5: the projections' weight gradients on CUDA come from
 #: :func:`~ordered_ssd.fold.fold_example_gemms` at every sequence length, over per-(example, segment) partials of
 #: :data:`GEMM_FOLD_SEGMENT_L` positions (from 8192 positions on, version 4 ran one cuBLAS GEMM per example, so its
-#: launches grew with the batch); sequences shorter than 8192 positions keep version 4's bits.
-REDUCTION_VERSION = 5
+#: launches grew with the batch); sequences shorter than 8192 positions keep version 4's bits; 6: the reference path
+#: (the CPU, fp64) computes each sequence alone, chunk by chunk, and folds the parameter gradients over sequences
+#: (:mod:`ordered_ssd.reference.canonical`), so a sequence's bits do not depend on its layout; the CUDA path keeps
+#: version 5's bits.
+REDUCTION_VERSION = 6
 
 
 def reduction_fingerprint(device=None) -> str:

@@ -406,18 +406,13 @@ class OrderedMamba2(nn.Module):
 
     def _forward_reference(self, u, seq_idx, cache, cu_seqlens):
         params = self._reference_params(u.dtype)
-        needs_grad = torch.is_grad_enabled() and (u.requires_grad or any(p is not None and p.requires_grad
-                                                                         for p in params))
-        if cache is None or needs_grad:  # the ordered backward
-            out = ordered_reference_mamba2(u, params, self.dims, seq_idx)
+        out = ordered_reference_mamba2(u, params, self.dims, seq_idx)  # each sequence's canonical bits
         if cache is not None:  # a prefill: write the cache (no gradient flows into it)
             with torch.no_grad():
-                out_nograd, conv_state, ssm_state = reference_mamba2_layer(u, params, self.dims, seq_idx,
-                                                                           return_states=True, cu_seqlens=cu_seqlens)
+                _, conv_state, ssm_state = reference_mamba2_layer(u, params, self.dims, seq_idx,
+                                                                  return_states=True, cu_seqlens=cu_seqlens)
             cache[0].copy_(conv_state)
             cache[1].copy_(ssm_state)
-            if not needs_grad:
-                out = out_nograd
         return out
 
     def _forward_cuda(self, u, seq_idx, cache=None, cu_seqlens=None):

@@ -8,13 +8,17 @@ Layers, as everywhere in ordered-ssd:
   ``ordered_ssd::reference_mamba2_backward``), opaque to ``torch.compile`` so that a compiled layer runs exactly
   the eager computation, and the wrapper :func:`ordered_reference_mamba2`.
 
-The backward computes, for each example ``b`` alone (a batch of one, the same shapes for every
-``b``), the input gradient and the gradient of every parameter, and folds the parameter gradients
-over ``b = 0, 1, ..., B-1`` with :class:`ordered_ssd.fold.LexicalFold`. Hence:
+The forward computes each sequence of the layout alone, chunk by chunk (:mod:`~ordered_ssd.reference.canonical`).
+The backward computes, for each sequence alone (each row, or each run of ``seq_idx`` in a row), chunk by chunk,
+the input gradient and each parameter's partial, and folds the partials over the sequences in order (rows in order,
+inside a row by position) with :class:`ordered_ssd.fold.LexicalFold`. Mamba-3's reference layer uses
+:func:`per_example_ordered_bwd` (each example alone). Hence:
 
 * the gradients are bitwise identical across repeats and processes (same torch build, same
   device type and thread count);
-* the partial of example ``b`` does not depend on the other examples of the batch.
+* the partial of a sequence does not depend on the other sequences, nor on the layout it came in: its outputs,
+  its input gradient and its partials have its canonical bits as a row of any batch, a right-padded row (with a
+  zero output gradient on the padding) or packed with others by ``seq_idx``.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..fold import LexicalFold
-from .naive import Mamba2Dims, Mamba2Params, reference_mamba2_layer
+from .canonical import canonical_mamba2_bwd, canonical_mamba2_layer
+from .naive import Mamba2Dims, Mamba2Params
 
 __all__ = [
     "per_example_ordered_bwd",
@@ -37,9 +42,11 @@ __all__ = [
 
 def ordered_reference_mamba2_fwd(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims,
                                  seq_idx: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Forward of the layer, [B, L, d_model] -> [B, L, d_model], without building a graph."""
+    """Forward of the layer, [B, L, d_model] -> [B, L, d_model], without building a graph: each sequence of the
+    layout (each row, or each run of ``seq_idx`` in a row) computed alone, chunk by chunk
+    (:func:`~ordered_ssd.reference.canonical.canonical_mamba2_layer`), so its bits are its own."""
     with torch.no_grad():
-        return reference_mamba2_layer(u, params, dims, seq_idx)
+        return canonical_mamba2_layer(u, params, dims, seq_idx)
 
 
 def ordered_reference_mamba2_bwd(
@@ -47,7 +54,8 @@ def ordered_reference_mamba2_bwd(
     seq_idx: Optional[torch.Tensor] = None, needs_input_grad: bool = True,
     needs_param_grad: Optional[Tuple[bool, ...]] = None, return_partials: bool = False,
 ) -> Tuple[Optional[torch.Tensor], Mamba2Params, Optional[List[Mamba2Params]]]:
-    """Backward of the layer with per-example partials folded in lexical order.
+    """Backward of the layer with per-sequence partials folded in lexical order (the sequences of
+    :func:`~ordered_ssd.reference.canonical.sequence_spans`: rows in order, inside a row by position).
 
     Args:
         dout: [B, L, d_model], gradient of the output.
@@ -55,7 +63,7 @@ def ordered_reference_mamba2_bwd(
         needs_input_grad: compute ``du``.
         needs_param_grad: one flag per field of :class:`Mamba2Params` (default: every parameter
             that is not None).
-        return_partials: also return the per-example partials (a list over ``b`` of
+        return_partials: also return the per-sequence partials (a list over the sequences of
             :class:`Mamba2Params`, None where not computed), as used by the independence tests.
 
     Returns:
@@ -63,10 +71,7 @@ def ordered_reference_mamba2_bwd(
         :class:`Mamba2Params` of folded gradients (dtype of each parameter, None where not
         requested); ``partials`` or None.
     """
-    return per_example_ordered_bwd(
-        lambda b, u_b, leaves: reference_mamba2_layer(u_b, Mamba2Params(*leaves), dims,
-                                                      None if seq_idx is None else seq_idx[b:b + 1]),
-        dout, u, params, needs_input_grad, needs_param_grad, return_partials)
+    return canonical_mamba2_bwd(dout, u, params, dims, seq_idx, needs_input_grad, needs_param_grad, return_partials)
 
 
 def per_example_ordered_bwd(layer_of_example, dout: torch.Tensor, u: torch.Tensor, params: tuple,

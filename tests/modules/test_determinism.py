@@ -11,6 +11,7 @@ import torch
 from tests.helpers import bits_equal, grads_of, make_layer, sha256
 from ordered_ssd.fold import lexical_fold
 from ordered_ssd.reference import ordered_reference_mamba2_bwd
+from ordered_ssd.reference.canonical import sequence_spans
 
 REPEATS = 20
 CFG = dict(d_model=32, d_state=16, headdim=16, chunk_size=16, ngroups=2, d_ssm=32, bias=True)
@@ -63,7 +64,9 @@ def test_gradients_identical_in_a_fresh_process():
     assert ours == theirs
 
 
-def test_per_example_partials_do_not_depend_on_the_batch():
+def test_per_sequence_partials_do_not_depend_on_the_batch():
+    """Each sequence (a run of ``seq_idx`` in a row) has the input gradient and parameter partials of the sequence
+    alone, and the gradient is their lexical fold in sequence order."""
     layer = make_layer(seed=21, dtype=torch.float32, **CFG)
     torch.manual_seed(22)
     Bsz, L = 5, 29
@@ -72,17 +75,18 @@ def test_per_example_partials_do_not_depend_on_the_batch():
     seq_idx = torch.sort(torch.randint(0, 3, (Bsz, L), dtype=torch.int32), dim=1).values
     params = layer.layer_params()
     du, grads, partials = ordered_reference_mamba2_bwd(dout, u, params, layer.dims, seq_idx, return_partials=True)
-    assert len(partials) == Bsz
-    for b in range(Bsz):
-        du_b, _, alone = ordered_reference_mamba2_bwd(dout[b:b + 1], u[b:b + 1], params, layer.dims,
-                                                      seq_idx[b:b + 1], return_partials=True)
-        assert bits_equal(du_b, du[b:b + 1])
-        for name, in_batch, by_itself in zip(params._fields, partials[b], alone[0]):
+    spans = sequence_spans(Bsz, L, seq_idx)
+    assert len(partials) == len(spans) > Bsz
+    for (b, s, e), in_batch_partials in zip(spans, partials):
+        du_alone, _, alone = ordered_reference_mamba2_bwd(dout[b:b + 1, s:e], u[b:b + 1, s:e], params, layer.dims,
+                                                          return_partials=True)
+        assert bits_equal(du_alone, du[b:b + 1, s:e])
+        for name, in_batch, by_itself in zip(params._fields, in_batch_partials, alone[0]):
             if params._asdict()[name] is None:
                 assert in_batch is None and by_itself is None
                 continue
-            assert bits_equal(in_batch, by_itself), (b, name)
-    # The folded gradient is the lexical fold of those partials, example 0 first.
+            assert bits_equal(in_batch, by_itself), (b, s, name)
+    # The folded gradient is the lexical fold of those partials, the first sequence first.
     for i, name in enumerate(params._fields):
         if params[i] is None:
             continue

@@ -36,6 +36,9 @@ def test_cpu_model_fixtures_cover_the_cpu_configurations():
         entries = json.load(f)
     assert entries, "no CPU model entry"
     for model, entry in entries.items():
+        if entry["digests"] is None:  # not recorded for the current bits: skipped there, saying why
+            assert "python -m tests.layer_digests" in entry["why_none"], model
+            continue
         assert sorted(entry["digests"]) == sorted(CPU), model
         assert sorted(entry[RECORDED_ON]) == ["cpu_capability", "torch"], model
         assert entry[RECORDED_ON]["torch"] == recorded_on("cpu")["torch"], model
