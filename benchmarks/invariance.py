@@ -12,15 +12,18 @@ token). Each layout computes the same sequences (the same tokens, the same weigh
   ``chunk_size``.
 
 The model is a small Mamba-2 language model (embedding, ``--layers`` pre-norm residual mixers, final norm, tied
-head), built once and copied into each kind of mixer with the same weights: ``ordered`` (``OrderedMamba2``: its
-CUDA path on a GPU, the pure-PyTorch reference on the CPU) and, on a GPU with mamba-ssm, ``native`` (mamba-ssm's
-``Mamba2``, the control). For each (mixer, layout) it prints the tokens whose per-token loss bits differ from the
+head; the ordered model's head is ``ordered_ssd.invariant_linear`` off CUDA, ``F.linear`` on CUDA, where it has no
+kernel yet), built once and copied into each kind of mixer with the same weights: ``ordered`` (``OrderedMamba2``: its
+CUDA path on a GPU, the pure-PyTorch reference on the CPU) and a control: on a GPU with mamba-ssm ``native``
+(mamba-ssm's ``Mamba2``), elsewhere ``plain`` (the vectorised reference ``reference_mamba2_layer`` over the whole
+layout, with an ``F.linear`` head). For each (mixer, layout) it prints the tokens whose per-token loss bits differ from the
 canonical run's, and the sequences with at least one such token.
 
     python benchmarks/invariance.py --device cuda --json out.json
     python benchmarks/invariance.py --device cpu --seqs 16 --max-len 96     # the reference path
 
-This measures; it asserts nothing. ``docs/guarantees.md`` says which layouts the ordered layer makes irrelevant.
+This measures; it asserts nothing (``tests/benchmarks/test_invariance.py`` asserts 0 for ``ordered`` on the
+CPU). ``docs/guarantees.md`` says which layouts the ordered layer makes irrelevant, and on which path.
 """
 from __future__ import annotations
 
@@ -40,10 +43,12 @@ VOCAB = 256
 
 class TinyLM(nn.Module):
     """Embedding, ``n`` pre-norm residual Mamba-2 mixers, final norm, tied head; ``forward(tokens, seq_idx=None)``
-    -> logits [B, L, 256]."""
+    -> logits [B, L, 256]. ``invariant_head``: the head is ``ordered_ssd.invariant_linear`` (row-invariant; CPU
+    only), else ``F.linear``."""
 
-    def __init__(self, mixers: List[nn.Module], d_model: int):
+    def __init__(self, mixers: List[nn.Module], d_model: int, invariant_head: bool = False):
         super().__init__()
+        self.invariant_head = invariant_head
         self.embedding = nn.Embedding(VOCAB, d_model)
         self.norms = nn.ModuleList([nn.RMSNorm(d_model, eps=1e-5) for _ in mixers])
         self.mixers = nn.ModuleList(mixers)
@@ -53,13 +58,20 @@ class TinyLM(nn.Module):
         h = self.embedding(tokens)
         for norm, mixer in zip(self.norms, self.mixers):
             h = h + mixer(norm(h), seq_idx=seq_idx)
+        if self.invariant_head:
+            from ordered_ssd import invariant_linear
+
+            return invariant_linear(self.norm_f(h), self.embedding.weight)
         return F.linear(self.norm_f(h), self.embedding.weight)
 
 
 def token_losses(model, tokens, seq_idx=None):
     """Per-position next-token cross-entropy in fp32, [B, L - 1]."""
     logits = model(tokens, seq_idx=seq_idx)
-    return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tokens[:, 1:], reduction="none")
+    B, L, V = logits.shape  # one row per position: a softmax over the strided vocabulary dimension would vectorise
+    # over positions, whose number then decides which positions take the vector path
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, V), tokens[:, 1:].reshape(-1),
+                           reduction="none").view(B, L - 1)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -124,18 +136,36 @@ def compare(got: List[torch.Tensor], want: List[torch.Tensor]) -> dict:
             "token_fraction": sum(differ) / tokens if tokens else 0.0}
 
 
+def _plain_reference_class():
+    """The control off CUDA: ``OrderedMamba2``'s parameters computed by the vectorised oracle
+    ``reference_mamba2_layer`` over the whole layout at once (plain autograd, as a straightforward PyTorch Mamba-2
+    would), with an ``F.linear`` head."""
+    from ordered_ssd import OrderedMamba2
+    from ordered_ssd.reference import reference_mamba2_layer
+
+    class PlainReferenceMamba2(OrderedMamba2):
+        def forward(self, u, seq_idx=None):
+            return reference_mamba2_layer(u, self.layer_params(), self.dims, seq_idx)
+
+    return PlainReferenceMamba2
+
+
 def build(kind: str, args, device, dtype, template=None) -> TinyLM:
     kw = dict(d_model=args.d_model, d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk_size)
     if kind == "ordered":
         from ordered_ssd import OrderedMamba2
 
         cls = OrderedMamba2
+    elif kind == "plain":
+        cls = _plain_reference_class()
     else:
         import csrc_bindings
 
         cls = csrc_bindings.mamba2_class()
     torch.manual_seed(args.seed)
-    model = TinyLM([cls(**kw, layer_idx=i) for i in range(args.layers)], args.d_model)
+    # the ordered model's head is row-invariant where InvariantLinear runs (not CUDA yet)
+    model = TinyLM([cls(**kw, layer_idx=i) for i in range(args.layers)], args.d_model,
+                   invariant_head=kind == "ordered" and device.type != "cuda")
     if template is not None:
         model.load_state_dict(template.state_dict(), strict=True)
     return model.to(device=device, dtype=dtype).eval()
@@ -157,14 +187,17 @@ def main(argv=None) -> int:
     p.add_argument("--headdim", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mixers", default=None, help="ordered,native (default: native too where mamba-ssm is there)")
+    p.add_argument("--mixers", default=None,
+                   help="of ordered, native (mamba-ssm's Mamba2, CUDA), plain (the vectorised reference, the CPU's "
+                        "control); default ordered,native on CUDA, ordered,plain elsewhere")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     if not 2 <= args.min_len <= args.max_len:
         p.error(f"--min-len/--max-len: expected 2 <= min <= max, got {args.min_len}, {args.max_len}")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    mixers = args.mixers.split(",") if args.mixers else ["ordered"] + (["native"] if device.type == "cuda" else [])
+    mixers = (args.mixers.split(",") if args.mixers
+              else ["ordered"] + (["native"] if device.type == "cuda" else ["plain"]))
     rng = random.Random(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     seqs = [torch.randint(0, VOCAB, (rng.randint(args.min_len, args.max_len),), generator=g).to(device)
@@ -179,6 +212,7 @@ def main(argv=None) -> int:
                     "batched": compare(batched(model, seqs, random.Random(args.seed + 1), args.max_batch), want),
                     "packed": compare(packed(model, seqs, random.Random(args.seed + 2), args.pack_len), want)}
             results["mixers"][kind] = rows
+            results.setdefault("invariant_head", {})[kind] = model.invariant_head
             for layout, r in rows.items():
                 print(f"{kind:>8} {layout:>16}: {r['tokens_differing']:>7} of {r['tokens']} tokens "
                       f"({100 * r['token_fraction']:.2f}%) differ from the canonical bits, in "

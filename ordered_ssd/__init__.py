@@ -25,7 +25,7 @@ state of torch or of those libraries; it registers its own custom ops in the ``o
 ``torch.library`` (``torch.ops.ordered_ssd.*``), nothing else.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
-from .modules import GatedRMSNorm, OrderedMamba2, OrderedMamba3
+from .modules import GatedRMSNorm, InvariantLinear, OrderedMamba2, OrderedMamba3, invariant_linear
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
@@ -41,6 +41,8 @@ __all__ = [
     "OrderedMamba2",
     "OrderedMamba3",
     "GatedRMSNorm",
+    "InvariantLinear",
+    "invariant_linear",
     "Mamba2Dims",
     "Mamba2Params",
     "LexicalFold",

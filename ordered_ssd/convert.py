@@ -20,6 +20,7 @@ import torch.nn as nn
 from .hf.mixer import OrderedHFMamba2Mixer, hf_from_ordered, hf_mixer_family, ordered_from_hf
 from .modules import NATIVE_LAYERS
 from .modules.mamba2 import OrderedMamba2
+from .modules.invariant import InvariantLinear
 from .modules.mamba3 import OrderedMamba3
 
 __all__ = ["convert_to_ordered", "convert_to_mamba2", "convert_to_hf"]
@@ -141,7 +142,7 @@ def _to_ordered(layer: nn.Module) -> nn.Module:
     return _ordered_from(layer) if _is_mamba2(layer) else ordered_from_hf(layer)
 
 
-def convert_to_ordered(model: nn.Module) -> nn.Module:
+def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> nn.Module:
     """Replace every mamba-ssm ``Mamba2`` and ``Mamba3`` and every Hugging Face Mamba-2 mixer in ``model`` (the
     classes themselves, not subclasses) with an ordered layer, in place.
 
@@ -159,6 +160,10 @@ def convert_to_ordered(model: nn.Module) -> nn.Module:
     Args:
         model: an ``nn.Module`` holding such layers (e.g. ``MambaLMHeadModel`` with ``ssm_cfg={"layer":
             "Mamba2"}``, ``Mamba2ForCausalLM``, ``BambaForCausalLM``, a PEFT-wrapped model), or one layer itself.
+        invariant_linears: also replace every ``nn.Linear`` outside the ordered layers (e.g. the ``lm_head``) with
+            an :class:`~ordered_ssd.modules.invariant.InvariantLinear` holding the same parameter objects, so that
+            a token's logits do not depend on how many rows come with it (``docs/guarantees.md``, "A sequence's
+            bits are its own"). CPU only for now.
 
     Returns:
         ``model`` (converted in place), or the new layer when ``model`` itself is such a layer.
@@ -170,9 +175,34 @@ def convert_to_ordered(model: nn.Module) -> nn.Module:
             (named in the message).
         RuntimeError: a ``transformers`` version outside the supported range. Every layer is checked and built
             before any is replaced, so on an error the model is unchanged (never a partial conversion).
+        TypeError: ``invariant_linears`` not a bool. NotImplementedError: ``invariant_linears=True`` for a model
+            with CUDA parameters (no row-invariant CUDA kernel yet), before anything is replaced.
     """
-    return _swap(model, lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None, _to_ordered,
-                 "mamba_ssm Mamba2 or Mamba3, or transformers Mamba-2 mixer")
+    if not isinstance(invariant_linears, bool):
+        raise TypeError(f"invariant_linears: expected a bool, got {type(invariant_linears).__name__}")
+    if invariant_linears and isinstance(model, nn.Module) and any(p.is_cuda for p in model.parameters()):
+        raise NotImplementedError("invariant_linears=True: InvariantLinear has no row-invariant CUDA kernel yet "
+                                  "and the model has CUDA parameters; convert it on the CPU, or without "
+                                  "invariant_linears")
+    result = _swap(model, lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None, _to_ordered,
+                   "mamba_ssm Mamba2 or Mamba3, or transformers Mamba-2 mixer")
+    if invariant_linears:
+        _invariant_linears(result)
+    return result
+
+
+def _invariant_linears(model: nn.Module) -> None:
+    """Replace every ``nn.Linear`` (the class itself) outside the ordered layers with an ``InvariantLinear`` holding
+    its parameters (one new module per linear object, under every name it is registered by)."""
+    ordered = (OrderedMamba2, OrderedMamba3, OrderedHFMamba2Mixer)
+    inside = [name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, ordered)]
+    new_of = {}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if not name or type(module) is not nn.Linear or any(name.startswith(p + ".") for p in inside):
+            continue
+        new = new_of.setdefault(id(module), InvariantLinear.from_linear(module))
+        parent_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, leaf, new)
 
 
 def convert_to_hf(model: nn.Module) -> nn.Module:

@@ -40,12 +40,17 @@ def test_a_cpu_run_reports_every_layout_and_the_canonical_run_repeats(tmp_path, 
     out = tmp_path / "inv.json"
     assert invariance.main(SMALL + ["--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    rows = r["mixers"]["ordered"]
-    assert set(rows) == {"canonical again", "batched", "packed"}
-    tokens = rows["canonical again"]["tokens"]
-    assert tokens > 0 and all(v["tokens"] == tokens and v["sequences"] == 9 for v in rows.values())
-    assert rows["canonical again"]["tokens_differing"] == 0 and rows["canonical again"]["sequences_differing"] == 0
-    for v in rows.values():
-        assert 0 <= v["tokens_differing"] <= tokens and v["token_fraction"] == v["tokens_differing"] / tokens
+    assert set(r["mixers"]) == {"ordered", "plain"} and r["invariant_head"] == {"ordered": True, "plain": False}
+    for kind, rows in r["mixers"].items():
+        assert set(rows) == {"canonical again", "batched", "packed"}
+        tokens = rows["canonical again"]["tokens"]
+        assert tokens > 0 and all(v["tokens"] == tokens and v["sequences"] == 9 for v in rows.values())
+        assert rows["canonical again"]["tokens_differing"] == 0 and rows["canonical again"]["sequences_differing"] == 0
+        for v in rows.values():
+            assert 0 <= v["tokens_differing"] <= tokens and v["token_fraction"] == v["tokens_differing"] / tokens
+    # the reference path with the invariant head: every sequence has its canonical bits in every layout; the
+    # vectorised control does not (packing moves its chunk grid)
+    assert all(v["tokens_differing"] == 0 for v in r["mixers"]["ordered"].values())
+    assert r["mixers"]["plain"]["packed"]["tokens_differing"] > 0
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and printed[0].strip().startswith("ordered  canonical again:       0 of")
+    assert len(printed) == 6 and printed[0].strip().startswith("ordered  canonical again:       0 of")
