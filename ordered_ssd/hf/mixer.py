@@ -43,6 +43,8 @@ import torch.nn as nn
 from .. import _checks
 from ..modules.mamba2 import _cuda_path_ok, _cuda_path_status, _mark_native_check_constant
 from ..reference import reference_causal_conv1d, reference_chunk_scan, reference_gated_rmsnorm
+from ..reference.canonical import conv_chunk
+from ._canonical import canonical_mixer_forward, register_mixer
 from ..reference.decode import reference_causal_conv1d_update, reference_selective_state_update
 from ._spec import (HF_MIXERS, SUPPORTED_TRANSFORMERS, _MODULE_STATE, _spec_of, check_transformers_version,
                    hf_mixer_family)
@@ -251,6 +253,14 @@ class OrderedHFMamba2Mixer(nn.Module):
                 (spec.norm == "none" or spec.norm_group_size == spec.d_ssm // spec.ngroups))
 
     def _forward_seq(self, u, mask, seq_idx, cache, initial, backend, keep=0):
+        if backend == "reference" and initial is None and not keep:  # whole sequences from zeros
+            if cache is not None:  # a prefill (also training with use_cache): the plain path writes the cache
+                with torch.no_grad():
+                    self._forward_plain(u, mask, seq_idx, cache, initial, backend, keep)
+            return self._forward_canonical(u, mask, seq_idx)
+        return self._forward_plain(u, mask, seq_idx, cache, initial, backend, keep)
+
+    def _forward_plain(self, u, mask, seq_idx, cache, initial, backend, keep=0):
         use_prev = initial is not None
         spec = self._ordered_spec
         H, P, G, N = spec.nheads, spec.headdim, spec.ngroups, spec.d_state
@@ -311,6 +321,34 @@ class OrderedHFMamba2Mixer(nn.Module):
         y = (ys[0] if len(ys) == 1 else torch.cat(ys, 1)).reshape(Bsz, L, spec.d_ssm)
         y = self._gate(y, z, backend)
         return self._project_out(y, dtype, backend)
+
+    def _forward_canonical(self, u, mask, seq_idx):
+        """The reference path without a cache: each sequence (each row, or each run of ``seq_idx``) computed alone,
+        chunk by chunk, with the ordered backward of :mod:`ordered_ssd.reference.canonical` over the mixer's
+        parameters that require a gradient (folded over the sequences in order)."""
+        return canonical_mixer_forward(self, u, mask, seq_idx)
+
+    def _chunk(self, u_c, mask_c, carry, state):
+        """One chunk of :meth:`_forward_canonical` (``chunk_fn`` of ``chunked_graphs``): the steps of the module
+        docstring on ``u_c`` [chunk_size, d_model] from the conv ``carry`` and the SSM ``state``."""
+        spec = self._ordered_spec
+        H, P, G, N, cs = spec.nheads, spec.headdim, spec.ngroups, spec.d_state, spec.chunk_size
+        dtype = u_c.dtype
+        zxbcdt = self._project_in(u_c[None], None if mask_c is None else mask_c[None], "reference")[0]
+        z, xBC, dt = torch.split(zxbcdt, [spec.d_ssm, spec.d_ssm + 2 * G * N, H], dim=-1)
+        xBC_ext = torch.cat([carry, xBC], dim=0)
+        carry_out = xBC_ext[xBC_ext.shape[0] - (spec.d_conv - 1):]
+        xBC = conv_chunk(xBC_ext, self.conv1d.weight.squeeze(1), self.conv1d.bias, cs)
+        if mask_c is not None:
+            xBC = (xBC * mask_c[:, None]).to(xBC.dtype)
+        x, B, C = torch.split(xBC, [spec.d_ssm, G * N, G * N], dim=-1)
+        y, state_out = reference_chunk_scan(
+            x.reshape(1, cs, H, P), dt.reshape(1, cs, H), self._A("reference", dtype), B.reshape(1, cs, G, N),
+            C.reshape(1, cs, G, N), cs, D=self.D, z=z.reshape(1, cs, H, P) if spec.norm == "none" else None,
+            dt_bias=self.dt_bias, dt_softplus=True, dt_limit=spec.dt_limit, initial_states=state,
+            return_final_states=True)
+        y = self._gate(y.reshape(1, cs, spec.d_ssm), z[None], "reference")
+        return self._project_out(y, dtype, "reference")[0], carry_out, state_out
 
     @torch.no_grad()
     def _steps(self, x, dt, B, C, z, state, backend, dtype):
@@ -456,6 +494,7 @@ def ordered_from_hf(mixer: nn.Module) -> OrderedHFMamba2Mixer:
     new.training = mixer.training
     new.__dict__["_ordered_spec"] = spec
     new.__dict__["_hf_original"] = mixer
+    register_mixer(new)
     if torch.cuda.is_available():
         _mark_native_check_constant()
     return new
@@ -473,3 +512,4 @@ def hf_from_ordered(new: OrderedHFMamba2Mixer) -> nn.Module:
     orig._modules = dict(new._modules)
     orig.train(new.training)
     return orig
+
