@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from ordered_ssd import InvariantLinear, convert_to_ordered  # noqa: E402
 from tests.helpers import bits_equal  # noqa: E402
-from tests.hf.models import VOCAB, build, mixer_param_names  # noqa: E402
+from tests.hf.models import CASE_IDS, CASES, VOCAB, build, mixer_param_names, ordered_mixers  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -121,3 +121,50 @@ def test_a_compiled_mixer_gives_the_eager_bits_and_a_dropout_is_refused_there():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="dropout inside the mixer"):
         step(torch.compile(mixer, fullgraph=True, backend="aot_eager"))
+
+
+@pytest.mark.parametrize("family,variant", CASES, ids=CASE_IDS)
+def test_every_familys_mixer_gives_each_sequence_its_own_bits(family, variant):
+    """The mixer alone (every family and variant: grouped norms, FalconH1's multipliers and norm options, biases):
+    each sequence's output and input gradient alone, right-padded with a mask, and packed by seq_idx; the mixer's
+    parameter gradients the same padded and packed."""
+    model = convert_to_ordered(build(family, variant, seed=5)).train()
+    mixer = ordered_mixers(model)[0][1]
+    d = mixer.in_proj.weight.shape[1]
+    g = torch.Generator().manual_seed(6)
+    lengths = [5, 23, 1, 17]
+    seqs = [torch.randn(n, d, generator=g) for n in lengths]
+    douts = [torch.randn(n, d, generator=g) for n in lengths]
+
+    def run(u, dout, **kw):
+        mixer.zero_grad(set_to_none=True)
+        u = u.clone().requires_grad_(True)
+        mixer(u, **kw).backward(dout)
+        return u.grad, {n: p.grad.clone() for n, p in mixer.named_parameters() if p.grad is not None}
+
+    with torch.no_grad():
+        alone = [mixer(s[None])[0] for s in seqs]
+    dalone = [run(s[None], dd[None])[0][0] for s, dd in zip(seqs, douts)]
+    width = max(lengths) + 3
+    u = torch.randn(len(seqs), width, d, generator=g)
+    dout = torch.zeros_like(u)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for r, (s, dd) in enumerate(zip(seqs, douts)):
+        u[r, :s.shape[0]], dout[r, :s.shape[0]], mask[r, :s.shape[0]] = s, dd, 1
+    with torch.no_grad():
+        out = mixer(u, attention_mask=mask)
+    du, padded = run(u, dout, attention_mask=mask)
+    for r, n in enumerate(lengths):
+        assert bits_equal(out[r, :n], alone[r]) and bits_equal(du[r, :n], dalone[r]), ("padded", r)
+    packed_u, packed_d = torch.cat(seqs)[None], torch.cat(douts)[None]
+    seq_idx = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), torch.tensor(lengths))[None]
+    with torch.no_grad():
+        out = mixer(packed_u, seq_idx=seq_idx)[0]
+    du, packed = run(packed_u, packed_d, seq_idx=seq_idx)
+    start = 0
+    for r, n in enumerate(lengths):
+        assert bits_equal(out[start:start + n], alone[r]) and bits_equal(du[0, start:start + n], dalone[r]), r
+        start += n
+    assert sorted(padded) == sorted(packed) and len(padded) >= 7
+    for name in padded:
+        assert bits_equal(padded[name], packed[name]), name
