@@ -7,6 +7,8 @@
   the same gradient and parameter digests (split invariance);
 * ``fsdp_restart.py`` under torchrun: FSDP2 on 2 ranks, stopped at step 2 and resumed on 1 rank from its sharded
   checkpoint, gives the uninterrupted run's digests, which are the DDP example's (the same tree);
+* ``grpo_parity.py``: the importance ratio of every sampled token is exactly 1 (the sampler's log-probabilities
+  are the training forward's bits), at every update, and the loop trains;
 * ``convert_hf.py --check`` (skipped without ``transformers``): a converted ``Mamba2ForCausalLM`` and a Bamba hybrid
   train to the same bits twice.
 """
@@ -21,7 +23,8 @@ import pytest
 from tests.apps.helpers import ROOT, cli_env
 
 EXAMPLES = os.path.join(ROOT, "examples")
-TESTED = {"train_lm.py", "generate.py", "tree_accumulator_ddp.py", "convert_hf.py", "fsdp_restart.py"}
+TESTED = {"train_lm.py", "generate.py", "tree_accumulator_ddp.py", "convert_hf.py", "fsdp_restart.py",
+          "grpo_parity.py"}
 HEX = r"[0-9a-f]{64}"
 
 
@@ -127,3 +130,11 @@ def test_fsdp_restart_on_another_world_size_continues_with_the_same_bits(tmp_pat
     assert sorted(os.listdir(ckpt)) == ["step-00000002"]  # written atomically: no temporary directory left
     ddp = run("tree_accumulator_ddp.py", torchrun_nproc=1)  # the same global batches, the same tree
     assert steps(ddp) == steps(whole)[:3]
+
+
+def test_grpo_parity_has_an_importance_ratio_of_exactly_one_on_every_token():
+    out = run("grpo_parity.py", "--updates", "2")
+    lines = re.findall(r"^update (\d): mean reward ([0-9.]+), importance ratio exactly 1 on (\d+) of (\d+) tokens$",
+                       out, re.M)
+    assert [int(u) for u, *_ in lines] == [0, 1]
+    assert all(int(exact) == int(total) == 384 for _, _, exact, total in lines)

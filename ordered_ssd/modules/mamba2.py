@@ -14,7 +14,7 @@ import torch.nn as nn
 from .. import _checks
 from ..reference import (Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_conv_state,
                          reference_gated_rmsnorm, reference_mamba2_layer)
-from . import _decode
+from . import _decode, _parity
 
 __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
@@ -129,7 +129,9 @@ class OrderedMamba2(nn.Module):
     Decoding (as ``Mamba2``): :meth:`allocate_inference_cache`, :meth:`_get_states_from_cache`, :meth:`step` and
     ``forward(..., inference_params=...)`` (a prefill at ``seqlen_offset == 0`` writes the cache, later calls run
     :meth:`step`); the cache is ``conv_state`` [B, conv_dim, d_conv] and ``ssm_state`` [B, H, P, N]. See
-    ``docs/decoding.md``.
+    ``docs/decoding.md``. ``layer.decode_mode = "parity"`` (the reference path) decodes with the training
+    forward's bits instead: every decoded position is the bits of the forward over the finished sequence
+    (:mod:`ordered_ssd.modules._parity`; its own cache); ``"recurrent"`` (the default) is ``Mamba2``'s step.
     """
 
     def __init__(
@@ -253,6 +255,7 @@ class OrderedMamba2(nn.Module):
         self.literal = False
         self.validate_seq_idx = False
         self.backend = None
+        self.decode_mode = "recurrent"
         if torch.cuda.is_available():
             _mark_native_check_constant()
 
@@ -322,6 +325,11 @@ class OrderedMamba2(nn.Module):
                                      f"{tuple(cu_seqlens.shape)}")
             u3 = u if seqlen is None else u.reshape(-1, seqlen, u.shape[-1])
             batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else u3.shape[0]
+            if _parity.check_decode_mode(self) == "parity":
+                _checks.check_tensor("hidden_states", u3)
+                backend = self.backend_for(u3)
+                out = _parity.parity_step(self, u3, self._get_states_from_cache(inference_params, batch), backend)
+                return out if seqlen is None else out.reshape(u.shape[0], -1)
             conv_state, ssm_state = self._get_states_from_cache(inference_params, batch)
             out, _, _ = self.step(u3, conv_state, ssm_state)
             return out if seqlen is None else out.reshape(u.shape[0], -1)
@@ -351,6 +359,9 @@ class OrderedMamba2(nn.Module):
         if inference_params is not None:
             batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else Bsz
             cache = self._get_states_from_cache(inference_params, batch)
+            if isinstance(cache, _parity.ParityCache):  # the output is the forward's; the cache is the chunk's
+                _parity.parity_prefill(self, u, seq_idx, cache, backend)
+                cache = None
         if backend == "cuda":
             self._check_cuda_path(Bsz, L)
             out = self._forward_cuda(u, seq_idx, cache, cu_seqlens)
@@ -479,6 +490,9 @@ class OrderedMamba2(nn.Module):
             TypeError / ValueError (naming the argument): ``hidden_states`` not [B, 1, d_model] of the layer's dtype
             and device; a cache tensor of another shape, device, or (CUDA) dtype.
         """
+        if _parity.check_decode_mode(self) == "parity":
+            raise ValueError("step: decode_mode 'parity' keeps its own cache and the position of each sequence; "
+                             "decode with forward(hidden_states, inference_params=...)")
         out = _decode.step(self, hidden_states, conv_state, ssm_state)
         return out, conv_state, ssm_state
 
@@ -494,6 +508,9 @@ class OrderedMamba2(nn.Module):
         _checks.check_int("batch_size", batch_size)
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype: expected None or a floating torch.dtype, got {dtype!r}")
+        if _parity.check_decode_mode(self) == "parity":
+            return _parity.new_parity_cache(self, batch_size, self.out_proj.weight.device,
+                                            self.in_proj.weight.dtype if dtype is None else dtype)
         return _decode.new_cache(self, batch_size, self.out_proj.weight.device,
                                  self.conv1d.weight.dtype if dtype is None else dtype,
                                  self.in_proj.weight.dtype if dtype is None else dtype)
@@ -506,4 +523,10 @@ class OrderedMamba2(nn.Module):
             ValueError: ``layer_idx`` is None; a cached state of another batch size. TypeError: ``inference_params``
             without ``key_value_memory_dict`` / ``seqlen_offset``.
         """
+        if _parity.check_decode_mode(self) == "parity":
+            return _decode.cached_states(
+                self, inference_params, batch_size, initialize_states,
+                check=lambda c: _parity.check_parity_cache(self, c, batch_size),
+                allocate=lambda: _parity.new_parity_cache(self, batch_size, self.in_proj.weight.device,
+                                                          self.in_proj.weight.dtype))
         return _decode.states_from_cache(self, inference_params, batch_size, initialize_states)

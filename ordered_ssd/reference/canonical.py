@@ -45,7 +45,8 @@ from ..fold import LexicalFold
 from .naive import Mamba2Dims, Mamba2Params, reference_chunk_scan, reference_gated_rmsnorm
 
 __all__ = ["sequence_spans", "conv_chunk", "chunked_graphs", "chunked_backward", "canonical_mamba2_sequence",
-           "canonical_mamba2_sequence_bwd", "canonical_mamba2_layer", "canonical_mamba2_bwd"]
+           "canonical_mamba2_sequence_bwd", "canonical_mamba2_layer", "canonical_mamba2_bwd", "canonical_mamba2_prefill",
+           "canonical_mamba2_step"]
 
 
 def sequence_spans(batch: int, seqlen: int, seq_idx: Optional[torch.Tensor] = None) -> List[Tuple[int, int, int]]:
@@ -230,3 +231,42 @@ def canonical_mamba2_bwd(dout: torch.Tensor, u: torch.Tensor, params: Mamba2Para
     grads = Mamba2Params(*(folds[i].result(like=params[i]) if i in folds else None for i in range(len(params))))
     return du, grads, partials
 
+
+# ------------------------------------------------------------------------------------------- parity decoding
+def canonical_mamba2_prefill(u: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims):
+    """A prefill of one sequence with the canonical computation, and what a parity step needs to continue it:
+    ``(out [T, d_model], state, carry, rows)``: the SSM state entering the sequence's current (last, partial or
+    next) chunk ([1, H, P, N]; None while it is the first chunk), the conv inputs of the ``d_conv - 1`` positions
+    before that chunk ([d_conv - 1, conv_dim]) and the current chunk's rows so far ([T % chunk_size, d_model]).
+    Without autograd."""
+    T, cs = u.shape[0], dims.chunk_size
+    with torch.no_grad():
+        carry = u.new_zeros(dims.d_conv - 1, dims.conv_dim)
+        state = None
+        outs = []
+        for c, u_c in enumerate(_padded_chunks(u, cs)):
+            out_c, carry_out, state_out = _chunk(u_c, carry, state, params, dims)
+            outs.append(out_c)
+            if (c + 1) * cs <= T:  # a whole chunk: the next one starts from its state and carry
+                carry, state = carry_out, state_out
+        nfull = T // cs
+        return torch.cat(outs, dim=0)[:T], state, carry, u[nfull * cs:]
+
+
+def canonical_mamba2_step(u_t: torch.Tensor, rows: torch.Tensor, state: Optional[torch.Tensor],
+                          carry: torch.Tensor, params: Mamba2Params, dims: Mamba2Dims):
+    """One token of a sequence with the canonical computation: the current chunk (``rows`` [n, d_model] so far,
+    then ``u_t`` [d_model], zero-padded) recomputed from the state and carry entering it. Returns
+    ``(out_t [d_model], state, carry, rows)`` for the next token: when the chunk is whole, the state and carry
+    after it and no rows. The output has the bits of the canonical forward over the whole sequence at this
+    position (a position never reads a later one). Without autograd."""
+    cs = dims.chunk_size
+    n = rows.shape[0]
+    with torch.no_grad():
+        chunk = u_t.new_zeros(cs, u_t.shape[-1])
+        chunk[:n] = rows
+        chunk[n] = u_t
+        out_c, carry_out, state_out = _chunk(chunk, carry, state, params, dims)
+        if n + 1 == cs:
+            return out_c[n], state_out, carry_out, chunk[:0]
+        return out_c[n], state, carry, chunk[:n + 1]

@@ -25,7 +25,8 @@ class TinyLM(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.embedding = nn.Embedding(vocab, d_model)
-        self.layers = nn.ModuleList([OrderedMamba2(d_model, d_state=8, headdim=8, chunk_size=4, layer_idx=i, **kw)
+        kw = {"chunk_size": 4, **kw}
+        self.layers = nn.ModuleList([OrderedMamba2(d_model, d_state=8, headdim=8, layer_idx=i, **kw)
                                      for i in range(n_layers)])
         self.head = nn.Linear(d_model, vocab)
         with torch.no_grad():
