@@ -163,7 +163,8 @@ def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> 
         invariant_linears: also replace every ``nn.Linear`` outside the ordered layers (e.g. the ``lm_head``) with
             an :class:`~ordered_ssd.modules.invariant.InvariantLinear` holding the same parameter objects, so that
             a token's logits do not depend on how many rows come with it (``docs/guarantees.md``, "A sequence's
-            bits are its own"). CPU only for now.
+            bits are its own"). CPU only for now. A model whose Mamba layers are ordered already (built from
+            ``OrderedMamba2``, or converted before) then only has its linears swapped.
 
     Returns:
         ``model`` (converted in place), or the new layer when ``model`` itself is such a layer.
@@ -184,8 +185,13 @@ def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> 
         raise NotImplementedError("invariant_linears=True: InvariantLinear has no row-invariant CUDA kernel yet "
                                   "and the model has CUDA parameters; convert it on the CPU, or without "
                                   "invariant_linears")
-    result = _swap(model, lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None, _to_ordered,
-                   "mamba_ssm Mamba2 or Mamba3, or transformers Mamba-2 mixer")
+    convertible = lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None  # noqa: E731
+    ordered = (OrderedMamba2, OrderedMamba3, OrderedHFMamba2Mixer)
+    if (invariant_linears and isinstance(model, nn.Module) and not any(convertible(m) for m in model.modules())
+            and any(isinstance(m, ordered) for m in model.modules())):
+        result = model  # its layers are ordered already (built so, or converted before): only the linears to swap
+    else:
+        result = _swap(model, convertible, _to_ordered, "mamba_ssm Mamba2 or Mamba3, or transformers Mamba-2 mixer")
     if invariant_linears:
         _invariant_linears(result)
     return result

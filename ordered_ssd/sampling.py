@@ -31,8 +31,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     if tuple(tokens.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"tokens: expected shape {tuple(logits.shape[:-1])} (logits' without V), got "
                          f"{tuple(tokens.shape)}")
-    if not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature: expected a finite number > 0, got {temperature!r}")
     V = logits.shape[-1]
     rows = logits.reshape(-1, V).float() / float(temperature)
     logp = torch.log_softmax(rows, dim=-1)
@@ -45,9 +45,9 @@ def sample_tokens(logits: torch.Tensor, generators: Sequence[torch.Generator], *
     logprobs [B] fp32)``, the log-probabilities by :func:`token_logprobs` (of the tempered distribution, before
     top-k / top-p).
 
-    Each row is processed alone (temperature, then top-k: the ``top_k`` largest logits, ties broken by
-    ``torch.topk``; then top-p: the smallest set of the most probable tokens whose probability reaches ``top_p``,
-    at least one), then ``torch.multinomial`` with the row's generator: a row's token depends only on its logits'
+    Each row is processed alone (temperature, then top-k: the logits at least the ``top_k``-th largest, so every
+    logit tied with it is kept; then top-p: the smallest set of the most probable tokens whose probability reaches
+    ``top_p``, at least one), then ``torch.multinomial`` with the row's generator: a row's token depends only on its logits'
     bits and its generator's state, never on the other rows.
 
     Raises: TypeError / ValueError (naming the argument): ``logits`` not a 2-d floating tensor; ``generators`` not
@@ -58,12 +58,17 @@ def sample_tokens(logits: torch.Tensor, generators: Sequence[torch.Generator], *
         raise TypeError(f"logits: expected a 2-d floating-point tensor [B, V], got "
                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
     B, V = logits.shape
-    if len(generators) != B or not all(isinstance(g, torch.Generator) for g in generators):
-        raise TypeError(f"generators: expected {B} torch.Generator (one per row), got {len(generators)} objects")
+    if (not isinstance(generators, (list, tuple)) or len(generators) != B
+            or not all(isinstance(g, torch.Generator) for g in generators)):
+        got = f"{len(generators)} objects" if isinstance(generators, (list, tuple)) else type(generators).__name__
+        raise TypeError(f"generators: expected a list of {B} torch.Generator (one per row), got {got}")
+    if len({id(g) for g in generators}) != B:
+        raise ValueError("generators: expected a different generator for every row (one per sequence), got the "
+                         "same object for several rows")
     if any(g.device.type != logits.device.type for g in generators):
         raise ValueError(f"generators: expected generators of device type {logits.device.type!r} (the logits')")
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
-        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 < temperature < float("inf"):
+        raise ValueError(f"temperature: expected a finite number > 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"top_k: expected None or an int >= 1, got {top_k!r}")
     if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):

@@ -8,7 +8,7 @@
 * ``fsdp_restart.py`` under torchrun: FSDP2 on 2 ranks, stopped at step 2 and resumed on 1 rank from its sharded
   checkpoint, gives the uninterrupted run's digests, which are the DDP example's (the same tree);
 * ``grpo_parity.py``: the importance ratio of every sampled token is exactly 1 (the sampler's log-probabilities
-  are the training forward's bits), at every update, and the loop trains;
+  are the training forward's bits) at each of two updates (the example itself asserts it at the first);
 * ``convert_hf.py --check`` (skipped without ``transformers``): a converted ``Mamba2ForCausalLM`` and a Bamba hybrid
   train to the same bits twice.
 """

@@ -46,9 +46,14 @@ def test_token_logprobs_are_row_invariant():
 
 def test_bad_arguments_are_named():
     logits = torch.randn(2, 5)
-    with pytest.raises(TypeError, match="generators: expected 2 torch.Generator"):
+    with pytest.raises(TypeError, match="generators: expected a list of 2 torch.Generator"):
         sample_tokens(logits, _gens([0]))
-    with pytest.raises(ValueError, match="temperature: expected a number > 0"):
+    with pytest.raises(TypeError, match="generators: expected a list of 2 torch.Generator .*got NoneType"):
+        sample_tokens(logits, None)
+    g = torch.Generator()
+    with pytest.raises(ValueError, match="generators: expected a different generator for every row"):
+        sample_tokens(logits, [g, g])
+    with pytest.raises(ValueError, match="temperature: expected a finite number > 0"):
         sample_tokens(logits, _gens([0, 1]), temperature=0)
     with pytest.raises(ValueError, match="top_k: expected None or an int >= 1"):
         sample_tokens(logits, _gens([0, 1]), top_k=0)

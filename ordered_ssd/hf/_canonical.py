@@ -11,7 +11,8 @@ Two entries with the same bits:
   active dropout is refused there (a recomputed dropout would draw another mask).
 
 The ops find their mixer through a registry of weak references keyed by ``id(mixer)`` (a custom op takes no
-module), filled by :func:`register_mixer` at conversion.
+module), filled by :func:`register_mixer` at conversion, when a mixer is copied or unpickled, and at each eager
+call. A second backward through one forward raises (the first used up the chunks' graphs).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
+from torch.autograd.function import once_differentiable
 
 from ..fold import LexicalFold
 from ..reference.canonical import chunked_backward, chunked_graphs, sequence_spans
@@ -82,7 +84,11 @@ class _CanonicalMixer(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
+        if ctx.pieces is None:
+            raise RuntimeError("OrderedHFMamba2Mixer (reference path): a second backward through the same forward is "
+                               "not supported (the first one used up the chunks' graphs); run the forward again")
         wanted = [k for k in range(len(ctx.params)) if ctx.needs_input_grad[4 + k]]
         du, grads = _backward(ctx.pieces, dout, *ctx.u_meta, ctx.params, bool(ctx.needs_input_grad[1]), wanted)
         ctx.pieces = None
@@ -153,6 +159,7 @@ def canonical_mixer_forward(mixer, u: torch.Tensor, mask: Optional[torch.Tensor]
     Raises: NotImplementedError: under ``torch.compile``, a mixer holding a dropout in training mode."""
     params = _trainable(mixer) if torch.is_grad_enabled() else []
     if not torch.compiler.is_compiling():
+        register_mixer(mixer)
         return _CanonicalMixer.apply(mixer, u, mask, seq_idx, *params)
     if any(isinstance(m, nn.Dropout) and m.p > 0 and m.training for m in mixer.modules()):
         raise NotImplementedError(f"{type(mixer).__name__}: torch.compile of the reference path (the CPU) with a "

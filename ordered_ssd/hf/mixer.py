@@ -124,6 +124,10 @@ class OrderedHFMamba2Mixer(nn.Module):
         raise TypeError("OrderedHFMamba2Mixer: build it from a transformers mixer with ordered_ssd.convert_to_ordered("
                         "model) (or ordered_ssd.hf.ordered_from_hf(mixer)), not directly")
 
+    def __setstate__(self, state):  # deepcopy and unpickling: the copy must be findable by the compiled path's ops
+        super().__setstate__(state)
+        register_mixer(self)
+
     # ------------------------------------------------------------------ forward
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
         cache_params = kwargs.pop("cache_params", None)

@@ -63,6 +63,10 @@ def states_from_cache(layer, inference_params, batch_size, initialize_states=Fal
     ``inference_params.key_value_memory_dict[layer.layer_idx]``, created (zeros, on the device and in the dtype of
     the parameters) on first use, zeroed when ``initialize_states``."""
     def check(states):
+        if type(states) is not tuple or len(states) != 2:
+            raise TypeError(f"inference_params: layer {layer.layer_idx}'s cache entry is a {type(states).__name__}, "
+                            "not the (conv_state, ssm_state) of decode_mode 'recurrent' (a cache made in another "
+                            "decode_mode)")
         conv_state, ssm_state = states
         check_cache(layer, conv_state, ssm_state, batch_size, layer.in_proj.weight.device)
 

@@ -57,6 +57,13 @@ def check_parity_cache(layer, cache, batch: int) -> None:
     if cache.rows.shape[0] != batch:
         raise ValueError(f"inference_params: expected the cached states of {batch} sequences, got "
                          f"{cache.rows.shape[0]}")
+    want = new_parity_cache(layer, batch, "meta", layer.in_proj.weight.dtype)
+    for name, t, w in zip(ParityCache._fields, cache, want):
+        if not isinstance(t, torch.Tensor) or t.shape != w.shape or t.dtype != w.dtype or \
+                t.device != layer.in_proj.weight.device:
+            raise ValueError(f"inference_params: layer {layer.layer_idx}'s ParityCache.{name}: expected shape "
+                             f"{tuple(w.shape)}, dtype {w.dtype}, device {layer.in_proj.weight.device} (the layer's), "
+                             f"got {getattr(t, 'shape', t)!r}")
 
 
 def _require_reference(layer, backend: str) -> None:
@@ -70,8 +77,12 @@ def parity_prefill(layer, u: torch.Tensor, seq_idx, cache: ParityCache, backend:
     """Write ``cache`` from a prefill of ``u`` [B, L, d_model] (one sequence per row, or per run of ``seq_idx``
     with ``cu_seqlens``: the cache's rows are the sequences in order)."""
     _require_reference(layer, backend)
+    spans = sequence_spans(u.shape[0], u.shape[1], seq_idx)
+    if len(spans) != cache.rows.shape[0]:
+        raise ValueError(f"seq_idx: marks {len(spans)} sequences but the cache holds {cache.rows.shape[0]}: a "
+                         "prefill of packed sequences needs cu_seqlens (one cache entry per sequence)")
     params = layer._reference_params(u.dtype)
-    for i, (b, s, e) in enumerate(sequence_spans(u.shape[0], u.shape[1], seq_idx)):
+    for i, (b, s, e) in enumerate(spans):
         _, state, carry, rows = canonical_mamba2_prefill(u[b, s:e], params, layer.dims)
         cache.rows[i].zero_()
         cache.rows[i, :rows.shape[0]] = rows

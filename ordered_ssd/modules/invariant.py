@@ -58,8 +58,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point() or t.dtype != x.dtype:
-            raise TypeError(f"{name}: expected a floating-point tensor of x's dtype {x.dtype}, got {t.dtype}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: expected x's dtype {x.dtype}, got {t.dtype}")
         if t.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
     if weight.dim() != 2:

@@ -110,9 +110,10 @@ class OrderedMamba2(nn.Module):
     it in :meth:`forward` (the constructor cannot know where the layer will run).
 
     Determinism: the gradients of every parameter are fp32 (fp64 for fp64 parameters) lexical
-    folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`), so two runs with the
-    same inputs give the same bits, and the partial of an example does not depend on the rest of
-    the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
+    folds of per-example partials (example 0 first, :mod:`ordered_ssd.fold`; on the reference path per sequence, a
+    row or a run of ``seq_idx``, each computed alone, chunk by chunk: docs/guarantees.md, "A sequence's bits are
+    its own"), so two runs with the same inputs give the same bits, and the partial of an example does not depend
+    on the rest of the batch. Scope: same torch build, same device type; on CPU also the same number of threads.
     Compute path (:meth:`backend_for`): ``"cuda"`` for CUDA inputs of dtype fp32/bf16/fp16: mamba-ssm's Triton
     SSD kernels and causal-conv1d's CUDA kernels with pinned launch configurations (:mod:`ordered_ssd.ops`);
     ``"reference"`` for CPU and fp64 inputs: the pure-PyTorch reference (:mod:`ordered_ssd.reference`, fp32/fp64
@@ -327,6 +328,9 @@ class OrderedMamba2(nn.Module):
             batch = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else u3.shape[0]
             if _parity.check_decode_mode(self) == "parity":
                 _checks.check_tensor("hidden_states", u3)
+                if u3.dim() != 3 or u3.shape[1] != 1:
+                    raise ValueError(f"hidden_states: expected [B, 1, d_model] (one token per sequence), got "
+                                     f"{tuple(u3.shape)}")
                 backend = self.backend_for(u3)
                 out = _parity.parity_step(self, u3, self._get_states_from_cache(inference_params, batch), backend)
                 return out if seqlen is None else out.reshape(u.shape[0], -1)
@@ -509,8 +513,10 @@ class OrderedMamba2(nn.Module):
         if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
             raise TypeError(f"dtype: expected None or a floating torch.dtype, got {dtype!r}")
         if _parity.check_decode_mode(self) == "parity":
-            return _parity.new_parity_cache(self, batch_size, self.out_proj.weight.device,
-                                            self.in_proj.weight.dtype if dtype is None else dtype)
+            if dtype is not None and dtype != self.in_proj.weight.dtype:
+                raise TypeError(f"dtype: decode_mode 'parity' keeps its cache in the layer's dtype "
+                                f"{self.in_proj.weight.dtype} (another dtype would change the bits), got {dtype}")
+            return _parity.new_parity_cache(self, batch_size, self.out_proj.weight.device, self.in_proj.weight.dtype)
         return _decode.new_cache(self, batch_size, self.out_proj.weight.device,
                                  self.conv1d.weight.dtype if dtype is None else dtype,
                                  self.in_proj.weight.dtype if dtype is None else dtype)

@@ -2,8 +2,10 @@
 
 * :mod:`~ordered_ssd.reference.naive`: the layer written from the SSD definition with plain autograd
   (:func:`reference_mamba2_layer` and its pieces), and the per-time-step recurrence it is checked against;
-* :mod:`~ordered_ssd.reference.ordered`: its ordered backward (per-example gradients folded in example order,
-  :class:`~ordered_ssd.fold.LexicalFold`), the compute of ``OrderedMamba2`` off the CUDA path;
+* :mod:`~ordered_ssd.reference.canonical`: each sequence of a layout computed alone, chunk by chunk, and its
+  ordered backward (per-sequence partials folded in sequence order); parity decoding's prefill and step;
+* :mod:`~ordered_ssd.reference.ordered`: the custom op over it, the compute of ``OrderedMamba2`` off the CUDA path
+  (and Mamba-3's per-example ordered backward);
 * :mod:`~ordered_ssd.reference.decode`: one decoding step against the cache (conv state, SSM state).
 
 Imports nothing from the CUDA path (:mod:`ordered_ssd.ops`, :mod:`csrc_bindings`).

@@ -73,8 +73,10 @@ def test_bad_input_is_named():
         invariant_linear(torch.randn(2, 3), torch.randn(3))
     with pytest.raises(ValueError, match=r"bias: expected shape \(4,\)"):
         invariant_linear(torch.randn(2, 3), w, torch.randn(3))
-    with pytest.raises(TypeError, match="weight: expected a floating-point tensor of x's dtype torch.float32"):
+    with pytest.raises(TypeError, match="weight: expected x's dtype torch.float32, got torch.float64"):
         invariant_linear(torch.randn(2, 3), w.double())
+    with pytest.raises(TypeError, match="x: expected a floating-point tensor, got dtype torch.int64"):
+        invariant_linear(torch.zeros(2, 3, dtype=torch.long), w)
     with pytest.raises(TypeError, match="linear: expected an nn.Linear"):
         InvariantLinear.from_linear(nn.Conv1d(2, 2, 1))
     with FakeTensorMode():
@@ -111,6 +113,15 @@ def test_convert_to_ordered_checks_invariant_linears_before_anything():
     with pytest.raises(TypeError, match="invariant_linears: expected a bool"):
         convert_to_ordered(model, invariant_linears=1)
     assert type(model.lm_head) is nn.Linear
+
+
+def test_a_model_of_ordered_layers_gets_its_linears_swapped_and_keeps_its_tie():
+    model = _LM()
+    assert convert_to_ordered(model, invariant_linears=True) is model
+    assert type(model.lm_head) is InvariantLinear and model.lm_head.weight is model.embedding.weight
+    assert all(type(m.in_proj) is nn.Linear for m in model.mixers)  # the ordered layers' own linears stay
+    with pytest.raises(ValueError, match="expected at least one"):  # without the option: nothing to convert
+        convert_to_ordered(_LM())
 
 
 def test_a_language_model_gives_each_sequence_its_canonical_per_token_losses_in_random_layouts():

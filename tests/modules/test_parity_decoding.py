@@ -107,6 +107,27 @@ def test_modes_and_caches_are_checked():
     params.seqlen_offset = 5
     with pytest.raises(TypeError, match="not the ParityCache of decode_mode 'parity'"):
         layer(torch.randn(2, 1, layer.d_model), inference_params=params)
+    layer.decode_mode = "recurrent"  # and the other way round
+    params = _params()
+    layer.decode_mode = "parity"
+    layer(torch.randn(2, 5, layer.d_model), inference_params=params)
+    layer.decode_mode = "recurrent"
+    params.seqlen_offset = 5
+    with pytest.raises(TypeError, match="not the \\(conv_state, ssm_state\\) of decode_mode 'recurrent'"):
+        layer(torch.randn(2, 1, layer.d_model), inference_params=params)
+    layer.decode_mode = "parity"
+    with pytest.raises(ValueError, match=r"hidden_states: expected \[B, 1, d_model\] \(one token per sequence\)"):
+        layer(torch.randn(2, 3, layer.d_model), inference_params=params)
+    assert params.key_value_memory_dict[0].count.tolist() == [5, 5]  # nothing was written
+    with pytest.raises(TypeError, match="decode_mode 'parity' keeps its cache in the layer's dtype"):
+        layer.allocate_inference_cache(2, 10, dtype=torch.float64)
+    params.key_value_memory_dict[0] = params.key_value_memory_dict[0]._replace(
+        state=params.key_value_memory_dict[0].state.double())
+    with pytest.raises(ValueError, match="ParityCache.state: expected shape"):
+        layer(torch.randn(2, 1, layer.d_model), inference_params=params)
+    seq_idx = torch.tensor([[0, 0, 1, 1, 1]] * 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="seq_idx: marks 4 sequences but the cache holds 2"):
+        layer(torch.randn(2, 5, layer.d_model), seq_idx=seq_idx, inference_params=_params())
 
 
 def _digests():

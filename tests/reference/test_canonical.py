@@ -1,5 +1,5 @@
-"""A sequence's bits are its own on the reference path: random layouts (batch sizes 1 to 64, random lengths, right
-padding, packing at random offsets) give every sequence the output, input gradient and parameter partials of the
+"""A sequence's bits are its own on the reference path: random layouts (batches of 1 to 9 rows and one of all 24
+sequences, random lengths, right padding, packing at the offsets the lengths give into 1 and 3 rows) give every sequence the output, input gradient and parameter partials of the
 sequence alone (``ordered_ssd.reference.canonical``; docs/guarantees.md, "A sequence's bits are its own")."""
 import json
 import os
