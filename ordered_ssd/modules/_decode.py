@@ -14,6 +14,7 @@ import torch
 
 from .. import _checks
 from ..reference import reference_mamba2_step
+from ._parity import ParityCache
 
 
 def new_cache(layer, batch_size, device, conv_dtype, ssm_dtype):
@@ -63,7 +64,7 @@ def states_from_cache(layer, inference_params, batch_size, initialize_states=Fal
     ``inference_params.key_value_memory_dict[layer.layer_idx]``, created (zeros, on the device and in the dtype of
     the parameters) on first use, zeroed when ``initialize_states``."""
     def check(states):
-        if type(states) is not tuple or len(states) != 2:
+        if isinstance(states, ParityCache) or not isinstance(states, (tuple, list)) or len(states) != 2:
             raise TypeError(f"inference_params: layer {layer.layer_idx}'s cache entry is a {type(states).__name__}, "
                             "not the (conv_state, ssm_state) of decode_mode 'recurrent' (a cache made in another "
                             "decode_mode)")
