@@ -12,10 +12,11 @@ token). Each layout computes the same sequences (the same tokens, the same weigh
   ``chunk_size``.
 
 The model is a small Mamba-2 language model (embedding, ``--layers`` pre-norm residual mixers, final norm, tied
-head; the ordered model's head is ``ordered_ssd.invariant_linear`` off CUDA, ``F.linear`` on CUDA, where it has no
-kernel yet), built once and copied into each kind of mixer with the same weights: ``ordered`` (``OrderedMamba2``: its
-CUDA path on a GPU, the pure-PyTorch reference on the CPU) and a control: on a GPU with mamba-ssm ``native``
-(mamba-ssm's ``Mamba2``), elsewhere ``plain`` (the vectorised reference ``reference_mamba2_layer`` over the whole
+head), built once and copied into each kind of mixer with the same weights: ``ordered`` (``OrderedMamba2`` with
+``sequence_invariant = True``, ``InvariantRMSNorm`` norms and the head ``ordered_ssd.invariant_linear``: its CUDA path on a GPU, the pure-PyTorch
+reference on the CPU), ``ordered_default`` (``OrderedMamba2`` as constructed, ``sequence_invariant = False``, an
+``F.linear`` head: on CUDA native's layout and cuBLAS's projections, with ordered sums) and a control: on a GPU with
+mamba-ssm ``native`` (mamba-ssm's ``Mamba2``), elsewhere ``plain`` (the vectorised reference ``reference_mamba2_layer`` over the whole
 layout, with an ``F.linear`` head). For each (mixer, layout) it prints the tokens whose per-token loss bits differ from the
 canonical run's, and the sequences with at least one such token.
 
@@ -43,8 +44,8 @@ VOCAB = 256
 
 class TinyLM(nn.Module):
     """Embedding, ``n`` pre-norm residual Mamba-2 mixers, final norm, tied head; ``forward(tokens, seq_idx=None)``
-    -> logits [B, L, 256]. ``invariant_head``: the head is ``ordered_ssd.invariant_linear`` (row-invariant; CPU
-    only), else ``F.linear``."""
+    -> logits [B, L, 256]. ``invariant_head``: the head is ``ordered_ssd.invariant_linear`` (row-invariant), else
+    ``F.linear``."""
 
     def __init__(self, mixers: List[nn.Module], d_model: int, invariant_head: bool = False):
         super().__init__()
@@ -152,7 +153,7 @@ def _plain_reference_class():
 
 def build(kind: str, args, device, dtype, template=None) -> TinyLM:
     kw = dict(d_model=args.d_model, d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk_size)
-    if kind == "ordered":
+    if kind in ("ordered", "ordered_default"):
         from ordered_ssd import OrderedMamba2
 
         cls = OrderedMamba2
@@ -163,9 +164,15 @@ def build(kind: str, args, device, dtype, template=None) -> TinyLM:
 
         cls = csrc_bindings.mamba2_class()
     torch.manual_seed(args.seed)
-    # the ordered model's head is row-invariant where InvariantLinear runs (not CUDA yet)
     model = TinyLM([cls(**kw, layer_idx=i) for i in range(args.layers)], args.d_model,
-                   invariant_head=kind == "ordered" and device.type != "cuda")
+                   invariant_head=kind == "ordered")
+    if kind == "ordered":  # the layers' CUDA path per sequence; the norms' mean of squares row-invariant
+        from ordered_ssd import InvariantRMSNorm
+
+        for m in model.mixers:
+            m.sequence_invariant = True
+        model.norms = nn.ModuleList([InvariantRMSNorm.from_module(n) for n in model.norms])
+        model.norm_f = InvariantRMSNorm.from_module(model.norm_f)
     if template is not None:
         model.load_state_dict(template.state_dict(), strict=True)
     return model.to(device=device, dtype=dtype).eval()
@@ -188,8 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mixers", default=None,
-                   help="of ordered, native (mamba-ssm's Mamba2, CUDA), plain (the vectorised reference, the CPU's "
-                        "control); default ordered,native on CUDA, ordered,plain elsewhere")
+                   help="of ordered, ordered_default, native (mamba-ssm's Mamba2, CUDA), plain (the vectorised "
+                        "reference, the CPU's control); default ordered,ordered_default,native on CUDA, "
+                        "ordered,plain elsewhere")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     if not 2 <= args.min_len <= args.max_len:
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     mixers = (args.mixers.split(",") if args.mixers
-              else ["ordered"] + (["native"] if device.type == "cuda" else ["plain"]))
+              else ["ordered"] + (["ordered_default", "native"] if device.type == "cuda" else ["plain"]))
     rng = random.Random(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     seqs = [torch.randint(0, VOCAB, (rng.randint(args.min_len, args.max_len),), generator=g).to(device)

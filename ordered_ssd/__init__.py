@@ -25,7 +25,8 @@ state of torch or of those libraries; it registers its own custom ops in the ``o
 ``torch.library`` (``torch.ops.ordered_ssd.*``), nothing else.
 """
 from .fold import LexicalFold, accumulation_dtype, lexical_fold
-from .modules import GatedRMSNorm, InvariantLinear, OrderedMamba2, OrderedMamba3, invariant_linear
+from .modules import (GatedRMSNorm, InvariantLinear, InvariantRMSNorm, OrderedMamba2, OrderedMamba3, invariant_linear,
+                      invariant_rms_norm)
 from . import digest  # ordered_ssd.digest.tensor_sha256 (a public submodule, listed in __all__)
 from .reference import Mamba2Dims, Mamba2Params
 from .accumulate import TreeGradAccumulator, tree_sum
@@ -43,6 +44,8 @@ __all__ = [
     "GatedRMSNorm",
     "InvariantLinear",
     "invariant_linear",
+    "InvariantRMSNorm",
+    "invariant_rms_norm",
     "Mamba2Dims",
     "Mamba2Params",
     "LexicalFold",

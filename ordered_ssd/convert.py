@@ -20,7 +20,7 @@ import torch.nn as nn
 from .hf.mixer import OrderedHFMamba2Mixer, hf_from_ordered, hf_mixer_family, ordered_from_hf
 from .modules import NATIVE_LAYERS
 from .modules.mamba2 import OrderedMamba2
-from .modules.invariant import InvariantLinear
+from .modules.invariant import InvariantLinear, InvariantRMSNorm
 from .modules.mamba3 import OrderedMamba3
 
 __all__ = ["convert_to_ordered", "convert_to_mamba2", "convert_to_hf"]
@@ -163,8 +163,10 @@ def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> 
         invariant_linears: also replace every ``nn.Linear`` outside the ordered layers (e.g. the ``lm_head``) with
             an :class:`~ordered_ssd.modules.invariant.InvariantLinear` holding the same parameter objects, so that
             a token's logits do not depend on how many rows come with it (``docs/guarantees.md``, "A sequence's
-            bits are its own"). CPU only for now. A model whose Mamba layers are ordered already (built from
-            ``OrderedMamba2``, or converted before) then only has its linears swapped.
+            bits are its own"), and set ``sequence_invariant = True`` on every ordered Mamba-2 layer (the CUDA
+            path's projections by the row-invariant GEMM, packed sequences each as its own row). A model whose
+            Mamba layers are ordered already (built from ``OrderedMamba2``, or converted before) then only has its
+            linears swapped and its layers set.
 
     Returns:
         ``model`` (converted in place), or the new layer when ``model`` itself is such a layer.
@@ -176,15 +178,10 @@ def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> 
             (named in the message).
         RuntimeError: a ``transformers`` version outside the supported range. Every layer is checked and built
             before any is replaced, so on an error the model is unchanged (never a partial conversion).
-        TypeError: ``invariant_linears`` not a bool. NotImplementedError: ``invariant_linears=True`` for a model
-            with CUDA parameters (no row-invariant CUDA kernel yet), before anything is replaced.
+        TypeError: ``invariant_linears`` not a bool.
     """
     if not isinstance(invariant_linears, bool):
         raise TypeError(f"invariant_linears: expected a bool, got {type(invariant_linears).__name__}")
-    if invariant_linears and isinstance(model, nn.Module) and any(p.is_cuda for p in model.parameters()):
-        raise NotImplementedError("invariant_linears=True: InvariantLinear has no row-invariant CUDA kernel yet "
-                                  "and the model has CUDA parameters; convert it on the CPU, or without "
-                                  "invariant_linears")
     convertible = lambda m: _is_mamba2(m) or _is_mamba3(m) or hf_mixer_family(m) is not None  # noqa: E731
     ordered = (OrderedMamba2, OrderedMamba3, OrderedHFMamba2Mixer)
     if (invariant_linears and isinstance(model, nn.Module) and not any(convertible(m) for m in model.modules())
@@ -198,15 +195,24 @@ def convert_to_ordered(model: nn.Module, *, invariant_linears: bool = False) -> 
 
 
 def _invariant_linears(model: nn.Module) -> None:
-    """Replace every ``nn.Linear`` (the class itself) outside the ordered layers with an ``InvariantLinear`` holding
-    its parameters (one new module per linear object, under every name it is registered by)."""
+    """Replace every ``nn.Linear`` (the class itself) outside the ordered layers with an ``InvariantLinear``, and every
+    ``nn.RMSNorm`` / ``Mamba2RMSNorm`` with an ``InvariantRMSNorm``, holding its parameters (one new module per
+    module object, under every name it is registered by); set ``sequence_invariant`` on the ordered layers."""
     ordered = (OrderedMamba2, OrderedMamba3, OrderedHFMamba2Mixer)
+    for m in model.modules():
+        if isinstance(m, (OrderedMamba2, OrderedHFMamba2Mixer)):
+            m.sequence_invariant = True
     inside = [name for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, ordered)]
     new_of = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
-        if not name or type(module) is not nn.Linear or any(name.startswith(p + ".") for p in inside):
+        if not name or any(name.startswith(p + ".") for p in inside):
             continue
-        new = new_of.setdefault(id(module), InvariantLinear.from_linear(module))
+        if type(module) is nn.Linear:
+            new = new_of.setdefault(id(module), InvariantLinear.from_linear(module))
+        elif InvariantRMSNorm.swappable(module):
+            new = new_of.setdefault(id(module), InvariantRMSNorm.from_module(module))
+        else:
+            continue
         parent_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, leaf, new)
 

@@ -21,7 +21,7 @@ def test_cuda_fingerprint_includes_the_pinned_configs_and_the_reduction(monkeypa
     limit["bytes"] = 101376  # sm_86/sm_89: bf16/fp16 fold at 3 stages, recorded in the reduction field
     small = determinism_fingerprint("cuda:0", cuda_path=True)
     assert small["reduction"] == reduction_fingerprint("cuda:0") != reduction_fingerprint()
-    assert small["reduction"].startswith("v6 gemm=")
+    assert small["reduction"].startswith("v7 gemm=")
 
 
 def test_cpu_fingerprint_names_the_threads_and_capability(monkeypatch):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +25,8 @@ __all__ = ["accumulation_dtype", "GEMM_FOLD_CONFIGS", "GEMM_FOLD_FIT_RULE", "GEM
            "gemm_fold_configs_for", "gemm_fold_shared_bytes", "reduction_fingerprint", "linear_weight_grad_is_fused",
            "GEMM_FOLD_PROGRAMS_PER_SM", "GEMM_FOLD_CHAIN_RULE", "gemm_fold_segments_per_program",
            "GEMM_FOLD_TIMED_RULE", "GEMM_FOLD_VARIANTS", "GEMM_FOLD_WORKSPACE_BYTES",
-           "rmsnorm_rows_per_program"]
+           "rmsnorm_rows_per_program", "RowInvariantGemmConfig", "ROW_INVARIANT_GEMM_CONFIGS",
+           "row_invariant_gemm_order"]
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """Order-deciding rule. Dtype in which partials of a ``dtype`` gradient are folded: fp64 for fp64, else fp32.
@@ -288,13 +290,52 @@ CONV1D_BWD_NUM_WARPS = 1
 #: launches grew with the batch); sequences shorter than 8192 positions keep version 4's bits; 6: the reference path
 #: (the CPU, fp64) computes each sequence alone, chunk by chunk, and folds the parameter gradients over sequences
 #: (:mod:`ordered_ssd.reference.canonical`), so a sequence's bits do not depend on its layout; the CUDA path keeps
-#: version 5's bits.
-REDUCTION_VERSION = 6
+#: version 5's bits; 7: with ``sequence_invariant`` on CUDA (an option, off by default) each run of ``seq_idx`` is
+#: computed as its own row, so the parameter gradients fold over sequences as over the rows of a batch, and the
+#: projections run the row-invariant GEMM (its ``block_k`` is in the fingerprint); the default CUDA path and the
+#: reference path keep version 6's bits.
+REDUCTION_VERSION = 7
+
+
+@dataclass(frozen=True)
+class RowInvariantGemmConfig:
+    """The pinned launch configuration of the row-invariant GEMM for one input dtype.
+
+    ``block_k`` decides the order of the sum (the ``K`` loop's blocks, each a sequence of tensor-core products
+    added to the fp32 accumulator): changing it changes bits, so it is fingerprinted
+    (:func:`ordered_ssd.fold.reduction_fingerprint`). ``block_m``, ``block_n``, ``group_m`` only decide which
+    program computes which tile; ``num_warps`` and ``num_stages`` how. All are pinned anyway: nothing here is chosen
+    at run time. ``provenance``: where the values come from.
+    """
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    provenance: str
+
+
+_PROVENANCE = ("pinned 2026-12-07: the usual Hopper tile for a bf16/fp16 Triton GEMM (128x128x64, 8 warps, 3 "
+               "stages), fits the shared memory of sm_80 and sm_90; fp32 (IEEE products) at 64x64x32")
+
+#: dtype -> :class:`RowInvariantGemmConfig` (one literal per dtype; no autotuning, no shape rule).
+ROW_INVARIANT_GEMM_CONFIGS = {
+    torch.bfloat16: RowInvariantGemmConfig(128, 128, 64, 8, 8, 3, _PROVENANCE),
+    torch.float16: RowInvariantGemmConfig(128, 128, 64, 8, 8, 3, _PROVENANCE),
+    torch.float32: RowInvariantGemmConfig(64, 64, 32, 8, 4, 3, _PROVENANCE),
+}
+
+
+def row_invariant_gemm_order() -> dict:
+    """The order-deciding part of the configurations, ``{dtype name: block_k}`` (for the reduction fingerprint)."""
+    return {str(k).replace("torch.", ""): v.block_k for k, v in ROW_INVARIANT_GEMM_CONFIGS.items()}
 
 
 def reduction_fingerprint(device=None) -> str:
     """``"v{REDUCTION_VERSION} gemm={hash}"``: the CUDA path's reduction algorithms and their settings (the fold
-    kernel's configurations, :data:`GEMM_FOLD_SEGMENT_L`, :data:`CONV1D_BWD_TILE_L`); part of the determinism
+    kernel's configurations, :data:`GEMM_FOLD_SEGMENT_L`, :data:`CONV1D_BWD_TILE_L`, the row-invariant GEMM's
+    ``block_k`` per dtype); part of the determinism
     fingerprint.
 
     ``device`` None: the pinned :data:`GEMM_FOLD_CONFIGS`. A CUDA ``device``: the configurations
@@ -307,7 +348,8 @@ def reduction_fingerprint(device=None) -> str:
         limit = _resources.shared_memory_limit(device)
     configs = gemm_fold_configs_for(limit)
     settings = json.dumps({"configs": {str(k): list(v) for k, v in configs.items()},
-                           "segment_l": GEMM_FOLD_SEGMENT_L, "conv1d_tile_l": CONV1D_BWD_TILE_L},
+                           "segment_l": GEMM_FOLD_SEGMENT_L, "conv1d_tile_l": CONV1D_BWD_TILE_L,
+                           "row_invariant_gemm": row_invariant_gemm_order()},
                           sort_keys=True)
     return f"v{REDUCTION_VERSION} gemm={hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 

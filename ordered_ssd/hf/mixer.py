@@ -45,6 +45,7 @@ from ..modules.mamba2 import _cuda_path_ok, _cuda_path_status, _mark_native_chec
 from ..reference import reference_causal_conv1d, reference_chunk_scan, reference_gated_rmsnorm
 from ..reference.canonical import conv_chunk
 from ._canonical import canonical_mixer_forward, register_mixer
+from ..modules._layout import pad_to_multiple, per_tensor, sequence_rows
 from ..reference.decode import reference_causal_conv1d_update, reference_selective_state_update
 from ._spec import (HF_MIXERS, SUPPORTED_TRANSFORMERS, _MODULE_STATE, _spec_of, check_transformers_version,
                    hf_mixer_family)
@@ -73,6 +74,12 @@ def _states_to_keep(cache, layer_idx, seqlen: int) -> int:
     if cache is None or not hasattr(cache, "get_recurrent_states_to_keep"):
         return 0
     return min(int(cache.get_recurrent_states_to_keep(layer_idx) or 0), seqlen)
+
+
+@torch.compiler.disable  # a host read
+def _right_padding(mask: torch.Tensor) -> bool:
+    """Whether every row of ``mask`` [B, L] is ones then zeros (right padding); read once per mask tensor."""
+    return per_tensor("hf right padding", mask, lambda: bool((mask[:, 1:] <= mask[:, :-1]).all()))
 
 
 class OrderedHFMamba2Mixer(nn.Module):
@@ -119,6 +126,10 @@ class OrderedHFMamba2Mixer(nn.Module):
 
     #: Which path ``forward`` takes: None (CUDA tensors of fp32/bf16/fp16 -> "cuda", else "reference").
     backend = None
+    #: On the CUDA path: the projections by the row-count-invariant GEMM and each run of ``seq_idx`` computed as
+    #: its own row, so a sequence gets its canonical bits (``OrderedMamba2.sequence_invariant``; set by
+    #: ``convert_to_ordered(..., invariant_linears=True)``). The reference path is always per sequence.
+    sequence_invariant = False
 
     def __init__(self):  # pragma: no cover - guarded: use ordered_from_hf
         raise TypeError("OrderedHFMamba2Mixer: build it from a transformers mixer with ordered_ssd.convert_to_ordered("
@@ -200,7 +211,8 @@ class OrderedHFMamba2Mixer(nn.Module):
         seq_idx = kwargs.get("seq_idx")
         if seq_idx is not None:
             _checks.check_seq_idx(seq_idx, batch=Bsz, seqlen=L, device=device)
-            return seq_idx.to(torch.int32)
+            # one int32 tensor for every mixer of the model (sequence_rows keeps its layout per tensor)
+            return per_tensor("hf seq_idx", seq_idx, lambda: seq_idx.to(torch.int32))
         cu = kwargs.get("cu_seq_lens_q")
         if cu is None:
             return None
@@ -213,8 +225,11 @@ class OrderedHFMamba2Mixer(nn.Module):
                              f"got B = {Bsz}")
         if cu.device != device:
             raise ValueError(f"cu_seq_lens_q: expected device {device}, got {cu.device}")
-        pos = torch.arange(L, device=device, dtype=cu.dtype)
-        return torch.bucketize(pos, cu[1:].contiguous(), right=True).to(torch.int32).unsqueeze(0)
+        def make():
+            pos = torch.arange(L, device=device, dtype=cu.dtype)
+            return torch.bucketize(pos, cu[1:].contiguous(), right=True).to(torch.int32).unsqueeze(0)
+
+        return per_tensor(f"hf cu_seq_lens_q L={L}", cu, make)
 
     # ------------------------------------------------------------------ pieces
     def _project_in(self, u, mask, backend):
@@ -226,7 +241,8 @@ class OrderedHFMamba2Mixer(nn.Module):
         if backend == "cuda" and type(self.in_proj) is nn.Linear:
             from .. import ops
 
-            zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
+            zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias,
+                                        row_invariant=bool(getattr(self, "sequence_invariant", False)))
         else:
             zxbcdt = self.in_proj(u)
         if spec.has_mup_vector:
@@ -238,7 +254,8 @@ class OrderedHFMamba2Mixer(nn.Module):
         if backend == "cuda" and type(self.out_proj) is nn.Linear:
             from .. import ops
 
-            return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
+            return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias,
+                                      row_invariant=bool(getattr(self, "sequence_invariant", False)))
         return self.out_proj(y)
 
     def _A(self, backend, dtype):
@@ -262,6 +279,24 @@ class OrderedHFMamba2Mixer(nn.Module):
                 with torch.no_grad():
                     self._forward_plain(u, mask, seq_idx, cache, initial, backend, keep)
             return self._forward_canonical(u, mask, seq_idx)
+        if (backend == "cuda" and getattr(self, "sequence_invariant", False) and cache is None and initial is None
+                and not keep):
+            if mask is not None and _right_padding(mask):
+                # a right-padding mask changes no real position (they never see a later one): the path of the
+                # sequence alone (the fused op, no mask), so a padded row gets the canonical bits at its real positions
+                mask = None
+            cs = self._ordered_spec.chunk_size
+            if seq_idx is not None:
+                rows = sequence_rows(seq_idx, cs)
+                if rows is not None:  # each run of seq_idx its own row, in whole chunks
+                    self._check_cuda_path(rows.S, rows.Lrow)  # before anything is moved
+                    mask_rows = None if mask is None else rows.to_rows(mask[:, :, None])[..., 0]
+                    return rows.from_rows(self._forward_plain(rows.to_rows(u), mask_rows, None, None, None, backend))
+                seq_idx = None  # one run per row: the rows are the sequences
+            L = u.shape[1]
+            if L % cs:  # whole chunks, as in every layout of a sequence (modules._layout.pad_to_multiple)
+                mask = None if mask is None else pad_to_multiple(mask[:, :, None], cs)[..., 0]
+                return self._forward_plain(pad_to_multiple(u, cs), mask, None, None, None, backend)[:, :L].contiguous()
         return self._forward_plain(u, mask, seq_idx, cache, initial, backend, keep)
 
     def _forward_plain(self, u, mask, seq_idx, cache, initial, backend, keep=0):
@@ -280,7 +315,8 @@ class OrderedHFMamba2Mixer(nn.Module):
                 if cache is not None:  # a prefill: the cache keeps the last d_conv conv inputs, as the original's
                     xBC = zxbcdt[..., spec.d_ssm:2 * spec.d_ssm + 2 * G * N]
                     cache.update_conv_state(xBC.transpose(1, 2), self.layer_idx, conv_kernel_size=spec.d_conv)
-                plain_out = type(self.out_proj) is nn.Linear
+                # sequence-invariant: the out_proj after the op, by the row-invariant GEMM (_project_out)
+                plain_out = type(self.out_proj) is nn.Linear and not getattr(self, "sequence_invariant", False)
                 y = ops.ordered_mamba_split_conv1d_scan_combined(
                     zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, self._A(backend, dtype), D=self.D,
                     chunk_size=spec.chunk_size, seq_idx=seq_idx, dt_limit=spec.dt_limit, activation="silu",
@@ -291,7 +327,7 @@ class OrderedHFMamba2Mixer(nn.Module):
                 if cache is not None:
                     y, final = y
                     cache.update_recurrent_state(final, layer_idx=self.layer_idx)
-                return y if plain_out else self.out_proj(y.to(dtype))
+                return y if plain_out else self._project_out(y, dtype, backend)
         z, xBC, dt = torch.split(zxbcdt, [spec.d_ssm, spec.d_ssm + 2 * G * N, H], dim=-1)
         xBC = self._conv(xBC, conv_w, seq_idx, cache, use_prev, backend)
         if mask is not None:

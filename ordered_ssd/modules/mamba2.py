@@ -15,6 +15,7 @@ from .. import _checks
 from ..reference import (Mamba2Dims, Mamba2Params, ordered_reference_mamba2, reference_conv_state,
                          reference_gated_rmsnorm, reference_mamba2_layer)
 from . import _decode, _parity
+from ._layout import pad_to_multiple, sequence_rows
 
 __all__ = ["OrderedMamba2", "GatedRMSNorm", "cuda_path_available"]
 
@@ -122,6 +123,12 @@ class OrderedMamba2(nn.Module):
     "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above).
     Set ``layer.literal = True`` to run the CUDA backward with one kernel launch per example (slower, same bits:
     for tests and benchmarks).
+    Set ``layer.sequence_invariant = True`` (``convert_to_ordered(..., invariant_linears=True)`` does) for a
+    sequence's canonical bits on the CUDA path too: the projections run the row-count-invariant GEMM
+    (:mod:`ordered_ssd.ops.row_invariant_gemm`) instead of cuBLAS, and each run of ``seq_idx`` is computed as its own
+    row (:mod:`ordered_ssd.modules._layout`; one host read per ``seq_idx`` tensor, so ``torch.compile`` breaks the
+    graph there). Off by default on CUDA (cuBLAS's speed, native's bits, no host read); the reference path is
+    always per sequence.
     Set ``layer.validate_seq_idx = True`` to check that ``seq_idx`` rows are non-decreasing in every forward
     (reads them on the host; off by default so that a step has no host synchronisation).
     ``torch.compile(model, fullgraph=True)`` traces the layer without a graph break (every computation is a
@@ -255,6 +262,7 @@ class OrderedMamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
         self.literal = False
         self.validate_seq_idx = False
+        self.sequence_invariant = False
         self.backend = None
         self.decode_mode = "recurrent"
         if torch.cuda.is_available():
@@ -433,20 +441,36 @@ class OrderedMamba2(nn.Module):
     def _forward_cuda(self, u, seq_idx, cache=None, cu_seqlens=None):
         from .. import ops
 
+        invariant = bool(getattr(self, "sequence_invariant", False))
+        if invariant and cache is None:
+            if seq_idx is not None:
+                rows = sequence_rows(seq_idx, self.chunk_size)
+                if rows is not None:  # each run of seq_idx its own row, in whole chunks
+                    self._check_cuda_path(rows.S, rows.Lrow)  # before anything is moved
+                    return rows.from_rows(self._forward_cuda(rows.to_rows(u), None))
+                seq_idx = None  # one run per row: the rows are the sequences
+            L = u.shape[1]
+            if L % self.chunk_size:  # whole chunks, as in every layout of a sequence (_layout.pad_to_multiple)
+                self._check_cuda_path(u.shape[0], -(-L // self.chunk_size) * self.chunk_size)
+                return self._forward_cuda(pad_to_multiple(u, self.chunk_size), None)[:, :L].contiguous()
         seq_idx = seq_idx.to(torch.int32).contiguous() if seq_idx is not None else None
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous() if cu_seqlens is not None else None
-        zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias)
+        zxbcdt = ops.ordered_linear(u, self.in_proj.weight, self.in_proj.bias, row_invariant=invariant)
         A = ops.ordered_A_from_log(self.A_log)  # -exp(A_log.float()), opaque to inductor (eager bits when compiled)
         D = self.D.reshape(self.nheads, self.headdim) if self.D_has_hdim else self.D
         conv_w = self.conv1d.weight.reshape(self.conv1d.weight.shape[0], self.conv1d.weight.shape[2])
         if self.use_mem_eff_path and cache is None:
-            return ops.ordered_mamba_split_conv1d_scan_combined(
+            out_w = None if invariant else self.out_proj.weight  # invariant: the out_proj below, row-invariant
+            y = ops.ordered_mamba_split_conv1d_scan_combined(
                 zxbcdt, conv_w, self.conv1d.bias, self.dt_bias, A, D=D, chunk_size=self.chunk_size, seq_idx=seq_idx,
                 activation=self.activation, rmsnorm_weight=self.norm.weight if self.rmsnorm else None,
-                rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6, outproj_weight=self.out_proj.weight,
-                outproj_bias=self.out_proj.bias, headdim=None if self.D_has_hdim else self.headdim,
-                ngroups=self.ngroups, norm_before_gate=self.norm_before_gate, dt_limit=self.dt_limit,
-                literal=self.literal)
+                rmsnorm_eps=self.norm.eps if self.rmsnorm else 1e-6, outproj_weight=out_w,
+                outproj_bias=self.out_proj.bias if out_w is not None else None,
+                headdim=None if self.D_has_hdim else self.headdim, ngroups=self.ngroups,
+                norm_before_gate=self.norm_before_gate, dt_limit=self.dt_limit, literal=self.literal)
+            if out_w is not None:
+                return y
+            return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias, row_invariant=True)
         d_mlp = self.d_inner - self.d_ssm
         z0, x0, z, xBC, dt = torch.split(
             zxbcdt, [d_mlp, d_mlp, self.d_ssm, self.d_ssm + 2 * self.ngroups * self.d_state, self.nheads], dim=-1)
@@ -472,7 +496,7 @@ class OrderedMamba2(nn.Module):
                                          norm_before_gate=self.norm_before_gate, chunk_size=self.chunk_size)
         if d_mlp > 0:
             y = torch.cat([ops.ordered_silu_mul(z0, x0), y], dim=-1)
-        return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias)
+        return ops.ordered_linear(y, self.out_proj.weight, self.out_proj.bias, row_invariant=invariant)
 
     # ------------------------------------------------------------------ decoding
     def step(self, hidden_states, conv_state, ssm_state):

@@ -160,8 +160,17 @@ def test_reduction_fingerprint_names_the_gemm_fold_settings(monkeypatch):
     from ordered_ssd.fold import settings
 
     base = settings.reduction_fingerprint()
-    assert base == "v6 gemm=3b8b8e8e52a3"  # the segments of version 5 (GEMM_FOLD_SEGMENT_L positions)
+    assert base == "v7 gemm=09104bbdc2e2"  # version 5's segments, the row-invariant GEMM's block_k (version 7)
     assert base.startswith(f"v{settings.REDUCTION_VERSION} gemm=") and len(base.split("=")[1]) == 12
+    from ordered_ssd.ops import row_invariant_gemm as rig
+
+    cfgs = dict(rig.ROW_INVARIANT_GEMM_CONFIGS)
+    monkeypatch.setitem(rig.ROW_INVARIANT_GEMM_CONFIGS, torch.float32,
+                        rig.RowInvariantGemmConfig(64, 64, 64, 8, 4, 3, "test"))  # another block_k: other bits
+    assert settings.reduction_fingerprint() != base
+    monkeypatch.setitem(rig.ROW_INVARIANT_GEMM_CONFIGS, torch.float32,
+                        rig.RowInvariantGemmConfig(32, 128, 32, 4, 8, 2, "test"))  # only tiles and warps: same bits
+    assert settings.reduction_fingerprint() == base and cfgs[torch.float32].block_k == 32
     monkeypatch.setattr(settings, "GEMM_FOLD_SEGMENT_L", settings.GEMM_FOLD_SEGMENT_L * 2)
     longer = settings.reduction_fingerprint()
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS",
@@ -212,11 +221,11 @@ def test_reduction_fingerprint_records_the_configurations_chosen_for_the_device(
     limit = {"bytes": 232448}
     monkeypatch.setattr(resources, "shared_memory_limit", lambda device: limit["bytes"])
     pinned = settings.reduction_fingerprint()
-    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v6 gemm=")  # H200
+    assert settings.reduction_fingerprint("cuda:0") == pinned and pinned.startswith("v7 gemm=")  # H200
     assert settings.reduction_fingerprint("cpu") == pinned
     limit["bytes"] = 101376
     small = settings.reduction_fingerprint("cuda:0")
-    assert small != pinned and small.startswith("v6 gemm=") and len(small.split("=")[1]) == 12
+    assert small != pinned and small.startswith("v7 gemm=") and len(small.split("=")[1]) == 12
     monkeypatch.setattr(settings, "GEMM_FOLD_CONFIGS", {**settings.GEMM_FOLD_CONFIGS,
                                                         torch.bfloat16: (128, 128, 64, 8, 8, 3),
                                                         torch.float16: (128, 128, 64, 8, 8, 3)})

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ordered_ssd import InvariantLinear, OrderedMamba2, convert_to_ordered, invariant_linear
+from ordered_ssd import (InvariantLinear, InvariantRMSNorm, OrderedMamba2, convert_to_ordered, invariant_linear,
+                         invariant_rms_norm)
 from tests.helpers import bits_equal, make_layer, rel_err
 
 
@@ -79,9 +79,6 @@ def test_bad_input_is_named():
         invariant_linear(torch.zeros(2, 3, dtype=torch.long), w)
     with pytest.raises(TypeError, match="linear: expected an nn.Linear"):
         InvariantLinear.from_linear(nn.Conv1d(2, 2, 1))
-    with FakeTensorMode():
-        with pytest.raises(NotImplementedError, match="no row-invariant CUDA kernel yet"):
-            invariant_linear(torch.empty(2, 3, device="cuda"), torch.empty(4, 3, device="cuda"))
 
 
 class _LM(nn.Module):
@@ -120,6 +117,8 @@ def test_a_model_of_ordered_layers_gets_its_linears_swapped_and_keeps_its_tie():
     assert convert_to_ordered(model, invariant_linears=True) is model
     assert type(model.lm_head) is InvariantLinear and model.lm_head.weight is model.embedding.weight
     assert all(type(m.in_proj) is nn.Linear for m in model.mixers)  # the ordered layers' own linears stay
+    assert [m.sequence_invariant for m in model.mixers] == [True, True]  # their CUDA path made invariant
+    assert _LM().mixers[0].sequence_invariant is False  # the default
     with pytest.raises(ValueError, match="expected at least one"):  # without the option: nothing to convert
         convert_to_ordered(_LM())
 
@@ -156,3 +155,36 @@ def test_a_language_model_gives_each_sequence_its_canonical_per_token_losses_in_
                 assert bits_equal(got[start:start + n - 1], want[m]), (trial, m)
                 start += n
     assert isinstance(model.mixers[0], OrderedMamba2)
+
+
+@pytest.mark.parametrize("style", ["torch", "hf"])
+def test_invariant_rms_norm_rows_are_their_own_and_match_the_originals(style):
+    torch.manual_seed(0)
+    if style == "torch":
+        original = nn.RMSNorm(48, eps=1e-5)
+    else:
+        from transformers.models.mamba2.modeling_mamba2 import Mamba2RMSNorm
+
+        original = Mamba2RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        original.weight.add_(0.1 * torch.randn(48))
+    norm = InvariantRMSNorm.from_module(original)
+    assert norm.weight is original.weight and norm.style == style
+    x = torch.randn(4000, 48) * 3
+    full = norm(x)
+    assert torch.allclose(full, original(x), rtol=1e-5, atol=1e-6)
+    for start, rows in [(0, 1), (7, 1), (3, 5), (100, 11), (3990, 10)]:
+        assert bits_equal(norm(x[start:start + rows]), full[start:start + rows]), (start, rows)
+    xd = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: invariant_rms_norm(a, b, 1e-5, style=style), (xd, w))
+    with pytest.raises(ValueError, match="style: expected 'torch' or 'hf'"):
+        invariant_rms_norm(x, None, 1e-5, style="llama")
+    with pytest.raises(TypeError, match="module: expected torch.nn.RMSNorm"):
+        InvariantRMSNorm.from_module(nn.LayerNorm(4))
+
+
+def test_convert_swaps_the_norms_outside_the_ordered_layers():
+    model = _LM()
+    convert_to_ordered(model, invariant_linears=True)
+    assert all(type(n) is InvariantRMSNorm for n in model.norms) and type(model.norm_f) is InvariantRMSNorm

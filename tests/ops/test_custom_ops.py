@@ -51,9 +51,10 @@ def test_linear_op_passes_opcheck(bias):
     x = torch.randn(3, 4, 6, generator=g, requires_grad=True)
     w = torch.randn(5, 6, generator=g, requires_grad=True)
     b = torch.randn(5, generator=g, requires_grad=True) if bias else None
-    _opcheck(torch.ops.ordered_ssd.linear.default, (x, w, b, None))
-    y = ordered_linear(x, w, b)
-    assert y.shape == (3, 4, 5) and y.is_contiguous()
+    for row_invariant in (False, True):
+        _opcheck(torch.ops.ordered_ssd.linear.default, (x, w, b, None, row_invariant))
+        y = ordered_linear(x, w, b, row_invariant=row_invariant)
+        assert y.shape == (3, 4, 5) and y.is_contiguous()
 
 
 def test_reference_op_passes_opcheck():

@@ -126,9 +126,9 @@ def test_linear_op_with_autocast_passes_opcheck(monkeypatch):
     for xx in (x, x.to(torch.bfloat16)):
         torch.library.opcheck(torch.ops.ordered_ssd.linear.default,
                               (xx.clone().requires_grad_(), weight.clone().requires_grad_(), b.clone().requires_grad_(),
-                               torch.bfloat16),
+                               torch.bfloat16, False),
                               test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                           "test_aot_dispatch_dynamic"))
-        y, xc, wc = torch.ops.ordered_ssd.linear.default(xx, weight, b, torch.bfloat16)
+        y, xc, wc = torch.ops.ordered_ssd.linear.default(xx, weight, b, torch.bfloat16, False)
         assert wc.dtype == torch.bfloat16 and bits_equal(wc, weight.to(torch.bfloat16))
         assert xc.numel() == 0 if xx.dtype == torch.bfloat16 else bits_equal(xc, xx.to(torch.bfloat16))

@@ -77,7 +77,8 @@ def build_parser(prog: str = "ordered-ssd bench") -> argparse.ArgumentParser:
                         f"{GRID_DEFAULTS['bit_repeats']} unless those are given")
     parser.add_argument("--modes", type=_argtype(parse_modes), default=None,
                    help=f"comma-separated from {','.join(MODES)}; with --layer mamba3 from "
-                        f"{','.join(LAYER_MODES['mamba3'])} (default: all the layer's on CUDA, ordered on the CPU)")
+                        f"{','.join(LAYER_MODES['mamba3'])} (default on CUDA: native, upstream-det, literal, ordered; native, literal, ordered with --layer mamba3; "
+                        "ordered on the CPU; invariant, OrderedMamba2 with sequence_invariant, only by name)")
     parser.add_argument("--repeats", type=positive_int, default=None,
                    help=f"timed steps per mode (median; default {DEFAULTS['repeats']}, {GRID_DEFAULTS['repeats']} on "
                         "grid rows)")

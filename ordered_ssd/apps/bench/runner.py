@@ -31,7 +31,7 @@ class LayerRunner:
 
     ``mode`` is ``native`` (mamba-ssm's ``Mamba2``, or ``Mamba3`` for a Mamba-3 shape; in an upstream-det child this
     is the deterministic one), ``ordered`` or ``literal`` (``OrderedMamba2`` / ``OrderedMamba3`` with ``literal``
-    False / True). On CUDA, Mamba-2: fp32 parameters, ``u``/``dout`` [B, L, d_model] in the shape's dtype (bf16 or
+    False / True), ``invariant`` (``OrderedMamba2`` with ``sequence_invariant = True``: the row-invariant GEMM). On CUDA, Mamba-2: fp32 parameters, ``u``/``dout`` [B, L, d_model] in the shape's dtype (bf16 or
     fp16), ``torch.autocast("cuda", dtype=...)`` of that dtype; Mamba-3: the layer built in the shape's dtype (its
     ``dt_bias``, biases and ``D`` fp32, as upstream's), ``u``/``dout`` in that dtype, no autocast
     (``OrderedMamba3`` takes inputs of its weights' dtype only). The same for every mode. On the CPU: fp32
@@ -54,7 +54,7 @@ class LayerRunner:
         self.autocast = self.cuda and shape.layer != "mamba3"
         torch.manual_seed(seed)
         self.ordered = ordered_cls(**layer_kwargs)
-        self.layers = {"ordered": self.ordered, "literal": self.ordered}
+        self.layers = {"ordered": self.ordered, "literal": self.ordered, "invariant": self.ordered}
         if "native" in modes:
             native_module, native_name = NATIVE_LAYERS[shape.layer]
             native = getattr(importlib.import_module(native_module), native_name)(**layer_kwargs)
@@ -76,6 +76,8 @@ class LayerRunner:
         layer = self.layers[mode]
         if mode != "native":
             layer.literal = mode == "literal"
+            if hasattr(layer, "sequence_invariant"):
+                layer.sequence_invariant = mode == "invariant"
         self.zero_grads()
         return layer
 

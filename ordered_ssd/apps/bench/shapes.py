@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
-MODES = ("native", "upstream-det", "literal", "ordered")
-IN_PROCESS_MODES = ("native", "literal", "ordered")
+MODES = ("native", "upstream-det", "literal", "ordered", "invariant")
+IN_PROCESS_MODES = ("native", "literal", "ordered", "invariant")
 #: the layers the bench measures (``--layer``): mamba-ssm's ``Mamba2`` against :class:`~ordered_ssd.OrderedMamba2`,
 #: and its ``Mamba3`` (single-input single-output) against :class:`~ordered_ssd.modules.mamba3.OrderedMamba3`
 LAYERS = ("mamba2", "mamba3")
 LAYER_NAMES = {"mamba2": "Mamba-2", "mamba3": "Mamba-3"}
 #: the modes of each layer, in canonical order: mamba-ssm has no deterministic mode for Mamba-3 (no upstream-det)
-LAYER_MODES = {"mamba2": MODES, "mamba3": IN_PROCESS_MODES}
+#: (``invariant``: ``OrderedMamba2`` with ``sequence_invariant = True``, Mamba-2 only, asked for by name)
+LAYER_MODES = {"mamba2": MODES, "mamba3": ("native", "literal", "ordered")}
+#: the modes a layer runs without ``--modes``
+LAYER_DEFAULT_MODES = {"mamba2": ("native", "upstream-det", "literal", "ordered"),
+                       "mamba3": ("native", "literal", "ordered")}
 DTYPES = ("bf16", "fp16")  # the dtype of u/dout and of the autocast region, per shape (CUDA; the CPU runs fp32)
 
 
@@ -233,7 +237,7 @@ def parse_shape_list(text: str) -> List[Shape]:
 
 
 def parse_modes(text: str) -> List[str]:
-    """``"ordered,native"`` -> the modes in canonical order (native, upstream-det, literal, ordered; which of them a
+    """``"ordered,native"`` -> the modes in canonical order (native, upstream-det, literal, ordered, invariant; which of them a
     layer has: :data:`LAYER_MODES`). Raises ``ValueError`` for an unknown or empty name."""
     names = [n.strip().lower() for n in text.split(",")]
     if not text.strip() or any(not n for n in names):

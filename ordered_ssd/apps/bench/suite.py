@@ -24,7 +24,7 @@ from .report import format_table, merge_results, write_results
 from .requirements import AUTOTUNE_CACHE_ENV, DET_ENV, BenchError, missing_requirements
 from .results import load_runs, merge_run, render
 from .runner import error_text, free_memory, resolve_device
-from .shapes import IN_PROCESS_MODES, LAYER_MODES, Shape, torch_dtype
+from .shapes import IN_PROCESS_MODES, LAYER_DEFAULT_MODES, Shape, torch_dtype
 from .timing import bench_shape, count_launches, finalize_ratios, shape_result
 
 EXIT_INCOMPLETE = 1
@@ -193,7 +193,7 @@ def run(args, argv: Sequence[str] = (), prog: str = "ordered-ssd bench") -> int:
     deadline = None if args.time_budget is None else t_start + args.time_budget
     device = resolve_device(args.device)
     layer = resolve_layer(args)  # the options that do not go with the layer: refused here, one line
-    modes = args.modes or (list(LAYER_MODES[layer]) if device.type == "cuda" else ["ordered"])
+    modes = args.modes or (list(LAYER_DEFAULT_MODES[layer]) if device.type == "cuda" else ["ordered"])
     shapes = resolve_shapes(args)
     _check_environment(modes, args, device, layer)
     breakdown_shape = resolve_breakdown_shape(args)

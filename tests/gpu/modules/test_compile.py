@@ -283,7 +283,10 @@ def _op_cases():
     seq_idx[0, 13:] = 1
     seq_idx[1, 30:] = 1
     cases = {
-        "linear": (torch.ops.ordered_ssd.linear.default, lambda: (_t(g, Bs, Ls, 64), _t(g, 96, 64), _t(g, 96), None)),
+        "linear": (torch.ops.ordered_ssd.linear.default, lambda: (_t(g, Bs, Ls, 64), _t(g, 96, 64), _t(g, 96), None,
+                                                                  False)),
+        "linear_row_invariant": (torch.ops.ordered_ssd.linear.default, lambda: (
+            _t(g, Bs, Ls, 64), _t(g, 96, 64), _t(g, 96), None, True)),
         "causal_conv1d": (torch.ops.ordered_ssd.causal_conv1d.default, lambda: (
             _t(g, Bs, Ls, conv_dim).transpose(1, 2), _t(g, conv_dim, W), _t(g, conv_dim), None, True, None)),
         "causal_conv1d_seq_idx": (torch.ops.ordered_ssd.causal_conv1d.default, lambda: (
@@ -315,7 +318,7 @@ def _op_cases():
         # under bf16 autocast with fp32 operands: the ops return their casts (saved for the backward) beside the output
         "linear_autocast": (torch.ops.ordered_ssd.linear.default, lambda: (
             _t(g, Bs, Ls, 64, dtype=torch.float32), _t(g, 96, 64, dtype=torch.float32),
-            _t(g, 96, dtype=torch.float32), torch.bfloat16)),
+            _t(g, 96, dtype=torch.float32), torch.bfloat16, False)),
         "split_conv1d_scan_autocast": (torch.ops.ordered_ssd.mamba_split_conv1d_scan_combined.default, lambda: (
             _t(g, Bs, Ls, 2 * d_ssm + 2 * G * N + H), _t(g, conv_dim, W), _t(g, conv_dim), dt_bias, A,
             _t(g, H, dtype=torch.float32), cs, None, None, [0.0, inf], False, "silu", _t(g, d_ssm, scale=1.0), 1e-5,
