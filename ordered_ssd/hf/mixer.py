@@ -82,6 +82,26 @@ def _right_padding(mask: torch.Tensor) -> bool:
     return per_tensor("hf right padding", mask, lambda: bool((mask[:, 1:] <= mask[:, :-1]).all()))
 
 
+def _mask_runs(mask: torch.Tensor, seq_idx):
+    """For a mask whose every row is zeros, ones, zeros (left and/or right padding around one sequence): ``seq_idx``
+    [B, L] int32 whose runs are the runs of the mask (split further where ``seq_idx`` changes), so the sequence is
+    computed from its first real token, as alone; None for a mask with more than one run of ones in a row (holes:
+    the masked path). One host read (per mask tensor without ``seq_idx``)."""
+    def make():
+        m = mask.to(torch.bool)
+        rises = m.clone()
+        rises[:, 1:] &= ~m[:, :-1]
+        if int(rises.sum(1).max()) > 1:
+            return None
+        change = torch.zeros_like(m)
+        change[:, 1:] = m[:, 1:] != m[:, :-1]
+        if seq_idx is not None:
+            change[:, 1:] |= seq_idx[:, 1:] != seq_idx[:, :-1]
+        return torch.cumsum(change.to(torch.int32), 1, dtype=torch.int32)
+
+    return per_tensor("hf mask runs", mask, make) if seq_idx is None else make()
+
+
 class OrderedHFMamba2Mixer(nn.Module):
     """The Mamba-2 mixer of a ``transformers`` model, with ordered gradients (see the module docstring).
 
@@ -273,18 +293,31 @@ class OrderedHFMamba2Mixer(nn.Module):
         return (mask is None and not use_prev and not keep and
                 (spec.norm == "none" or spec.norm_group_size == spec.d_ssm // spec.ngroups))
 
+    def _runs_of(self, mask, seq_idx):
+        """:func:`_mask_runs` where computing each run of the mask alone is the masked computation's mathematics:
+        ``in_proj`` an ``nn.Linear`` without a bias (a masked position then gives the conv window zeros, as a start
+        from zeros does); with a bias the original's padded positions feed ``bias`` into the first real tokens'
+        conv window, and the masked path keeps that. None otherwise, or without a mask."""
+        if mask is None or type(self.in_proj) is not nn.Linear or self.in_proj.bias is not None:
+            return None
+        return _mask_runs(mask, seq_idx)
+
     def _forward_seq(self, u, mask, seq_idx, cache, initial, backend, keep=0):
         if backend == "reference" and initial is None and not keep:  # whole sequences from zeros
             if cache is not None:  # a prefill (also training with use_cache): the plain path writes the cache
                 with torch.no_grad():
                     self._forward_plain(u, mask, seq_idx, cache, initial, backend, keep)
-            return self._forward_canonical(u, mask, seq_idx)
+            runs = self._runs_of(mask, seq_idx)  # left padding: from the first real token
+            return self._forward_canonical(u, mask, runs if runs is not None else seq_idx)
         if (backend == "cuda" and getattr(self, "sequence_invariant", False) and cache is None and initial is None
                 and not keep):
             if mask is not None and _right_padding(mask):
                 # a right-padding mask changes no real position (they never see a later one): the path of the
                 # sequence alone (the fused op, no mask), so a padded row gets the canonical bits at its real positions
                 mask = None
+            runs = self._runs_of(mask, seq_idx)
+            if runs is not None:  # left padding: the sequence as its own run, from its first real token
+                seq_idx, mask = runs, None
             cs = self._ordered_spec.chunk_size
             if seq_idx is not None:
                 rows = sequence_rows(seq_idx, cs)

@@ -17,8 +17,8 @@ from tests.hf.models import CASE_IDS, CASES, VOCAB, build, mixer_param_names, or
 transformers.logging.set_verbosity_error()
 
 
-def _model():
-    model = build("mamba2", "g2_bias", seed=3)
+def _model(variant="g2_bias"):
+    model = build("mamba2", variant, seed=3)
     head_weight = model.lm_head.weight
     model = convert_to_ordered(model, invariant_linears=True).train()
     assert type(model.lm_head) is InvariantLinear and model.lm_head.weight is head_weight
@@ -168,3 +168,38 @@ def test_every_familys_mixer_gives_each_sequence_its_own_bits(family, variant):
     assert sorted(padded) == sorted(packed) and len(padded) >= 7
     for name in padded:
         assert bits_equal(padded[name], packed[name]), name
+
+
+def _left_padded(seqs, extra=2):
+    """Rows padded on the left (and, every other row, one position on the right too); returns ids, mask, starts."""
+    width = max(s.numel() for s in seqs) + extra
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    starts = []
+    for r, s in enumerate(seqs):
+        start = width - s.numel() - (r % 2)
+        ids[r, start:start + s.numel()], mask[r, start:start + s.numel()] = s, 1
+        starts.append(start)
+    return ids, mask, starts
+
+
+def test_left_padded_rows_get_their_canonical_per_token_losses():
+    """A left-padded row (the layout of batched generation prompts) is computed from its first real token where
+    ``in_proj`` has no bias: each run of the mask is its own sequence (a mask with holes keeps the masked path; with
+    a bias the original's padded positions feed it into the first real tokens, and so does the converted mixer)."""
+    from ordered_ssd.hf.mixer import _mask_runs
+
+    seqs = _sequences(7, 4)
+    ids, mask, starts = _left_padded(seqs)
+    for variant, canonical in (("base", True), ("g2_bias", False)):
+        model = _model(variant)
+        with torch.no_grad():
+            want = [_token_losses(model, s[None])[0] for s in seqs]
+            got = _token_losses(model, ids, attention_mask=mask)
+        same = [bits_equal(got[r, start:start + s.numel() - 1], want[r]) for r, (s, start) in
+                enumerate(zip(seqs, starts))]
+        assert same == [canonical] * len(seqs), (variant, same)
+    assert _mask_runs(torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]]), None).tolist() == [[0, 1, 1, 2], [0, 0, 0, 0]]
+    assert _mask_runs(torch.tensor([[1, 0, 1, 1]]), None) is None  # a hole: not one sequence
+    packed = torch.tensor([[0, 0, 1, 1]], dtype=torch.int32)
+    assert _mask_runs(torch.tensor([[0, 1, 1, 1]]), packed).tolist() == [[0, 1, 2, 2]]
