@@ -123,7 +123,8 @@ class OrderedMamba2(nn.Module):
     "reference"`` asks for the reference explicitly (``layer.backend = None``, the default, chooses as above).
     Set ``layer.literal = True`` to run the CUDA backward with one kernel launch per example (slower, same bits:
     for tests and benchmarks).
-    Set ``layer.sequence_invariant = True`` (``convert_to_ordered(..., invariant_linears=True)`` does) for a
+    Set ``layer.sequence_invariant = True`` (``convert_to_ordered(..., invariant_linears=True)`` does; experimental on
+    CUDA: not yet run on a GPU) for a
     sequence's canonical bits on the CUDA path too: the projections run the row-count-invariant GEMM
     (:mod:`ordered_ssd.ops.row_invariant_gemm`) instead of cuBLAS, and each run of ``seq_idx`` is computed as its own
     row (:mod:`ordered_ssd.modules._layout`; one host read per ``seq_idx`` tensor, so ``torch.compile`` breaks the
